@@ -1,0 +1,11 @@
+"""fairseq_deep: a fairseq plugin for training very deep translation models.
+
+Use it as ``fairseq-train --user-dir /path/to/fairseq_deep ...`` (or through the
+``fairseq-deep-*`` console scripts, which load it for you).  Importing the package registers its
+models, criterions and schedulers with fairseq and applies the shims of :mod:`fairseq_deep.compat`.
+"""
+
+__version__ = "0.1.0"
+
+from . import compat  # noqa: F401  (first: safe checkpoint loading, full evaluation batches)
+from .models import transformer_dlcl  # noqa: F401

@@ -1,0 +1,1 @@
+"""Model families of fairseq_deep; each module registers its architectures when imported."""

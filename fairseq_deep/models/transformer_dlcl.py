@@ -1,0 +1,195 @@
+"""Deep Transformers with pre-norm and dynamic linear combination of layers.
+
+Wang, Li, Xiao, Zhu, Li, Wong, Chao (ACL 2019). Learning Deep Transformer Models for Machine
+Translation.  The model is fairseq's `transformer` with its layer loops handed to a
+:class:`~fairseq_deep.modules.DynamicLinearCombination` (``--dlcl-stacks``); with
+``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
+"""
+
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import base_architecture as fairseq_transformer_base
+from fairseq.utils import safe_getattr
+
+from ..modules.layer_history import build_dlcl
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+
+
+@dataclass
+class DLCLConfig(FairseqDataclass):
+    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
+        default="both",
+        metadata={"help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
+                  "'none' gives the plain residual Transformer"},
+    )
+    dlcl_init: ChoiceEnum(["avg", "one", "residual"]) = field(
+        default="avg",
+        metadata={"help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
+                  "All-One, residual = W[l+1,l]=1 (Table 6)"},
+    )
+    dlcl_fixed_weights: bool = field(
+        default=False, metadata={"help": "keep the DLCL weights at their initial values (Table 6)"}
+    )
+    dlcl_no_layer_norm: bool = field(
+        default=False, metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"}
+    )
+    dlcl_normalize_embed: bool = field(
+        default=False, metadata={"help": "also layer-normalise the embedding's entry (row)"}
+    )
+    dlcl_softmax_weights: bool = field(
+        default=False, metadata={"help": "softmax-normalise each row of DLCL weights (needs --dlcl-init avg)"}
+    )
+
+
+@register_model("transformer_dlcl")
+class TransformerDLCLModel(TransformerModel):
+    """fairseq's Transformer whose encoder and decoder layers read a learned linear combination
+    of all earlier layers (Wang et al. 2019, Eq. 7-9)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, DLCLConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        dlcl_base_architecture(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        history = build_dlcl(cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim,
+                             cfg.encoder.normalize_before)
+        return HistoryTransformerEncoder(cfg, src_dict, embed_tokens, history)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        history = build_dlcl(cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim,
+                             cfg.decoder.normalize_before)
+        return HistoryTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
+                                         no_encoder_attn=cfg.no_cross_attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Named architectures.  They only fill defaults (a value given on the command line wins) and chain
+# to fairseq's `transformer` preset.  Optimisation settings (lr, warmup, batch) live in the recipes.
+# ---------------------------------------------------------------------------------------------
+
+
+def _set_default(args, name, value):
+    setattr(args, name, safe_getattr(args, name, value))
+
+
+def _fix_depth(arch: str, args, encoder_layers: int, decoder_layers: int = 6):
+    """Presets named after a depth own that depth: a conflicting --encoder-layers is an error."""
+    for side, depth in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+        given = safe_getattr(args, f"{side}_layers", None)
+        if given is not None and given != depth:
+            raise ValueError(
+                f"--arch {arch} has {depth} {side} layers but --{side}-layers {given} was given: "
+                f"drop --{side}-layers, or use the depth-free --arch "
+                f"{'transformer_dlcl' if 'dlcl' in arch else 'transformer_prenorm'} "
+                f"with --{side}-layers {given}"
+            )
+        setattr(args, f"{side}_layers", depth)
+
+
+def _dlcl_defaults(args, stacks="both"):
+    _set_default(args, "dlcl_stacks", stacks)
+    for name, value in DLCLConfig().__dict__.items():
+        _set_default(args, name, value)
+
+
+def _prenorm(args):
+    """Pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2)."""
+    _set_default(args, "encoder_normalize_before", True)
+    _set_default(args, "decoder_normalize_before", True)
+    _set_default(args, "attention_dropout", 0.1)
+    _set_default(args, "activation_dropout", 0.1)
+
+
+def _big(args):
+    _set_default(args, "encoder_embed_dim", 1024)
+    _set_default(args, "encoder_ffn_embed_dim", 4096)
+    _set_default(args, "encoder_attention_heads", 16)
+    _set_default(args, "decoder_embed_dim", 1024)
+    _set_default(args, "decoder_ffn_embed_dim", 4096)
+    _set_default(args, "decoder_attention_heads", 16)
+    _set_default(args, "dropout", 0.3)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_dlcl")
+def dlcl_base_architecture(args):
+    """Pre-norm DLCL (Base): the paper's main system, 6+6 layers."""
+    _dlcl_defaults(args)
+    _prenorm(args)
+    fairseq_transformer_base(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_dlcl_postnorm")
+def dlcl_postnorm_architecture(args):
+    """Post-norm DLCL (Base), Eq. 9."""
+    _set_default(args, "encoder_normalize_before", False)
+    _set_default(args, "decoder_normalize_before", False)
+    _dlcl_defaults(args)
+    fairseq_transformer_base(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_dlcl_big")
+def dlcl_big_architecture(args):
+    _big(args)
+    dlcl_base_architecture(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_dlcl_big_12l")
+def dlcl_big_12l_architecture(args):
+    """Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL)."""
+    _fix_depth("transformer_dlcl_big_12l", args, 12)
+    dlcl_big_architecture(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_prenorm")
+def prenorm_architecture(args):
+    """Plain pre-norm Transformer-Base (Table 1 baseline): DLCL off."""
+    _dlcl_defaults(args, stacks="none")
+    dlcl_base_architecture(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_prenorm_big")
+def prenorm_big_architecture(args):
+    _big(args)
+    prenorm_architecture(args)
+
+
+@register_model_architecture("transformer_dlcl", "transformer_postnorm")
+def postnorm_architecture(args):
+    """Plain post-norm Transformer-Base (Vaswani et al.), the same as fairseq's `transformer`."""
+    _dlcl_defaults(args, stacks="none")
+    dlcl_postnorm_architecture(args)
+
+
+def _register_depth(name: str, depth: int, parent):
+    def preset(args):
+        _fix_depth(name, args, depth)
+        parent(args)
+
+    preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."
+    register_model_architecture("transformer_dlcl", name)(preset)
+
+
+# Table 1 / Table 2 / Figure 3 of Wang et al.: encoders of 16-30 layers over a 6-layer decoder.
+for _depth in (12, 16, 20, 25, 30):
+    _register_depth(f"transformer_dlcl_{_depth}l", _depth, dlcl_base_architecture)
+    _register_depth(f"transformer_dlcl_postnorm_{_depth}l", _depth, dlcl_postnorm_architecture)
+    _register_depth(f"transformer_prenorm_{_depth}l", _depth, prenorm_architecture)
+    _register_depth(f"transformer_postnorm_{_depth}l", _depth, postnorm_architecture)

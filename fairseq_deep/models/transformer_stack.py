@@ -1,0 +1,175 @@
+"""fairseq's Transformer encoder and decoder with their layer loop handed to a layer history.
+
+Everything but the loop is fairseq's (`TransformerEncoderBase`, `TransformerDecoderBase`,
+`TransformerEncoderLayerBase`, `TransformerDecoderLayerBase`): embeddings, masks, layers, the final
+layer norm of pre-norm stacks, output projection, incremental state of the attention layers.
+The loop reads each layer's input from a :class:`~fairseq_deep.modules.LayerHistory` and pushes
+its output back; with the residual history it computes exactly what fairseq's loop computes.
+"""
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
+
+from ..modules.layer_history import LayerHistory
+
+
+def _check_history(history: LayerHistory, layerdrop: float, side: str):
+    if layerdrop > 0 and history.keeps_all_entries:
+        raise ValueError(
+            f"--{side}-layerdrop skips layers, which would shift the rows of the layer "
+            f"combination; set --{side}-layerdrop 0 with this architecture"
+        )
+
+
+def _takes_over_post_norm(history: LayerHistory, normalize_before: bool) -> bool:
+    """Eq. 9 of Wang et al.: the post-norm LN of layer l becomes the LN of row l+1."""
+    return not normalize_before and getattr(history, "use_layer_norm", False)
+
+
+class HistoryTransformerEncoder(TransformerEncoderBase):
+    """Transformer encoder whose layer l+1 reads ``history.next_input()`` (Wang et al. Eq. 7)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory):
+        super().__init__(cfg, dictionary, embed_tokens)
+        _check_history(history, self.encoder_layerdrop, "encoder")
+        self.history = history
+        if _takes_over_post_norm(history, cfg.encoder.normalize_before):
+            for layer in self.layers:
+                layer.final_layer_norm = nn.Identity()
+
+    def forward_scriptable(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+    ):
+        padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = bool(padding_mask.any())
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        if has_pads:
+            x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        encoder_states = [x] if return_all_hiddens else []
+        states = self.history.start(x)
+        for layer in self.layers:
+            x = layer(states.next_input(), encoder_padding_mask=padding_mask if has_pads else None)
+            states.push(x)
+            if return_all_hiddens:
+                encoder_states.append(x)
+        x = states.readout()
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+
+        return {
+            "encoder_out": [x],  # T x B x C
+            "encoder_padding_mask": [padding_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x T x C
+            "encoder_states": encoder_states,  # List[T x B x C]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
+        }
+
+
+class HistoryTransformerDecoder(TransformerDecoderBase):
+    """Transformer decoder whose layer l+1 reads ``history.next_input()``.
+
+    The combination is position-wise: in incremental decoding each step combines the new
+    position's layer outputs only; nothing of earlier positions is recomputed or cached.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        _check_history(history, self.decoder_layerdrop, "decoder")
+        self.history = history
+        if _takes_over_post_norm(history, cfg.decoder.normalize_before):
+            for layer in self.layers:
+                layer.final_layer_norm = nn.Identity()
+
+    def forward_embedding(self, prev_output_tokens, incremental_state=None) -> Tensor:
+        """Token and position embeddings of the (last, when incremental) target positions, T x B x C."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout_module(x).transpose(0, 1)
+
+    def encoder_memory(self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state):
+        """The encoder states that decoder layer `idx` attends to (the top layer's, in fairseq)."""
+        if encoder_out is None or len(encoder_out["encoder_out"]) == 0:
+            return None
+        return encoder_out["encoder_out"][0]
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        padding_mask: Optional[Tensor] = None
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        x = self.forward_embedding(prev_output_tokens, incremental_state)
+        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -1:]
+        self_attn_padding_mask: Optional[Tensor] = None
+        if self.cross_self_attention or tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = tokens.eq(self.padding_idx)
+        self_attn_mask = None
+        if incremental_state is None and not full_context_alignment:
+            self_attn_mask = self.buffered_future_mask(x)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        states = self.history.start(x)
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn, _ = layer(
+                states.next_input(),
+                self.encoder_memory(encoder_out, idx, incremental_state),
+                padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=idx == alignment_layer,
+                need_head_weights=idx == alignment_layer,
+            )
+            states.push(x)
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)  # average over heads
+
+        x = states.readout()
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        extra: Dict[str, Any] = {"attn": [attn], "inner_states": inner_states}
+        return x, extra

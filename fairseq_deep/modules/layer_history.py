@@ -1,0 +1,184 @@
+"""How a layer reads the layers below it: the one idea under every paper of fairseq_deep.
+
+A *layer history* owns the parameters of a connection scheme (weights, layer norms) and hands out
+a fresh :class:`HistoryState` for every forward pass.  The state holds the outputs y_0 (embedding)
+... y_l of the layers run so far and answers two questions:
+
+* ``next_input()``: the input x_{l+1} of the next layer;
+* ``readout()``: what the stack returns after its last layer.
+
+Nothing is stored on the module during ``forward``, so a history is re-entrant (activation
+checkpointing, two forward passes in flight) and each pass starts clean.
+
+Memory: each y_k (or its layer norm) is computed once when pushed and kept by reference; a
+combination is a running ``sum_k w_k * e_k`` over those references.  Autograd then keeps one tensor
+per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
+"""
+
+from typing import List
+
+import torch
+from torch import Tensor, nn
+
+from fairseq.modules import LayerNorm
+
+
+class HistoryState:
+    """Outputs of one forward pass through a stack; created by :meth:`LayerHistory.start`."""
+
+    def __init__(self, history: "LayerHistory", embedding: Tensor):
+        self.history = history
+        self.entries: List[Tensor] = []
+        self.count = 0  # layers pushed so far, the embedding included
+        self.push(embedding)
+
+    def push(self, y: Tensor) -> None:
+        """Record the output of the next layer (the embedding output first)."""
+        entry = self.history.entry(self.count, y)
+        if self.history.keeps_all_entries:
+            self.entries.append(entry)
+        else:
+            self.entries = [entry]
+        self.count += 1
+
+    def next_input(self) -> Tensor:
+        """The input of the next layer; after the last layer, the stack's readout."""
+        return self.history.combine(self.count - 1, self.entries)
+
+    readout = next_input
+
+
+class LayerHistory(nn.Module):
+    """The residual network (He et al. 2016): layer l+1 reads y_l, the stack returns y_L.
+
+    This is the plain Transformer's connection, and the special case of every other history:
+    DLCL with W[l+1, l] = 1 and all other weights 0 (Wang et al. 2019, Sec. 3).
+    """
+
+    keeps_all_entries = False
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+
+    def start(self, embedding: Tensor) -> HistoryState:
+        return HistoryState(self, embedding)
+
+    def entry(self, k: int, y: Tensor) -> Tensor:
+        """What is kept of y_k (computed once, when it is pushed)."""
+        return y
+
+    def combine(self, row: int, entries: List[Tensor]) -> Tensor:
+        """Row `row` (0..L) combines y_0..y_row into the input of layer row+1 (row L: readout)."""
+        return entries[-1]
+
+
+INITS = ("avg", "one", "residual")
+
+
+class DynamicLinearCombination(LayerHistory):
+    """Dynamic linear combination of layers, DLCL (Wang et al. 2019, Eq. 7-9).
+
+    ``x_{l+1} = G(y_0, ..., y_l)`` with one weight W[l+1, k] per (layer, earlier layer):
+
+    * pre-norm (Eq. 8):  G = sum_k W[l+1, k] * LN_k(y_k); one LN per *incoming* layer k, applied
+      once when y_k is pushed.  The embedding's entry gets no LN unless ``normalize_embed``
+      (as the authors' code); the stack's final LN (footnote 3) stays with the encoder/decoder.
+    * post-norm (Eq. 9): G = LN_{l+1}(sum_k W[l+1, k] * y_k); one LN per *row*, the row of the
+      embedding (input of layer 1) without LN unless ``normalize_embed``.  Here y_k is the residual
+      sum x + F(x) of layer k *before* its post-norm: the model removes each post-norm layer's last
+      LN and this LN takes its place, so that with residual weights the model **is** the post-norm
+      Transformer (LN_{l+1} playing layer l's final LN).
+
+    Rows are 0..L: row r forms the input of layer r+1 from entries 0..r, row L is the readout.
+
+    Settings (the ablations of Table 6 are settings, not copies of the model):
+
+    * ``init``: ``avg`` (W[r, k] = 1/(r+1), the authors' public default, and our default: every
+      layer starts from the mean of the layers below, which keeps the input's scale independent of
+      depth), ``one`` (All-One) or ``residual`` (W[r, r] = 1: starts as the plain residual net).
+    * ``learnable=False``: weights are a fixed buffer ("- learnable weight").
+    * ``layer_norm=False``: no LN in G ("- layer norm."). For post-norm the layers then keep their
+      own final LN and G is a plain weighted sum of their normalised outputs.
+    * ``softmax=True``: each row is a softmax over its logits (an option of the authors' code);
+      it needs ``init='avg'`` (logits 0, i.e. the uniform average).
+    """
+
+    keeps_all_entries = True
+
+    def __init__(
+        self,
+        num_layers: int,
+        embed_dim: int,
+        normalize_before: bool,
+        init: str = "avg",
+        learnable: bool = True,
+        layer_norm: bool = True,
+        normalize_embed: bool = False,
+        softmax: bool = False,
+    ):
+        super().__init__(num_layers)
+        if init not in INITS:
+            raise ValueError(f"--dlcl-init must be one of {INITS}, got {init!r}")
+        if softmax and init != "avg":
+            raise ValueError(
+                "--dlcl-softmax-weights normalises each row with a softmax, which starts from "
+                f"the uniform average: use --dlcl-init avg (got --dlcl-init {init})"
+            )
+        self.normalize_before = normalize_before
+        self.use_layer_norm = layer_norm
+        self.softmax = softmax
+        n = num_layers + 1
+        mask = torch.ones(n, n).tril()
+        if softmax:
+            weight = torch.zeros(n, n)
+        elif init == "avg":
+            weight = mask / mask.sum(dim=1, keepdim=True)
+        elif init == "one":
+            weight = mask.clone()
+        else:
+            weight = torch.eye(n)
+        if learnable:
+            self.weight = nn.Parameter(weight)
+        else:
+            self.register_buffer("weight", weight)
+        self.register_buffer("mask", mask, persistent=False)
+        # pre-norm: norms[k] normalises entry k; post-norm: norms[r] normalises row r
+        self.norms = nn.ModuleList(
+            LayerNorm(embed_dim) if layer_norm and (i > 0 or normalize_embed) else nn.Identity()
+            for i in range(n)
+        )
+
+    def weights(self) -> Tensor:
+        """The effective (L+1) x (L+1) lower-triangular weight matrix (rows as in Fig. 5)."""
+        if self.softmax:
+            return torch.softmax(self.weight.masked_fill(self.mask == 0, float("-inf")), dim=1)
+        return self.weight * self.mask
+
+    def entry(self, k: int, y: Tensor) -> Tensor:
+        return self.norms[k](y) if self.normalize_before else y
+
+    def combine(self, row: int, entries: List[Tensor]) -> Tensor:
+        w = self.weights()[row] if self.softmax else self.weight[row]
+        # running sum over references: no stacked copy of the history is kept for backward
+        out = entries[0] * w[0].to(entries[0].dtype)
+        for k in range(1, len(entries)):
+            out = out + entries[k] * w[k].to(entries[k].dtype)
+        return out if self.normalize_before else self.norms[row](out)
+
+
+def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_before: bool):
+    """The history a stack uses under the ``--dlcl-*`` options (residual when DLCL is off there)."""
+    stacks = getattr(cfg, "dlcl_stacks", "none")
+    if stacks not in ("both", prefix):
+        return LayerHistory(num_layers)
+    return DynamicLinearCombination(
+        num_layers,
+        embed_dim,
+        normalize_before,
+        init=cfg.dlcl_init,
+        learnable=not cfg.dlcl_fixed_weights,
+        layer_norm=not cfg.dlcl_no_layer_norm,
+        normalize_embed=cfg.dlcl_normalize_embed,
+        softmax=cfg.dlcl_softmax_weights,
+    )
