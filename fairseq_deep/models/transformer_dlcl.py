@@ -90,18 +90,19 @@ def _set_default(args, name, value):
     setattr(args, name, safe_getattr(args, name, value))
 
 
-def _fix_depth(arch: str, args, encoder_layers: int, decoder_layers: int = 6):
-    """Presets named after a depth own that depth: a conflicting --encoder-layers is an error."""
-    for side, depth in (("encoder", encoder_layers), ("decoder", decoder_layers)):
-        given = safe_getattr(args, f"{side}_layers", None)
-        if given is not None and given != depth:
-            raise ValueError(
-                f"--arch {arch} has {depth} {side} layers but --{side}-layers {given} was given: "
-                f"drop --{side}-layers, or use the depth-free --arch "
-                f"{'transformer_dlcl' if 'dlcl' in arch else 'transformer_prenorm'} "
-                f"with --{side}-layers {given}"
-            )
-        setattr(args, f"{side}_layers", depth)
+def _fix_depth(arch: str, args, encoder_layers: int):
+    """Presets named after an encoder depth own that depth: a conflicting --encoder-layers is an
+    error (a silently ignored flag would be worse).  The decoder keeps 6 layers unless told."""
+    given = safe_getattr(args, "encoder_layers", None)
+    if given is not None and given != encoder_layers:
+        family = "transformer_dlcl" if "dlcl" in arch else "transformer_prenorm"
+        raise ValueError(
+            f"--arch {arch} has {encoder_layers} encoder layers but --encoder-layers {given} was "
+            f"given: drop --encoder-layers, or use --arch {family} (or its post-norm variant) "
+            f"with --encoder-layers {given}"
+        )
+    args.encoder_layers = encoder_layers
+    _set_default(args, "decoder_layers", 6)
 
 
 def _dlcl_defaults(args, stacks="both"):

@@ -1,0 +1,25 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from helpers import run_cli  # noqa: E402
+
+from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def synthetic_bin(tmp_path_factory):
+    """A word-level binarized synthetic corpus: 2,000 training pairs, valid and test of 101
+    (an odd size, so that a dropped partial batch would show)."""
+    root = tmp_path_factory.mktemp("synthetic")
+    prefixes = write_corpus(str(root / "raw"), train=2000, valid=101, test=101, seed=1)
+    run_cli(
+        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
+        "--testpref", prefixes["test"], "--destdir", str(root / "bin"),
+        "--joined-dictionary", "--workers", "1",
+    )
+    return root / "bin"

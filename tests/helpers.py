@@ -1,0 +1,72 @@
+"""Shared helpers for the tests: tiny models built through fairseq's own argument parsing."""
+
+import os
+import subprocess
+import sys
+
+import torch
+from fairseq import options, tasks
+from fairseq.data import Dictionary
+
+import fairseq_deep  # noqa: F401  (registers the architectures)
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
+
+TINY = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+]
+
+
+def tiny_dictionary(n_symbols: int = 20) -> Dictionary:
+    d = Dictionary()
+    for i in range(n_symbols):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def parse_model_args(arch: str, extra=()):
+    """fairseq-train's own parser and --arch presets applied to a tiny model's flags."""
+    parser = options.get_training_parser()
+    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *TINY, *extra]
+    return options.parse_args_and_arch(parser, argv)
+
+
+def build_model(arch: str, extra=(), dictionary=None, seed: int = 1):
+    args = parse_model_args(arch, extra)
+    d = dictionary or tiny_dictionary()
+    task = tasks.translation.TranslationTask(args, d, d)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    return model.eval(), task
+
+
+def random_batch(dictionary, bsz=3, src_len=7, tgt_len=5, seed=0, pad_last=True):
+    """Token batches with real symbols and, when pad_last, padding on the left of one source
+    (fairseq's left-padded source) and on the right of one target."""
+    g = torch.Generator().manual_seed(seed)
+    lo = dictionary.nspecial
+    src = torch.randint(lo, len(dictionary), (bsz, src_len), generator=g)
+    src[:, -1] = dictionary.eos()
+    prev = torch.randint(lo, len(dictionary), (bsz, tgt_len), generator=g)
+    prev[:, 0] = dictionary.eos()
+    lengths = torch.full((bsz,), src_len)
+    if pad_last and bsz > 1:
+        src[-1, :2] = dictionary.pad()
+        lengths[-1] = src_len - 2
+    return src, lengths, prev
+
+
+def run_cli(*argv, cwd=None, check=True):
+    """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([*argv], cwd=cwd, env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def python_module(module: str):
+    return [sys.executable, "-m", module]

@@ -1,0 +1,195 @@
+"""transformer_dlcl (Wang et al. 2019): identities with fairseq's Transformer, incremental decoding,
+gradient flow and the O(L) memory of the layer history."""
+
+import re
+
+import pytest
+import torch
+
+from helpers import build_model, parse_model_args, random_batch
+
+from fairseq_deep.modules.layer_history import DynamicLinearCombination
+
+PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+LAYERS = ["--encoder-layers", "3", "--decoder-layers", "2"]
+RESIDUAL = ["--dlcl-init", "residual"]
+
+
+def _outputs(model, dictionary, **batch_kw):
+    src, lengths, prev = random_batch(dictionary, **batch_kw)
+    with torch.no_grad():
+        return model(src, lengths, prev)[0]
+
+
+def _load_into(dlcl, fairseq_model, rename=lambda k: k):
+    state = {rename(k): v for k, v in fairseq_model.state_dict().items()}
+    missing, unexpected = dlcl.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    assert all(".history." in k for k in missing), missing
+
+
+def test_prenorm_residual_setting_is_fairseq_prenorm_transformer():
+    """Eq. 8 with W[l+1,l]=1, other weights 0 and no layer norm is the pre-norm residual net."""
+    ref, task = build_model("transformer", [*PRENORM, *LAYERS], seed=1)
+    dlcl, _ = build_model("transformer_dlcl", [*LAYERS, *RESIDUAL, "--dlcl-no-layer-norm"], seed=2)
+    _load_into(dlcl, ref)
+    d = task.source_dictionary
+    torch.testing.assert_close(_outputs(dlcl, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
+
+
+def test_postnorm_residual_setting_is_fairseq_postnorm_transformer():
+    """Eq. 9 with residual weights: LN_{l+1}(y_l) is layer l's own post-norm, moved into G."""
+    ref, task = build_model("transformer", LAYERS, seed=1)
+    dlcl, _ = build_model("transformer_dlcl_postnorm", [*LAYERS, *RESIDUAL], seed=2)
+
+    def rename(key):
+        m = re.match(r"(encoder|decoder)\.layers\.(\d+)\.final_layer_norm\.(weight|bias)$", key)
+        return f"{m[1]}.history.norms.{int(m[2]) + 1}.{m[3]}" if m else key
+
+    _load_into(dlcl, ref, rename)
+    d = task.source_dictionary
+    torch.testing.assert_close(_outputs(dlcl, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
+
+
+def test_postnorm_without_dlcl_layer_norm_keeps_fairseq_layers():
+    ref, task = build_model("transformer", LAYERS, seed=1)
+    dlcl, _ = build_model("transformer_dlcl_postnorm", [*LAYERS, *RESIDUAL, "--dlcl-no-layer-norm"], seed=2)
+    _load_into(dlcl, ref)
+    d = task.source_dictionary
+    torch.testing.assert_close(_outputs(dlcl, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["transformer_prenorm", "transformer_postnorm"])
+def test_baselines_are_fairseq_transformer(arch):
+    """The Table 1 baselines (--dlcl-stacks none) run fairseq's computation in our loop."""
+    flags = PRENORM if arch == "transformer_prenorm" else []
+    ref, task = build_model("transformer", [*flags, *LAYERS], seed=1)
+    ours, _ = build_model(arch, LAYERS, seed=2)
+    _load_into(ours, ref)
+    assert not any(".history." in k for k in ours.state_dict())
+    d = task.source_dictionary
+    torch.testing.assert_close(_outputs(ours, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
+
+
+def test_dlcl_is_not_the_residual_net_by_default():
+    """Guards the identities above: the default (avg init, layer norm) computes something else."""
+    ref, task = build_model("transformer", [*PRENORM, *LAYERS], seed=1)
+    dlcl, _ = build_model("transformer_dlcl", LAYERS, seed=2)
+    _load_into(dlcl, ref)
+    d = task.source_dictionary
+    assert not torch.allclose(_outputs(dlcl, d), _outputs(ref, d), atol=1e-3)
+
+
+def _perturb_history(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, DynamicLinearCombination):
+            with torch.no_grad():
+                m.weight.add_(0.3 * torch.randn(m.weight.shape, generator=g))
+
+
+@pytest.mark.parametrize("arch,flags", [
+    ("transformer_dlcl", []),
+    ("transformer_dlcl_postnorm", []),
+    ("transformer_dlcl", ["--dlcl-softmax-weights", "--dlcl-normalize-embed"]),
+    ("transformer_dlcl", ["--dlcl-stacks", "decoder", "--dlcl-init", "one"]),
+])
+def test_incremental_decoding_equals_full_pass(arch, flags):
+    model, task = build_model(arch, [*LAYERS, *flags])
+    _perturb_history(model)
+    d = task.source_dictionary
+    src, lengths, prev = random_batch(d, tgt_len=6)
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        full, _ = model.decoder(prev, encoder_out=enc)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                 for t in range(prev.size(1))]
+    assert all(s.size(1) == 1 for s in steps)  # one new position per step, nothing recomputed
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_reach_embeddings_of_30_layer_model():
+    model, task = build_model("transformer_dlcl_30l", ["--decoder-layers", "2"])
+    model.train()
+    src, lengths, prev = random_batch(task.source_dictionary)
+    out, _ = model(src, lengths, prev)
+    out.log_softmax(-1).mean().backward()
+    emb = model.encoder.embed_tokens.weight.grad
+    assert emb is not None and torch.isfinite(emb).all() and emb.abs().sum() > 0
+    w = model.encoder.history.weight
+    assert w.shape == (31, 31)
+    assert torch.isfinite(w.grad).all() and w.grad.tril().abs().sum() > 0
+    assert w.grad.triu(1).abs().sum() == 0  # the upper triangle is not a connection
+
+
+def _saved_bytes(model, src, lengths):
+    """Bytes of the distinct storages autograd keeps for backward of one encoder pass."""
+    storages = {}
+
+    def pack(t):
+        if t.device.type == "cpu" and t.numel() > 0:
+            s = t.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.encoder(src, lengths)["encoder_out"][0].sum().backward()
+    return sum(storages.values())
+
+
+def test_history_memory_grows_linearly_not_quadratically():
+    """A 30-layer DLCL encoder keeps about what a plain 30-layer pre-norm encoder keeps.
+
+    Re-stacking all earlier outputs at every layer (the authors' code) would keep
+    sum_l (l+1) = 496 layer-sized copies instead of ~2 extra per layer."""
+    extra = ["--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"]
+    plain, task = build_model("transformer_prenorm_30l", extra)
+    dlcl, _ = build_model("transformer_dlcl_30l", extra)
+    plain.train(), dlcl.train()
+    src, lengths, _ = random_batch(task.source_dictionary, bsz=4, src_len=20)
+    ratio = _saved_bytes(dlcl, src, lengths) / _saved_bytes(plain, src, lengths)
+    assert ratio < 1.5, ratio
+
+
+def test_unknown_option_value_names_the_option(capsys):
+    with pytest.raises(SystemExit):
+        parse_model_args("transformer_dlcl", ["--dlcl-init", "uniform"])
+    assert "--dlcl-init" in capsys.readouterr().err
+
+
+def test_preset_with_conflicting_depth_names_the_option():
+    with pytest.raises(ValueError, match=r"--encoder-layers 20.*transformer_dlcl"):
+        parse_model_args("transformer_dlcl_30l", ["--encoder-layers", "20"])
+    args = parse_model_args("transformer_dlcl_30l", ["--encoder-layers", "30"])
+    assert args.encoder_layers == 30 and args.decoder_layers == 6
+
+
+def test_softmax_weights_need_average_init():
+    with pytest.raises(ValueError, match="--dlcl-init avg"):
+        build_model("transformer_dlcl", ["--dlcl-softmax-weights", "--dlcl-init", "residual"])
+
+
+def test_presets_follow_the_paper():
+    a = parse_model_args("transformer_dlcl_30l")
+    assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim) == (30, 6, 16)  # TINY sets dims
+    assert a.encoder_normalize_before and a.dlcl_stacks == "both" and a.dlcl_init == "avg"
+    b = parse_model_args("transformer_postnorm_20l")
+    assert not b.encoder_normalize_before and b.dlcl_stacks == "none" and b.encoder_layers == 20
+    big = options_without_tiny("transformer_dlcl_big")
+    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads) == (1024, 4096, 16)
+
+
+def options_without_tiny(arch):
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch])
+
+
+def test_fixed_weights_are_a_buffer():
+    model, _ = build_model("transformer_dlcl", [*LAYERS, "--dlcl-fixed-weights", "--dlcl-init", "one"])
+    names = {n for n, _ in model.named_parameters()}
+    assert "encoder.history.weight" not in names
+    assert torch.equal(model.encoder.history.weight, torch.ones(4, 4).tril() + torch.ones(4, 4).triu(1) * 0)
+    assert "encoder.history.weight" in model.state_dict()  # still saved in checkpoints
