@@ -6,19 +6,37 @@
 2. Evaluation covers every sentence: fairseq 0.12's ``batch_by_size`` drops the last batch when
    its size is not a multiple of ``--required-batch-size-multiple`` (fairseq issue #5036); we give
    the dropped sentences back as a final, smaller batch.
+3. Clear checkpoint errors: a refused (unsafe) or truncated checkpoint, and a checkpoint of another
+   architecture, stop with a message naming the file, the cause and the fix, instead of torch's
+   advice to set ``weights_only=False`` or fairseq's bare "please ensure that the architectures match".
+4. ``torchrun`` on CPU: fairseq divides by ``torch.cuda.device_count()``, keeps the default
+   ``nccl`` backend, ignores torchrun's ``WORLD_SIZE`` when the default world size is 1, and passes
+   ``device_ids`` to torch DDP, which rejects them for CPU modules.  Each fix applies only where
+   no GPU exists (where fairseq would fail or silently run independent copies).
+
+Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs.
 """
 
 import argparse
 import collections
 import logging
+import os
+import pickle
+import re
+import traceback
 import typing
+import zipfile
 
 import numpy as np
 import torch
 
+from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 
 logger = logging.getLogger(__name__)
+
+
+# -- 1. safe checkpoint loading -------------------------------------------------------------------
 
 
 def checkpoint_safe_globals():
@@ -62,30 +80,173 @@ def allow_fairseq_checkpoints():
     add(checkpoint_safe_globals())
 
 
+# -- 2. evaluation covers every sentence ----------------------------------------------------------
+
+
 def batch_by_size_all(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None,
                       max_sentences=None, required_batch_size_multiple=1, fixed_shapes=None):
     """fairseq's ``batch_by_size``, with the sentences of a dropped final batch given back."""
+    if not isinstance(indices, np.ndarray):  # an iterator would be consumed by fairseq's call
+        indices = np.fromiter(indices, dtype=np.int64, count=-1)
     batches = _fairseq_batch_by_size(
         indices, num_tokens_fn, num_tokens_vec=num_tokens_vec, max_tokens=max_tokens,
         max_sentences=max_sentences, required_batch_size_multiple=required_batch_size_multiple,
         fixed_shapes=fixed_shapes,
     )
-    indices = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=np.int64)
     covered = sum(len(b) for b in batches)
     if covered < len(indices):
-        seen = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
-        missing = indices[~np.isin(indices, seen)]
+        seen = np.concatenate(batches) if len(batches) else np.empty(0, dtype=np.int64)
+        missing = indices[~np.isin(indices, seen)].astype(np.int64)
         batches = list(batches) + [missing]
     return batches
 
 
+# -- 3. clear checkpoint errors --------------------------------------------------------------------
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the file, the cause and the fix."""
+
+
+def _raised_by_torch_load(exc: BaseException) -> bool:
+    return any(f.filename.replace("\\", "/").endswith("torch/serialization.py")
+               for f in traceback.extract_tb(exc.__traceback__))
+
+
+def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
+    """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file raises CheckpointError."""
+    try:
+        return _fairseq_load_checkpoint_to_cpu(path, *args, **kwargs)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", str(e))
+        what = f"a reference to {found.group(1)}" if found else "an object"
+        raise CheckpointError(
+            f"{path} was not loaded: it holds {what}, which is not among the types a fairseq "
+            f"checkpoint contains; loading it could run code, so it is refused (torch.load with "
+            f"weights_only=True). Use a checkpoint written by fairseq-train; do not load this file "
+            f"with weights_only=False or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 unless you made it yourself."
+        ) from e
+    except FileNotFoundError:
+        raise
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        if not _raised_by_torch_load(e):
+            raise
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        raise CheckpointError(
+            f"{path} ({size} bytes) is not a complete checkpoint: torch could not read it "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). It was "
+            f"probably truncated (an interrupted copy or save, a full disk). Use another checkpoint "
+            f"(checkpoint_best.pt or an earlier checkpoint_N.pt), or copy the file again; to resume "
+            f"training, pass --restore-file with a complete checkpoint."
+        ) from e
+
+
+def _model_summary(model_cfg) -> str:
+    if model_cfg is None:
+        return "an unknown architecture"
+    get = (lambda k: model_cfg.get(k, None)) if hasattr(model_cfg, "get") else (
+        lambda k: getattr(model_cfg, k, None))
+    parts = [f"--arch {get('arch') or get('_name')}"]
+    for key in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "dlcl_stacks"):
+        if get(key) is not None:
+            parts.append(f"--{key.replace('_', '-')} {get(key)}")
+    return " ".join(parts)
+
+
+def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
+    """fairseq's ``Trainer.load_checkpoint``; parameters that do not fit name both architectures."""
+    try:
+        return _fairseq_trainer_load_checkpoint(self, filename, *args, **kwargs)
+    except Exception as e:
+        if not str(e).startswith("Cannot load model parameters from checkpoint"):
+            raise
+        cause = str(e.__context__).strip().splitlines() if e.__context__ is not None else []
+        try:
+            saved = load_checkpoint_to_cpu_checked(filename)
+            saved_model = (saved.get("cfg") or {}).get("model") if saved.get("cfg") else saved.get("args")
+        except Exception:  # noqa: BLE001 - the summary is a courtesy
+            saved_model = None
+        raise CheckpointError(
+            f"{filename} holds a model of {_model_summary(saved_model)}, which does not fit the "
+            f"model of this run ({_model_summary(self.cfg.model)})"
+            + (f": {' '.join(cause[:2])[:400]}" if cause else "")
+            + ". Fix: train with the checkpoint's --arch and layer/dimension options, or start a new "
+              "model in another --save-dir (the checkpoint was not modified)."
+        ) from e
+
+
+# -- 4. torchrun on CPU ----------------------------------------------------------------------------
+
+
+def _no_gpu() -> bool:
+    return torch.cuda.device_count() == 0
+
+
+def infer_init_method_cpu(cfg, *args, **kwargs):
+    """Under torchrun without GPUs, take the world size from torchrun (as fairseq does on GPUs)."""
+    launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    if (_no_gpu() and launched and cfg.distributed_init_method is None
+            and cfg.distributed_world_size == 1 and int(os.environ["WORLD_SIZE"]) > 1):
+        cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
+    return _fairseq_infer_init_method(cfg, *args, **kwargs)
+
+
+def torch_launch_init_cpu(cfg):
+    """fairseq's torchrun init, without the division by zero GPUs and with gloo instead of nccl."""
+    if not _no_gpu():
+        return _fairseq_torch_launch_init(cfg)
+    cfg.distributed_init_method = "env://"
+    cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
+    cfg.distributed_rank = int(os.environ["RANK"])
+    cfg.device_id = 0
+    cfg.distributed_no_spawn = True
+    if cfg.distributed_backend == "nccl":
+        logger.info("no GPU: using the gloo backend instead of nccl")
+        cfg.distributed_backend = "gloo"
+
+
+def _ddp_for_cpu_modules(ddp_class):
+    class DistributedDataParallel(ddp_class):
+        """torch DDP that drops fairseq's ``device_ids`` for a module on CPU (torch rejects them)."""
+
+        def __init__(self, module, *args, device_ids=None, output_device=None, **kwargs):
+            if all(p.device.type == "cpu" for p in module.parameters()):
+                device_ids = output_device = None
+            super().__init__(module, *args, device_ids=device_ids, output_device=output_device, **kwargs)
+
+    return DistributedDataParallel
+
+
+# -- apply -----------------------------------------------------------------------------------------
+
 _fairseq_batch_by_size = data_utils.batch_by_size
+_fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
 
 
 def apply():
+    global _fairseq_trainer_load_checkpoint, _fairseq_infer_init_method, _fairseq_torch_launch_init
+    from fairseq import trainer
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq.models import distributed_fairseq_model
+
     allow_fairseq_checkpoints()
     if data_utils.batch_by_size is not batch_by_size_all:
         data_utils.batch_by_size = batch_by_size_all
+    if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu_checked:
+        checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu_checked
+    if trainer.Trainer.load_checkpoint is not trainer_load_checkpoint_checked:
+        _fairseq_trainer_load_checkpoint = trainer.Trainer.load_checkpoint
+        trainer.Trainer.load_checkpoint = trainer_load_checkpoint_checked
+    if distributed_utils.infer_init_method is not infer_init_method_cpu:
+        _fairseq_infer_init_method = distributed_utils.infer_init_method
+        distributed_utils.infer_init_method = infer_init_method_cpu
+    if distributed_utils._infer_torch_distributed_launch_init is not torch_launch_init_cpu:
+        _fairseq_torch_launch_init = distributed_utils._infer_torch_distributed_launch_init
+        distributed_utils._infer_torch_distributed_launch_init = torch_launch_init_cpu
+    if not getattr(distributed_fairseq_model.DistributedDataParallel, "_fairseq_deep_cpu", False):
+        ddp = _ddp_for_cpu_modules(distributed_fairseq_model.DistributedDataParallel)
+        ddp._fairseq_deep_cpu = True
+        distributed_fairseq_model.DistributedDataParallel = ddp
 
 
 apply()

@@ -5,7 +5,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import torch  # noqa: E402
+
 from helpers import run_cli  # noqa: E402
+
+# Tiny models gain nothing from intra-op threads; one thread per process keeps the suite steady
+# on a 2-core machine (the CLI tests' subprocesses get OMP_NUM_THREADS=1 from helpers.run_cli).
+torch.set_num_threads(1)
 
 from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
 

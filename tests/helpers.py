@@ -61,7 +61,9 @@ def random_batch(dictionary, bsz=3, src_len=7, tgt_len=5, seed=0, pad_last=True)
 
 def run_cli(*argv, cwd=None, check=True):
     """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # one intra-op thread per process: tiny models gain nothing from more, and parallel test
+    # workers or a loaded machine make torch's thread pool thrash
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     proc = subprocess.run([*argv], cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")

@@ -108,7 +108,8 @@ def _fix_depth(arch: str, args, encoder_layers: int):
 def _dlcl_defaults(args, stacks="both"):
     _set_default(args, "dlcl_stacks", stacks)
     for name, value in DLCLConfig().__dict__.items():
-        _set_default(args, name, value)
+        if not name.startswith("_"):
+            _set_default(args, name, value)
 
 
 def _prenorm(args):

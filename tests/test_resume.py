@@ -1,0 +1,148 @@
+"""Issue 7.2: an interrupted training resumes exactly.
+
+A run of ``fairseq-train`` is killed (SIGKILL, as a pre-empted job is) after it has saved
+``checkpoint_last.pt`` at update k; the same command run again resumes from that file.  The losses
+it logs for updates k+1..N equal those of an uninterrupted run with the same seed, and the final
+checkpoints are bitwise equal: every parameter and buffer of the model (learned layer weights
+included), the optimizer state, the LR scheduler, the data iterator position and the loss meters.
+
+To add a model family: append ``(arch, flags)`` to FAMILIES.  Flags that create state of their own
+(a criterion with statistics, adaptive clipping, diagnostics) belong in that entry, so that the
+state is saved and restored under test.  Dropout stays on: the random streams must resume too.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import PLUGIN_DIR, TINY
+
+import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
+
+FAMILIES = [
+    pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
+    # pytest.param("transformer_ta", ["--ta-..."], id="transformer_ta"),  <- other families here
+]
+
+MAX_UPDATE = 7
+SAVE_EVERY = 3  # the run is killed after its first save, at update 3
+
+
+def train_argv(data, save_dir, arch, flags):
+    return [
+        sys.executable, "-m", "fairseq_cli.train", str(data), "--user-dir", PLUGIN_DIR,
+        "--task", "translation", "--arch", arch, *TINY,
+        "--encoder-layers", "2", "--decoder-layers", "2",
+        "--dropout", "0.1", "--attention-dropout", "0.1",  # after TINY: the RNG must resume too
+        "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "4", "--clip-norm", "1.0", "--max-tokens", "300",
+        "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY),
+        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir),
+        "--seed", "7", "--cpu", "--num-workers", "0", "--log-interval", "1",
+        "--log-format", "json", "--no-progress-bar", *flags,
+    ]
+
+
+def _env():
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+def inner_losses(log: str):
+    """{update: loss as logged} from fairseq's train_inner json lines."""
+    out = {}
+    for m in re.finditer(r"\| train_inner \| (\{.*\})", log):
+        stats = json.loads(m.group(1))
+        out[int(stats["num_updates"])] = stats["loss"]
+    return out
+
+
+def run_to_end(argv):
+    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+def run_and_kill_after_first_save(argv):
+    """Start training and SIGKILL it as soon as it reports its first saved checkpoint."""
+    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            if "Saved checkpoint" in line:
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return "".join(log), proc.returncode
+
+
+def assert_same(a, b, path="state"):
+    """Bitwise equality of nested checkpoint contents (tensors with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys {set(a) ^ set(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _meters(metrics, name):
+    """The AverageMeter states of one aggregator of a checkpoint (timers left out)."""
+    return {key: state for _, key, kind, state in metrics[name] if kind == "AverageMeter"
+            and key not in ("wps", "ups", "wall", "train_wall", "gb_free")}
+
+
+@pytest.mark.parametrize("arch,flags", FAMILIES)
+def test_killed_run_resumes_exactly(synthetic_bin, tmp_path, arch, flags):
+    reference = run_to_end(train_argv(synthetic_bin, tmp_path / "reference", arch, flags))
+
+    resumed_dir = tmp_path / "resumed"
+    killed_log, rc = run_and_kill_after_first_save(train_argv(synthetic_bin, resumed_dir, arch, flags))
+    assert rc == -signal.SIGKILL, "the run ended before it could be killed"
+    k = load(resumed_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"]
+    assert SAVE_EVERY <= k < MAX_UPDATE
+    resumed = run_to_end(train_argv(synthetic_bin, resumed_dir, arch, flags))
+    assert f"@ {k} updates" in resumed  # fairseq: "Loaded checkpoint ... (epoch 1 @ k updates)"
+
+    ref_losses, res_losses = inner_losses(reference), inner_losses(resumed)
+    assert sorted(ref_losses) == list(range(1, MAX_UPDATE + 1))
+    assert sorted(res_losses) == list(range(k + 1, MAX_UPDATE + 1))
+    assert {u: ref_losses[u] for u in res_losses} == res_losses
+    # the killed run agreed with the reference up to where it was stopped
+    killed = inner_losses(killed_log)
+    assert killed and all(ref_losses[u] == killed[u] for u in killed)
+
+    ref, res = load(tmp_path / "reference" / "checkpoint_last.pt"), load(resumed_dir / "checkpoint_last.pt")
+    assert_same(ref["model"], res["model"], "model")  # every parameter and buffer, bitwise
+    assert any("history" in name for name in ref["model"]) or "dlcl" not in arch
+    assert_same(ref["last_optimizer_state"], res["last_optimizer_state"], "optimizer")
+    # the last entry: optimizer, criterion, LR scheduler state (a resume appends one entry)
+    assert_same(ref["optimizer_history"][-1], res["optimizer_history"][-1], "optimizer_history")
+    assert_same(ref["criterion"], res["criterion"], "criterion")
+    assert_same(ref["extra_state"]["train_iterator"], res["extra_state"]["train_iterator"], "iterator")
+    # full-precision loss sums over the epoch: restored meters plus the resumed updates
+    assert_same(_meters(ref["extra_state"]["metrics"], "train"),
+                _meters(res["extra_state"]["metrics"], "train"), "train meters")
+    extra = set(ref["extra_state"]) - {"metrics", "previous_training_time", "train_iterator",
+                                        "val_loss", "best"}
+    for key in extra:  # state added by the package (diagnostics, clipping statistics, ...)
+        assert_same(ref["extra_state"][key], res["extra_state"][key], f"extra_state.{key}")
