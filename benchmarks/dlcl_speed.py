@@ -1,0 +1,511 @@
+"""Speed and memory of DLCL (Wang et al. 2019) against fairseq's own pre-norm Transformer.
+
+    python benchmarks/dlcl_speed.py [--mode all|train|memory] [--multi30k /work/shared/data/multi30k]
+        [--encoder-layers 12 --decoder-layers 3 --embed-dim 128 --ffn-dim 256 --heads 4]
+        [--max-update 60 --skip-updates 10 --log-interval 10 --max-tokens 2048 --repeats 2]
+
+``--mode train`` trains, in one run on the same data, seed and flags (only ``--arch`` differs, and
+both with ``--user-dir`` so that both get the same plugin shims):
+
+* A: fairseq's ``transformer`` with ``--encoder-normalize-before --decoder-normalize-before``;
+* B: ``transformer_dlcl`` (DLCL on both stacks) at the same depth and width,
+
+alternating A, B, A, B, ... (``--repeats``), and reports, as medians over the repeats:
+
+* training speed: target words/s of fairseq-train, from its ``train_inner`` log lines (``wps``),
+  the first ``--skip-updates`` updates excluded;
+* peak memory of training: the max RSS of the fairseq-train process (``os.wait4``), which includes
+  the Python/torch/fairseq baseline shared by both;
+* saved activations of one training forward+backward of the full model, measured in-process on a
+  fixed batch: bytes of the distinct tensor storages autograd keeps for backward
+  (``torch.autograd.graph.saved_tensors_hooks``, parameters excluded);
+* decoding speed: tokens/s of ``fairseq-generate`` (beam 5) on the test set, from its final
+  ``Translated ... tokens/s`` line, with its BLEU as a sanity check;
+
+each as a ratio B / A.
+
+``--mode memory`` is an in-process micro-benchmark: saved-activation bytes (and time) of one
+forward+backward through encoders of ``--micro-layers`` (default 6, 12, 30) layers: fairseq's plain
+pre-norm encoder, the DLCL encoder of fairseq_deep (each layer output kept once: O(L) history
+memory) and, for reference, a DLCL encoder that re-stacks all earlier outputs at every layer as
+the authors' code does (O(L^2)).  ``--mode all`` (the default) runs both.
+
+Data: the project's synthetic corpus by default (written into the work dir and binarized there);
+``--multi30k DIR`` uses Multi30K en-de (the raw gzip files, never copied into the repository): a
+joint sentencepiece model of ``--spm-vocab`` (8k) pieces, then fairseq-preprocess.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+import fairseq_deep  # noqa: E402,F401  (registers transformer_dlcl for the in-process parts)
+from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
+
+# label, --arch.  Everything else on the command line is shared.
+SYSTEMS = [
+    ("fairseq transformer (pre-norm)", "transformer"),
+    ("transformer_dlcl", "transformer_dlcl"),
+]
+
+
+def log(msg: str):
+    print(f"[dlcl_speed] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: List[str], log_path: str, env=None) -> "tuple[str, int]":
+    """Run ``cmd`` with stdout+stderr into ``log_path``; returns (output, max RSS in KiB) of that
+    process (``os.wait4`` gives the usage of this child alone, not of all children so far)."""
+    with open(log_path, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    out = open(log_path).read()
+    if proc.returncode != 0:
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-4000:]}")
+    return out, usage.ru_maxrss
+
+
+def fairseq_cmd(tool: str) -> List[str]:
+    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def _prepared(dest: str, stamp: Dict) -> bool:
+    path = os.path.join(dest, "prepared.json")
+    return os.path.exists(path) and json.load(open(path)) == stamp
+
+
+def _preprocess(prefix_dir: str, src: str, tgt: str, dest: str, stamp: Dict):
+    run(fairseq_cmd("preprocess") + [
+        "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", f"{prefix_dir}/train", "--validpref", f"{prefix_dir}/valid",
+        "--testpref", f"{prefix_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
+    ], os.path.join(os.path.dirname(dest), "preprocess.log"))
+    json.dump(stamp, open(os.path.join(dest, "prepared.json"), "w"))
+
+
+def prepare_synthetic(work: str, a) -> "tuple[str, str, str]":
+    dest = os.path.join(work, "synthetic", "bin")
+    stamp = {"data": "synthetic", "train": a.synthetic_train, "test": a.test_size, "seed": a.seed}
+    if not _prepared(dest, stamp):
+        log(f"writing the synthetic corpus ({a.synthetic_train} pairs) and binarizing it")
+        prefixes = write_corpus(os.path.join(work, "synthetic", "raw"), train=a.synthetic_train,
+                                valid=200, test=a.test_size, seed=a.seed)
+        _preprocess(os.path.dirname(prefixes["train"]), "src", "tgt", dest, stamp)
+    return dest, "src", "tgt"
+
+
+MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+
+
+def prepare_multi30k(work: str, a) -> "tuple[str, str, str]":
+    folder, src, tgt = a.multi30k, a.src_lang, a.tgt_lang
+    missing = [f"{name}.{lang}.gz" for name in MULTI30K_FILES.values() for lang in (src, tgt)
+               if not os.path.exists(os.path.join(folder, f"{name}.{lang}.gz"))]
+    if not os.path.isdir(folder) or missing:
+        raise SystemExit(
+            f"--multi30k {folder}: " + ("no such folder" if not os.path.isdir(folder) else
+                                        f"missing {', '.join(missing)}")
+            + ". Point --multi30k at the raw Multi30K folder (train.en.gz, val.en.gz, "
+              "test_2016_flickr.en.gz and the .de files), e.g. /work/shared/data/multi30k, or leave "
+              "it out to use the synthetic corpus."
+        )
+    dest = os.path.join(work, "multi30k", "bin")
+    stamp = {"data": os.path.abspath(folder), "src": src, "tgt": tgt, "spm_vocab": a.spm_vocab}
+    if _prepared(dest, stamp):
+        return dest, src, tgt
+    import sentencepiece as spm
+
+    raw, pieces = os.path.join(work, "multi30k", "raw"), os.path.join(work, "multi30k", "spm")
+    os.makedirs(raw, exist_ok=True)
+    os.makedirs(pieces, exist_ok=True)
+    for split, name in MULTI30K_FILES.items():
+        for lang in (src, tgt):
+            with gzip.open(os.path.join(folder, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as fin, \
+                    open(os.path.join(raw, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
+                fout.writelines(line.strip() + "\n" for line in fin)
+    log(f"training a joint sentencepiece model of {a.spm_vocab} pieces")
+    model_prefix = os.path.join(work, "multi30k", "spm")
+    spm.SentencePieceTrainer.train(
+        input=f"{raw}/train.{src},{raw}/train.{tgt}", model_prefix=model_prefix,
+        vocab_size=a.spm_vocab, character_coverage=1.0, model_type="unigram", num_threads=2,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=model_prefix + ".model")
+    for split in MULTI30K_FILES:
+        for lang in (src, tgt):
+            lines = open(os.path.join(raw, f"{split}.{lang}"), encoding="utf-8").read().splitlines()
+            with open(os.path.join(pieces, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(" ".join(p) + "\n" for p in sp.encode(lines, out_type=str))
+    _preprocess(pieces, src, tgt, dest, stamp)
+    return dest, src, tgt
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and generation through the real command lines
+# ---------------------------------------------------------------------------------------------
+
+
+def model_flags(a) -> List[str]:
+    """Everything but --arch: identical for both systems."""
+    return [
+        "--encoder-layers", str(a.encoder_layers), "--decoder-layers", str(a.decoder_layers),
+        "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
+        "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
+        "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
+        "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings",
+        "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+    ]
+
+
+def train_flags(a, save_dir: str) -> List[str]:
+    return [
+        "--task", "translation", "--user-dir", PLUGIN_DIR, "--cpu", "--seed", str(a.seed),
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup_updates),
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update),
+        "--log-format", "json", "--log-interval", str(a.log_interval), "--num-workers", "0",
+        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", save_dir,
+    ]
+
+
+def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
+    """Target words/s over the ``train_inner`` intervals that start at or after ``skip_updates``:
+    sum of words / sum of times (each interval's time = its words / its wps)."""
+    words = seconds = 0.0
+    updates = 0
+    prev = 0
+    for line in out.splitlines():
+        if "| train_inner |" not in line:
+            continue
+        stats = json.loads(line[line.index("{"):])
+        n = int(stats["num_updates"])
+        if prev >= skip_updates:
+            w = float(stats["wpb"]) * (n - prev)
+            words += w
+            seconds += w / float(stats["wps"])
+            updates += n - prev
+        prev = n
+    if not updates:
+        raise SystemExit(f"no train_inner interval after update {skip_updates}: raise --max-update "
+                         "or lower --skip-updates / --log-interval")
+    return words / seconds, updates
+
+
+GEN_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
+                    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
+BLEU_RE = re.compile(r"BLEU4? = ([\d.]+)")
+
+
+def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
+    out, rss = run(fairseq_cmd("generate") + [
+        data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test", "--cpu",
+        "--beam", "5", "--batch-size", str(a.gen_batch_size), "--max-len-a", "1.2",
+        "--max-len-b", "10", "--num-workers", "0", "--quiet",
+    ], log_path, env)
+    m = GEN_RE.search(out)
+    if not m:
+        raise SystemExit(f"no 'Translated ... tokens/s' line in {log_path}")
+    bleu = BLEU_RE.search(out)
+    return {"gen_tokens_per_s": float(m.group(5)), "gen_tokens": int(m.group(2).replace(",", "")),
+            "gen_seconds": float(m.group(3)), "bleu": float(bleu.group(1)) if bleu else float("nan")}
+
+
+def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
+    results: Dict[str, List[Dict[str, float]]] = {arch: [] for _, arch in SYSTEMS}
+    for rep in range(a.repeats):
+        for label, arch in SYSTEMS:  # A, B, A, B, ...
+            run_dir = os.path.join(a.work_dir, "runs", f"{arch}_{rep}")
+            os.makedirs(run_dir, exist_ok=True)
+            log(f"repeat {rep + 1}/{a.repeats}: training {label} for {a.max_update} updates")
+            t0 = time.time()
+            out, rss_kib = run(fairseq_cmd("train") + [data, "--arch", arch] + model_flags(a)
+                               + train_flags(a, run_dir), os.path.join(run_dir, "train.log"), env)
+            wps, updates = parse_train_wps(out, a.skip_updates)
+            r = {"train_wps": wps, "timed_updates": updates, "train_max_rss_mib": rss_kib / 1024,
+                 "train_wall_s": time.time() - t0}
+            if not a.no_generate:
+                log(f"repeat {rep + 1}/{a.repeats}: fairseq-generate with {label}")
+                r.update(generate(a, data, os.path.join(run_dir, "checkpoint_last.pt"),
+                                  os.path.join(run_dir, "generate.log"), env))
+            results[arch].append(r)
+            log("  " + ", ".join(f"{k}={v:.4g}" for k, v in r.items()))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process memory measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def build_in_process(arch: str, flags: List[str], dictionary):
+    """A model built by fairseq's own parser and --arch presets (as fairseq-train would)."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["unused", "--task", "translation", "--arch", arch,
+                                                "--cpu", *flags])
+    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
+    torch.manual_seed(1)
+    return task.build_model(args)
+
+
+def saved_activation_bytes(fn, params) -> int:
+    """Bytes of the distinct storages that autograd saves for backward while ``fn()`` runs
+    (parameters excluded); then runs backward on ``fn``'s result."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    storages: Dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in param_ptrs:
+            storages[st.data_ptr()] = st.nbytes()
+        return t  # kept alive by the graph until backward: no address is reused meanwhile
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn()
+    loss.backward()
+    return sum(storages.values())
+
+
+def random_tokens(dictionary, bsz: int, length: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=g)
+    t[:, -1] = dictionary.eos()
+    return t
+
+
+def full_model_activations(a, data: str) -> Dict[str, float]:
+    """Saved activations (MiB) of one training forward+backward of each full benchmark model."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary.load(os.path.join(data, f"dict.{a.data_src}.txt"))
+    src = random_tokens(d, a.act_batch, a.act_length, 0)
+    prev = random_tokens(d, a.act_batch, a.act_length, 1)
+    lengths = torch.full((a.act_batch,), a.act_length)
+    out = {}
+    for _, arch in SYSTEMS:
+        model = build_in_process(arch, model_flags(a), d).train()
+
+        def step():
+            torch.manual_seed(0)  # same dropout masks for both
+            logits, _ = model(src, lengths, prev)
+            return logits.float().log_softmax(-1).mean()
+
+        out[arch] = saved_activation_bytes(step, model.parameters()) / 2 ** 20
+    return out
+
+
+class RestackedDLCL:
+    """Mixin: DLCL that stacks all earlier outputs at every layer and weights the stack, as the
+    authors' code does (``torch.stack(layers) * w.view(-1, 1, 1, 1)``): autograd keeps one stacked
+    copy per layer, O(L^2) activation memory.  Same values as fairseq_deep's DLCL."""
+
+    def combine(self, row, entries):
+        w = self.weights()[row, : len(entries)] if self.softmax else self.weight[row, : len(entries)]
+        stacked = torch.stack(entries, 0)
+        out = (stacked * w.view(-1, 1, 1, 1).to(stacked.dtype)).sum(0)
+        return out if self.normalize_before else self.norms[row](out)
+
+
+def encoder_memory(a) -> List[Dict[str, float]]:
+    """Saved activations and time of one forward+backward through the encoder alone."""
+    from fairseq.data import Dictionary
+
+    from fairseq_deep.modules.layer_history import DynamicLinearCombination
+
+    d = Dictionary()
+    for i in range(1000):
+        d.add_symbol(f"w{i}")
+    src = random_tokens(d, a.act_batch, a.act_length, 0)
+    lengths = torch.full((a.act_batch,), a.act_length)
+    rows = []
+    for layers in a.micro_layers:
+        flags = model_flags(a)
+        flags[flags.index("--encoder-layers") + 1] = str(layers)
+        flags[flags.index("--decoder-layers") + 1] = "1"
+        variants = [("pre-norm (fairseq)", "transformer", False),
+                    ("DLCL (fairseq_deep)", "transformer_dlcl", False),
+                    ("DLCL, re-stacked (authors' code)", "transformer_dlcl", True)]
+        row = {"layers": layers}
+        for name, arch, restack in variants:
+            model = build_in_process(arch, flags + (["--dlcl-stacks", "encoder"] if arch != "transformer" else []), d)
+            enc = model.encoder.train()
+            if restack:
+                assert isinstance(enc.history, DynamicLinearCombination)
+                enc.history.__class__ = type("RestackedDLCL", (RestackedDLCL, DynamicLinearCombination), {})
+
+            def step():
+                torch.manual_seed(0)
+                return enc(src, lengths)["encoder_out"][0].float().pow(2).mean()
+
+            saved = saved_activation_bytes(step, enc.parameters())
+            times = []
+            for _ in range(a.micro_timing_runs):
+                t0 = time.perf_counter()
+                step().backward()
+                times.append(time.perf_counter() - t0)
+            row[name] = {"saved_mib": saved / 2 ** 20, "fwd_bwd_ms": 1000 * statistics.median(times)}
+        rows.append(row)
+        log(f"encoder memory, {layers} layers: " + ", ".join(
+            f"{k}: {v['saved_mib']:.1f} MiB" for k, v in row.items() if k != "layers"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    import fairseq
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = os.cpu_count()
+    return (f"{platform.machine()}, {usable} usable cores (of {os.cpu_count()}), "
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads), fairseq "
+            f"{getattr(fairseq, '__version__', '?')}, Python {platform.python_version()}")
+
+
+def _median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def training_table(a, results, activations) -> str:
+    (label_a, arch_a), (label_b, arch_b) = SYSTEMS
+    rows = [
+        ("training target words/s (fairseq-train `wps`)", "train_wps", "{:.0f}"),
+        ("peak RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}"),
+    ]
+    if not a.no_generate:
+        rows += [("fairseq-generate tokens/s (beam 5)", "gen_tokens_per_s", "{:.1f}"),
+                 ("generated tokens", "gen_tokens", "{:.0f}"),
+                 ("BLEU after training (sanity check)", "bleu", "{:.2f}")]
+    lines = [f"| measure | {label_a} | {label_b} | ratio B/A |", "| --- | ---: | ---: | ---: |"]
+    for name, key, fmt in rows:
+        va = _median([r[key] for r in results[arch_a]])
+        vb = _median([r[key] for r in results[arch_b]])
+        spread = lambda arch: (f" ({fmt.format(min(r[key] for r in results[arch]))}-"
+                               f"{fmt.format(max(r[key] for r in results[arch]))})"
+                               if a.repeats > 1 else "")
+        ratio = f"{vb / va:.3f}" if va else "n/a"
+        lines.append(f"| {name} | {fmt.format(va)}{spread(arch_a)} | {fmt.format(vb)}{spread(arch_b)} | {ratio} |")
+    if activations:
+        va, vb = activations[arch_a], activations[arch_b]
+        lines.append(f"| saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} "
+                     f"tokens (MiB) | {va:.1f} | {vb:.1f} | {vb / va:.3f} |")
+    return "\n".join(lines)
+
+
+def memory_table(rows) -> str:
+    names = [k for k in rows[0] if k != "layers"]
+    base = names[0]
+    head = "| encoder layers | " + " | ".join(f"{n}: MiB (ratio)" for n in names) + " | " + \
+           " | ".join(f"{n}: ms" for n in names) + " |"
+    lines = [head, "| ---: |" + " ---: |" * (2 * len(names))]
+    for r in rows:
+        cells = [f"{r[n]['saved_mib']:.1f} ({r[n]['saved_mib'] / r[base]['saved_mib']:.2f})" for n in names]
+        cells += [f"{r[n]['fwd_bwd_ms']:.0f}" for n in names]
+        lines.append(f"| {r['layers']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=["all", "train", "memory"], default="all")
+    p.add_argument("--work-dir", default=os.path.join(REPO, "bench_runs", "dlcl_speed"),
+                   help="data, checkpoints and logs (git-ignored under the repository)")
+    p.add_argument("--multi30k", metavar="DIR", help="raw Multi30K folder instead of the synthetic corpus")
+    p.add_argument("--src-lang", default="en")
+    p.add_argument("--tgt-lang", default="de")
+    p.add_argument("--spm-vocab", type=int, default=8000)
+    p.add_argument("--synthetic-train", type=int, default=20000)
+    p.add_argument("--test-size", type=int, default=300, help="synthetic test sentences")
+    p.add_argument("--encoder-layers", type=int, default=12)
+    p.add_argument("--decoder-layers", type=int, default=3)
+    p.add_argument("--embed-dim", type=int, default=128)
+    p.add_argument("--ffn-dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--max-update", type=int, default=60)
+    p.add_argument("--warmup-updates", type=int, default=100)
+    p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--skip-updates", type=int, default=10, help="updates left out of the speed")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternated")
+    p.add_argument("--no-generate", action="store_true")
+    p.add_argument("--gen-batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, help="OMP/MKL threads of every run (default: torch's)")
+    p.add_argument("--act-batch", type=int, default=32, help="sentences of the in-process batch")
+    p.add_argument("--act-length", type=int, default=24, help="tokens per sentence of that batch")
+    p.add_argument("--micro-layers", type=int, nargs="+", default=[6, 12, 30])
+    p.add_argument("--micro-timing-runs", type=int, default=2)
+    p.add_argument("--json", help="also write all numbers to this file (default: WORK_DIR/results.json)")
+    return p
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    if a.skip_updates % a.log_interval:
+        raise SystemExit("--skip-updates must be a multiple of --log-interval")
+    os.makedirs(a.work_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if a.threads:
+        env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+        torch.set_num_threads(a.threads)
+    report = {"machine": machine(), "args": vars(a)}
+    sections = [f"Machine: {report['machine']}"]
+
+    if a.mode in ("all", "train"):
+        data, a.data_src, _ = (prepare_multi30k if a.multi30k else prepare_synthetic)(a.work_dir, a)
+        results = benchmark_training(a, data, env)
+        activations = full_model_activations(a, data)
+        report.update(training=results, activations_mib=activations)
+        corpus = f"Multi30K {a.src_lang}-{a.tgt_lang} (spm {a.spm_vocab})" if a.multi30k else \
+            f"synthetic ({a.synthetic_train} pairs)"
+        sections.append(
+            f"### Training and decoding: {a.encoder_layers}+{a.decoder_layers} layers, d={a.embed_dim}, "
+            f"ffn={a.ffn_dim}, {a.heads} heads; {corpus}; {a.max_update} updates of {a.max_tokens} "
+            f"max tokens (speed over updates {a.skip_updates + 1}-{a.max_update}); "
+            + (f"median of {a.repeats} alternated runs (min-max)" if a.repeats > 1 else "one run")
+            + "\n\n" + training_table(a, results, activations))
+    if a.mode in ("all", "memory"):
+        rows = encoder_memory(a)
+        report["encoder_memory"] = rows
+        sections.append(
+            f"### Encoder saved activations, one forward+backward of {a.act_batch}x{a.act_length} tokens, "
+            f"d={a.embed_dim}, ffn={a.ffn_dim} (ratio to pre-norm)\n\n" + memory_table(rows))
+
+    path = a.json or os.path.join(a.work_dir, "results.json")
+    json.dump(report, open(path, "w"), indent=1)
+    print("\n\n".join(sections))
+    print(f"\n(all numbers: {path})")
+
+
+if __name__ == "__main__":
+    main()

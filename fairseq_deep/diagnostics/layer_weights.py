@@ -1,0 +1,369 @@
+"""Export and plot the learned layer weights of a checkpoint (Wang et al. 2019, Sec. 6.4, Fig. 5).
+
+    python -m fairseq_deep.diagnostics.layer_weights CHECKPOINT --out-dir DIR \
+        [--mask-below 0.1 --mask-row-fraction 0.05] [--no-mask] [--no-plot]
+
+Every learned layer-weight matrix of the model is found by the suffix of its state-dict key,
+through a registry of *kinds* (:data:`KINDS`, :func:`register_kind`), so that each technique adds its
+own.  For each matrix the command writes ``<key>.json`` (matrix, labels, key, kind), ``<key>.csv``
+and ``<key>.png``, a heatmap drawn as in Fig. 5: one row per reader (layer l+1 ... the readout),
+one column per layer read (y_0 = embedding ... y_l).  As in the paper, entries with ``|w| < 0.1`` or
+below 5% of their row's largest absolute value are masked out of the plot (``--no-mask`` shows
+them); the JSON and CSV always hold every value.
+"""
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kinds of layer-weight matrices
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeightKind:
+    """How to recognise one technique's weight matrix and turn it into the matrix that is plotted.
+
+    ``matches(key, tensor)`` says whether a state-dict entry is of this kind; ``effective(tensor,
+    cfg)`` returns ``(matrix, valid)``: the weights in plotting orientation (rows = readers, columns
+    = layers read, y_0 first) and a bool matrix of the entries that exist (False: structurally
+    absent, e.g. the upper triangle of DLCL); ``labels(matrix)`` returns ``(row_labels,
+    col_labels)``.
+    """
+
+    name: str
+    suffix: str
+    description: str
+    matches: Callable[[str, Tensor], bool]
+    effective: Callable[[Tensor, Any], "tuple[Tensor, Tensor]"]
+    labels: Callable[[Tensor], "tuple[List[str], List[str]]"]
+
+
+KINDS: Dict[str, LayerWeightKind] = {}
+
+
+def register_kind(kind: LayerWeightKind) -> LayerWeightKind:
+    if kind.name in KINDS:
+        raise ValueError(f"layer-weight kind {kind.name!r} is already registered")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def cfg_value(cfg, name: str, default=None):
+    """``name`` from a checkpoint's model config: an argparse.Namespace, dict or omegaconf node."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, argparse.Namespace) or not hasattr(cfg, "get"):
+        return getattr(cfg, name, default)
+    try:
+        value = cfg.get(name, default)
+    except Exception:  # pragma: no cover - a struct-mode omegaconf node without the key
+        value = default
+    return default if value is None else value
+
+
+def layer_labels(n_cols: int) -> List[str]:
+    """y_0 (the embedding), y_1, ... y_{n-1}."""
+    return ["y0 (emb)"] + [f"y{k}" for k in range(1, n_cols)]
+
+
+# (a) DLCL, Wang et al. 2019 Eq. 7-9: `<stack>.history.weight`, (L+1) x (L+1), lower triangular.
+
+
+def _dlcl_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("history.weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
+
+
+def _dlcl_effective(w: Tensor, cfg):
+    """As ``DynamicLinearCombination.weights()``: masked row softmax or the lower triangle."""
+    w = w.detach().float().cpu()
+    valid = torch.ones_like(w, dtype=torch.bool).tril()
+    if cfg_value(cfg, "dlcl_softmax_weights", False):
+        return torch.softmax(w.masked_fill(~valid, float("-inf")), dim=1), valid
+    upper = w.masked_fill(valid, 0).abs().max().item() if w.numel() else 0.0
+    if upper > 0:
+        logger.warning("DLCL matrix has non-zero entries above the diagonal (max %.3g); they are "
+                       "not used by the model and are masked", upper)
+    return w * valid, valid
+
+
+def _dlcl_labels(m: Tensor):
+    n = m.shape[0]
+    rows = [f"layer {r + 1}" for r in range(n - 1)] + ["readout"]
+    return rows, layer_labels(n)
+
+
+register_kind(LayerWeightKind(
+    name="dlcl",
+    suffix="history.weight",
+    description="dynamic linear combination of layers (Wang et al. 2019, Eq. 7-9)",
+    matches=_dlcl_matches,
+    effective=_dlcl_effective,
+    labels=_dlcl_labels,
+))
+
+
+# (b) Transparent attention, Bapna et al. 2018 Eq. 1-2: `transparent_attention.weight`,
+# (N+1) x M: one column per decoder attention module j, softmax over the encoder layers (dim 0).
+# Plotted transposed, so that as for DLCL each row is a reader and columns are y_0 ... y_N.
+
+
+def _ta_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("transparent_attention.weight") and w.dim() == 2
+
+
+def _ta_effective(w: Tensor, cfg):
+    s = torch.softmax(w.detach().float().cpu(), dim=0).t().contiguous()
+    return s, torch.ones_like(s, dtype=torch.bool)
+
+
+def _ta_labels(m: Tensor):
+    return [f"dec. attn {j + 1}" for j in range(m.shape[0])], layer_labels(m.shape[1])
+
+
+register_kind(LayerWeightKind(
+    name="transparent_attention",
+    suffix="transparent_attention.weight",
+    description="transparent attention (Bapna et al. 2018, Eq. 1-2); stored (N+1) x M, "
+                "softmax over dim 0, shown transposed (rows = decoder attention modules)",
+    matches=_ta_matches,
+    effective=_ta_effective,
+    labels=_ta_labels,
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# Extraction and masking
+# ---------------------------------------------------------------------------------------------
+
+
+def extract_layer_weights(state_dict: Dict[str, Tensor], cfg=None) -> List[Dict[str, Any]]:
+    """One record per learned layer-weight matrix of ``state_dict``, in key order.
+
+    ``cfg`` is the model config of the checkpoint (``ckpt["cfg"]["model"]``, a Namespace, dict or
+    omegaconf node; ``None`` for defaults).  A record holds ``key``, ``kind``, ``matrix`` (a float
+    tensor, plotting orientation), ``valid`` (bool tensor), ``row_labels``, ``col_labels`` and
+    ``stored_shape``.
+    """
+    records = []
+    for key, value in state_dict.items():
+        if not isinstance(value, Tensor):
+            continue
+        for kind in KINDS.values():
+            if kind.matches(key, value):
+                matrix, valid = kind.effective(value, cfg)
+                rows, cols = kind.labels(matrix)
+                records.append({
+                    "key": key, "kind": kind.name, "matrix": matrix, "valid": valid,
+                    "row_labels": rows, "col_labels": cols, "stored_shape": list(value.shape),
+                })
+                break
+    return records
+
+
+def small_weight_mask(matrix: Tensor, below: float = 0.1, row_fraction: float = 0.05,
+                      valid: Optional[Tensor] = None) -> Tensor:
+    """Entries to hide, as in Wang et al. Sec. 6.4: ``|w| < below`` or ``|w| < row_fraction *
+    max_k |w[r, k]|`` (the row's largest absolute value over its valid entries), and every entry that
+    is not ``valid``.  True = masked."""
+    a = matrix.detach().float().abs()
+    valid = torch.ones_like(a, dtype=torch.bool) if valid is None else valid.bool()
+    row_max = a.masked_fill(~valid, 0).max(dim=1, keepdim=True).values
+    return ~valid | (a < below) | (a < row_fraction * row_max)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    # an import of fairseq leaves the root logger at DEBUG, where matplotlib logs its font search
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(
+            "plotting layer weights needs matplotlib: pip install 'fairseq_deep[plot]' "
+            "(or pip install matplotlib), or pass --no-plot to write only JSON and CSV"
+        ) from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
+                 path: str, mask=None, annotate: Optional[bool] = None) -> str:
+    """Draw ``matrix`` as a heatmap (rows top to bottom, columns left to right) into ``path`` (PNG).
+
+    ``mask``: a bool matrix, True where an entry is hidden (drawn blank).  Values are annotated in
+    the cells when ``annotate`` (default: matrices of at most 12 columns and rows).  Signed
+    matrices get a diverging colour map centred at 0.
+    """
+    plt = _pyplot()
+    import numpy as np
+
+    m = np.asarray(matrix.detach().cpu().float() if isinstance(matrix, Tensor) else matrix, dtype=float)
+    hidden = np.zeros_like(m, dtype=bool) if mask is None else np.asarray(
+        mask.cpu() if isinstance(mask, Tensor) else mask, dtype=bool)
+    data = np.ma.masked_array(m, mask=hidden)
+    shown = m[~hidden]
+    if shown.size and shown.min() < 0:
+        vmax = float(np.abs(shown).max()) or 1.0
+        cmap, vmin = plt.get_cmap("RdBu_r").copy(), -vmax
+    else:
+        cmap = plt.get_cmap("viridis").copy()
+        vmin, vmax = 0.0, (float(shown.max()) if shown.size else 1.0) or 1.0
+    cmap.set_bad("white")
+
+    n_rows, n_cols = m.shape
+    size = max(3.5, 0.32 * max(n_rows, n_cols) + 2.0)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
+    fontsize = 8 if max(n_rows, n_cols) <= 16 else 6
+    ax.set_xticks(range(n_cols))
+    ax.set_xticklabels(col_labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(range(n_rows))
+    ax.set_yticklabels(row_labels, fontsize=fontsize)
+    ax.set_xlabel("layer read")
+    ax.set_ylabel("reader")
+    ax.set_title(title, fontsize=9)
+    if annotate is None:
+        annotate = max(n_rows, n_cols) <= 12
+    if annotate:
+        for r in range(n_rows):
+            for c in range(n_cols):
+                if not hidden[r, c]:
+                    ax.text(c, r, f"{m[r, c]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if cmap.name == "viridis" and m[r, c] < (vmin + vmax) / 2 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = None,
+                 plot: bool = True, note: str = "") -> Dict[str, str]:
+    """Write ``<key>.json``, ``<key>.csv`` and (when ``plot``) ``<key>.png`` into ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, record["key"])
+    m = record["matrix"]
+    paths = {"json": base + ".json", "csv": base + ".csv"}
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump({
+            "key": record["key"],
+            "kind": record["kind"],
+            "description": KINDS[record["kind"]].description if record["kind"] in KINDS else "",
+            "stored_shape": record["stored_shape"],
+            "row_labels": record["row_labels"],
+            "col_labels": record["col_labels"],
+            "matrix": m.tolist(),
+            "valid": record["valid"].tolist(),
+            "plot_mask": None if mask is None else mask.tolist(),
+        }, f, indent=1)
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["reader"] + list(record["col_labels"]))
+        for label, row in zip(record["row_labels"], m.tolist()):
+            w.writerow([label] + [f"{v:.6g}" for v in row])
+    if plot:
+        title = f"{record['key']} ({record['kind']})" + (f"\n{note}" if note else "")
+        paths["png"] = plot_heatmap(m, record["row_labels"], record["col_labels"], title,
+                                    base + ".png", mask=mask)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str):
+    """``(state_dict, model_cfg)`` of a fairseq checkpoint, loaded with torch's safe unpickler."""
+    import fairseq_deep  # noqa: F401  (allow-lists the types fairseq checkpoints hold)
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu")
+    except Exception as e:
+        raise RuntimeError(
+            f"could not load {path} with torch.load(weights_only=True): {e}\n"
+            "fairseq_deep allow-lists the types fairseq checkpoints hold; a checkpoint carrying "
+            "anything else is refused on purpose"
+        ) from e
+    if isinstance(ckpt, dict) and "model" in ckpt and isinstance(ckpt["model"], dict):
+        cfg = ckpt.get("cfg") or {}
+        model_cfg = cfg_value(cfg, "model", None) if cfg else None
+        if model_cfg is None:
+            model_cfg = ckpt.get("args")  # checkpoints of fairseq < 0.10
+        return ckpt["model"], model_cfg
+    if isinstance(ckpt, dict) and all(isinstance(v, Tensor) for v in ckpt.values()):
+        return ckpt, None  # a bare state dict
+    raise ValueError(f"{path} is neither a fairseq checkpoint (a dict with 'model') nor a state dict")
+
+
+def get_parser():
+    p = argparse.ArgumentParser(
+        prog="fairseq-deep-layer-weights",
+        description="Export (JSON, CSV) and plot (PNG) the learned layer weights of a checkpoint, "
+                    "as Fig. 5 of Wang et al. (2019).",
+    )
+    p.add_argument("checkpoint", help="a fairseq checkpoint (e.g. checkpoints/checkpoint_best.pt)")
+    p.add_argument("--out-dir", required=True, help="folder for <key>.json, <key>.csv, <key>.png")
+    p.add_argument("--mask-below", type=float, default=0.1,
+                   help="hide entries with |w| below this value in the plot (default 0.1, as the paper)")
+    p.add_argument("--mask-row-fraction", type=float, default=0.05,
+                   help="hide entries below this fraction of their row's max |w| (default 0.05)")
+    p.add_argument("--no-mask", action="store_true", help="show every entry of the matrix")
+    p.add_argument("--no-plot", action="store_true", help="write JSON and CSV only (no matplotlib)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = get_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    state_dict, cfg = load_checkpoint(args.checkpoint)
+    records = extract_layer_weights(state_dict, cfg)
+    if not records:
+        suffixes = ", ".join(f"'{k.suffix}' ({k.name})" for k in KINDS.values())
+        print(f"error: no layer-weight matrix in {args.checkpoint}: looked for keys ending in "
+              f"{suffixes}. Was the model trained with layer weights (e.g. --arch transformer_dlcl "
+              "with --dlcl-stacks other than none)?", file=sys.stderr)
+        return 1
+    if not args.no_plot:
+        _pyplot()  # fail before writing anything when matplotlib is missing
+    for record in records:
+        if args.no_mask:
+            mask, note = ~record["valid"], ""  # entries that do not exist stay blank
+        else:
+            mask = small_weight_mask(record["matrix"], args.mask_below, args.mask_row_fraction,
+                                     record["valid"])
+            note = (f"blank: |w| < {args.mask_below:g} or < {args.mask_row_fraction:g} x row max |w|")
+        paths = write_record(record, args.out_dir, mask=mask, plot=not args.no_plot, note=note)
+        shape = "x".join(map(str, record["matrix"].shape))
+        print(f"{record['key']} ({record['kind']}, {shape}): " + ", ".join(paths.values()))
+    return 0
+
+
+def cli_main():
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli_main()
