@@ -1,0 +1,137 @@
+"""Training and generation speed of Deep-Att with F-F connections against fairseq's ``lstm``.
+
+Both models are built through fairseq's own parser, at the sizes of Zhou et al. (2016) Sec. 4.2 by
+default (embeddings 256, 512 cells, n_e = n_d = 2), and run on the same random batches:
+
+* training: words/s (target tokens per second) over forward, backward and an optimizer step;
+* generation: target tokens/s of fairseq's beam search (beam 3, as in the paper).
+
+fairseq's ``lstm`` is set up as its nearest relative: a bidirectional encoder of the same depth and
+width (its two directions play the two columns), the same decoder depth and width, attention.
+It prints one line per model and the ratios deep_att / lstm.
+
+    python benchmarks/deep_att_speed.py                      # paper sizes (slow on CPU)
+    python benchmarks/deep_att_speed.py --embed 64 --hidden 128 --steps 3 --gen-batches 1  # smoke
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from fairseq import options, tasks
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
+
+import fairseq_deep  # noqa: F401  (registers deep_att)
+
+
+def dictionary(n):
+    d = Dictionary()
+    for i in range(n - d.nspecial):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build(arch_argv, d, seed=1):
+    args = options.parse_args_and_arch(options.get_training_parser(),
+                                       ["dummy", "--task", "translation", "--cpu", *arch_argv])
+    task = tasks.translation.TranslationTask(args, d, d)
+    torch.manual_seed(seed)
+    return task.build_model(args)
+
+
+def models(a, d):
+    E, H, n = str(a.embed), str(a.hidden), str(a.layers)
+    deep = build(["--arch", "deep_att_ff", "--encoder-layers", n, "--decoder-layers", n,
+                  "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
+                  "--decoder-hidden-size", H, "--dropout", "0.1"], d)
+    lstm = build(["--arch", "lstm", "--encoder-layers", n, "--decoder-layers", n,
+                  "--encoder-bidirectional", "--encoder-embed-dim", E, "--decoder-embed-dim", E,
+                  "--encoder-hidden-size", H, "--decoder-hidden-size", H,
+                  "--decoder-out-embed-dim", E, "--dropout", "0.1"], d)
+    return {"deep_att_ff": deep, "lstm": lstm}
+
+
+def batch(d, a, seed):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(d.nspecial, len(d), (a.batch, a.src_len), generator=g)
+    tgt = torch.randint(d.nspecial, len(d), (a.batch, a.tgt_len), generator=g)
+    src[:, -1] = tgt[:, -1] = d.eos()
+    prev = torch.cat([torch.full((a.batch, 1), d.eos()), tgt[:, :-1]], 1)
+    return src, torch.full((a.batch,), a.src_len), prev, tgt
+
+
+def train_speed(model, d, a):
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batches = [batch(d, a, s) for s in range(a.steps + 1)]
+    words, elapsed = 0, 0.0
+    for i, (src, lengths, prev, tgt) in enumerate(batches):
+        t0 = time.perf_counter()
+        logits, _ = model(src, lengths, prev)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i > 0:  # the first step warms up
+            elapsed += time.perf_counter() - t0
+            words += tgt.numel()
+    return words / elapsed
+
+
+@torch.no_grad()
+def generation_speed(model, d, a):
+    model.eval()
+    gen = SequenceGenerator([model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.tgt_len,
+                            min_len=a.tgt_len)  # fixed output length: the same work for both
+    tokens, elapsed = 0, 0.0
+    for i in range(a.gen_batches + 1):
+        src, lengths, _, _ = batch(d, a, 1000 + i)
+        t0 = time.perf_counter()
+        hyps = gen.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
+        if i > 0:
+            elapsed += time.perf_counter() - t0
+            tokens += sum(len(h[0]["tokens"]) for h in hyps)
+    return tokens / elapsed
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--embed", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=2, help="n_e = n_d")
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--src-len", type=int, default=30)
+    p.add_argument("--tgt-len", type=int, default=30)
+    p.add_argument("--steps", type=int, default=10, help="timed training steps (after one warm-up)")
+    p.add_argument("--gen-batches", type=int, default=2, help="timed generation batches")
+    p.add_argument("--beam", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--json", help="also write the figures to this file")
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    d = dictionary(a.vocab)
+    results = {}
+    for name, model in models(a, d).items():
+        results[name] = {
+            "params": sum(q.numel() for q in model.parameters()),
+            "train_words_per_s": train_speed(model, d, a),
+            "gen_tokens_per_s": generation_speed(model, d, a),
+        }
+        r = results[name]
+        print(f"{name:12s} params {r['params']:>10,d}  train {r['train_words_per_s']:9.1f} words/s  "
+              f"generate {r['gen_tokens_per_s']:9.1f} tokens/s", flush=True)
+    deep, lstm = results["deep_att_ff"], results["lstm"]
+    results["ratio"] = {k: deep[k] / lstm[k] for k in ("params", "train_words_per_s", "gen_tokens_per_s")}
+    print("ratio deep_att_ff / lstm: " + ", ".join(f"{k} {v:.2f}" for k, v in results["ratio"].items()))
+    results["settings"] = vars(a)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Deep-Att / Deep-ED decoder (Zhou et al. 2016, Sec. 3.1, Eq. 9, 10).
+
+A single column of forward F-F LSTM layers.  Layer 1 reads x_t = [c_t, y_{t-1}] (Eq. 10) with
+y_0 = 0; c_t is the static vector of Deep-ED, or for Deep-Att the additive attention (Bahdanau)
+over the projected interface W_p e, queried by the first layer's previous output h^1_{t-1}
+(Eq. 8, 9).  The softmax reads Dr(h) of the top layer only.
+
+Because c_t depends on h^1_{t-1}, layer 1 runs step by step (its y-part of W_f for all steps at
+once); layers 2..n_d then run over the whole sequence.  Incremental decoding keeps (h, s) of every
+layer and the attention's key projection (computed once per sentence) in the incremental state;
+the f of each layer is recomputed from the step's input, so a step equals the full pass.
+"""
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import FairseqIncrementalDecoder
+from torch import Tensor, nn
+
+from ...modules.additive_attention import AdditiveAttention
+from ...modules.fast_forward_lstm import FFLSTMStack
+
+
+class DeepAttDecoder(FairseqIncrementalDecoder):
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding, context_dim: int):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        self.max_target_positions = args.max_target_positions
+        self.dropout = args.dropout
+        self.context_dim = context_dim
+        H, n = args.decoder_hidden_size, args.decoder_layers
+        self.stack = FFLSTMStack(context_dim + embed_tokens.embedding_dim, H, [False] * n,
+                                 ff_mode=args.ff_mode, dropout=args.dropout)
+        self.attention = None
+        if args.ff_interface == "att":
+            self.attention = AdditiveAttention(H, context_dim, args.ff_attention_dim or H,
+                                               num_heads=1, project_values=False)
+        self.output_projection = nn.Linear(H, len(dictionary))
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only: bool = False, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         **unused):
+        cache = None
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            cache = self.get_incremental_state(incremental_state, "state")
+        y = self.embed_tokens(prev_output_tokens).transpose(0, 1)  # T x B x E
+        if cache is None:  # y_0 = 0 (Eq. 10)
+            y = torch.cat([torch.zeros_like(y[:1]), y[1:]], dim=0)
+        n = len(self.stack.layers)
+        states = None if cache is None else [(cache[f"h{k}"], cache[f"s{k}"]) for k in range(n)]
+        context = encoder_out["encoder_out"][0]
+        attn = None
+        new_cache: Dict[str, Optional[Tensor]] = {}
+        if self.attention is None:  # Deep-ED: c_t = e, constant
+            x = torch.cat([context.expand(y.size(0), -1, -1), y], dim=-1)
+            f, h, states, _ = self.stack(x, None, states)
+        else:
+            mask = encoder_out["encoder_padding_mask"]
+            mask = mask[0] if len(mask) > 0 else None
+            keys = cache["keys"] if cache is not None else self.attention.precompute(context)[0]
+            new_cache["keys"] = keys
+            first, attn = self._first_layer(y, context, keys, mask, states)
+            f, h, states, _ = self.stack(None, None, states, first=first)
+        for k, (hk, sk) in enumerate(states):
+            new_cache[f"h{k}"], new_cache[f"s{k}"] = hk, sk
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "state", new_cache)
+        h = F.dropout(h, p=self.dropout, training=self.training)
+        return h.transpose(0, 1), {"attn": [attn], "inner_states": [h]}
+
+    def _first_layer(self, y: Tensor, values: Tensor, keys: Tensor, mask: Optional[Tensor],
+                     states):
+        """Layer 1 of Deep-Att, step by step: c_t from h^1_{t-1} (Eq. 9), f^1_t = W_f^1 [c_t, y_t]."""
+        layer = self.stack.layers[0]
+        w_c, w_y = layer.proj.weight.split([self.context_dim, y.size(-1)], dim=1)
+        pre = F.linear(y, w_y, layer.proj.bias)  # the y-part of f^1 for all steps at once
+        h, s = states[0] if states is not None else layer.cell.zero_state(y.size(1), y)
+        fs: List[Tensor] = []
+        hs: List[Tensor] = []
+        attns: List[Tensor] = []
+        for t in range(y.size(0)):
+            c, a = self.attention(h, keys, values, mask)  # B x C, B x 1 x S
+            f_t = pre[t] + F.linear(c, w_c)
+            out, (h, s) = layer.cell(f_t[None], (h, s))
+            fs.append(f_t)
+            hs.append(out[0])
+            attns.append(a[:, 0])
+        attn = torch.stack(attns, dim=1)  # B x T x S
+        return (torch.stack(fs), torch.stack(hs), (h, s)), attn
+
+    def output_layer(self, features):
+        return self.output_projection(features)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        cache = self.get_incremental_state(incremental_state, "state")
+        if cache is None:
+            return
+        reordered: Dict[str, Optional[Tensor]] = {
+            k: v.index_select(1 if k == "keys" else 0, new_order) for k, v in cache.items()
+        }
+        self.set_incremental_state(incremental_state, "state", reordered)
+
+    def max_positions(self):
+        return self.max_target_positions

@@ -1,0 +1,169 @@
+"""LSTM stacks with fast-forward connections (Zhou, Cao, Wang, Li, Xu, TACL 2016, Sec. 3.1).
+
+* :class:`FFLSTMCell` is the "r" block of Eq. 4: it takes the feed-forward block f_t = [z, z_rho,
+  z_phi, z_pi] directly (no input matrix), has the recurrent matrix W_r and the peephole-like
+  vectors theta_rho, theta_phi, theta_pi; sigmoid gates, tanh input and output activations.
+* :class:`FFLSTMLayer` is one layer: the "f" block W_f (applied to all time steps at once) and the
+  cell, run forward or backward (Eq. 3, direction term (-1)^k) over right-padded sequences.
+* :class:`FFLSTMStack` stacks layers with the fast-forward input of Eq. 6,
+  f^k = W_f^k [Half(f^{k-1}), Dr(h^{k-1})] (``ff_mode="half"``), the whole f (``"whole"``, Eq. 5) or
+  no F-F connection at all (``"none"``: f^k = W_f^k Dr(h^{k-1}), the standard stacked LSTM).
+
+Recurrent parameters (W_r, theta) carry ``param_group = "recurrent"``; :mod:`fairseq_deep.optim.
+deep_att_optimizer` gives them their own learning rate (Sec. 4.3).
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+FF_MODES = ("half", "whole", "none")
+RECURRENT = "recurrent"
+
+
+def mark(param: nn.Parameter, group: str) -> nn.Parameter:
+    """Tag a parameter with its optimizer group (the attribute fairseq's composite optimizer reads)."""
+    param.param_group = group
+    return param
+
+
+def lstm_recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    """Eq. 4 over T steps: f (T x B x 4H), w_r (4H x H), theta (3 x H), state h, s (B x H).
+
+    One matmul per step for all four blocks of W_r.  Returns h of every step (T x B x H) and the
+    final (h, s)."""
+    w_t = w_r.t()
+    th_rho, th_phi, th_pi = theta[0], theta[1], theta[2]
+    outs: List[Tensor] = []
+    for t in range(f.size(0)):
+        z, z_rho, z_phi, z_pi = torch.addmm(f[t], h, w_t).chunk(4, dim=-1)
+        s = torch.tanh(z) * torch.sigmoid(z_rho + s * th_rho) + torch.sigmoid(z_phi + s * th_phi) * s
+        h = torch.tanh(s) * torch.sigmoid(z_pi + s * th_pi)
+        outs.append(h)
+    return torch.stack(outs), h, s
+
+
+class FFLSTMCell(nn.Module):
+    """(h_t, s_t) = LSTM(f_t, h_{t-1}, s_{t-1}) of Eq. 4.  Parameters start at zero (Sec. 4.3)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.weight_r = mark(nn.Parameter(torch.zeros(4 * hidden_size, hidden_size)), RECURRENT)
+        # rows: theta_rho (input gate), theta_phi (forget gate), theta_pi (output gate)
+        self.theta = mark(nn.Parameter(torch.zeros(3, hidden_size)), RECURRENT)
+
+    def zero_state(self, bsz: int, like: Tensor) -> Tuple[Tensor, Tensor]:
+        z = like.new_zeros(bsz, self.hidden_size)
+        return z, z
+
+    def forward(self, f: Tensor, state: Optional[Tuple[Tensor, Tensor]] = None):
+        """f: T x B x 4H.  Returns (h of all steps, (h_T, s_T))."""
+        h, s = state if state is not None else self.zero_state(f.size(1), f)
+        out, h, s = lstm_recurrence(f, self.weight_r, self.theta, h, s)
+        return out, (h, s)
+
+
+def reverse_index(lengths: Tensor, max_len: int) -> Tensor:
+    """T x B index that reverses each right-padded sequence within its length and leaves the pad
+    positions where they are (an involution: applying it twice is the identity)."""
+    t = torch.arange(max_len, device=lengths.device)[:, None]
+    rev = lengths[None, :] - 1 - t
+    return torch.where(rev >= 0, rev, t)
+
+
+def gather_time(x: Tensor, index: Tensor) -> Tensor:
+    """x: T x B x C, index: T x B -> x[index[t, b], b]."""
+    return x.gather(0, index[:, :, None].expand(-1, -1, x.size(-1)))
+
+
+class FFLSTMLayer(nn.Module):
+    """The f block (W_f, with the bias) and the r block (Eq. 4) of one layer, in one direction."""
+
+    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False):
+        super().__init__()
+        self.input_size, self.hidden_size, self.reverse = input_size, hidden_size, reverse
+        self.proj = nn.Linear(input_size, 4 * hidden_size)  # W_f
+        self.cell = FFLSTMCell(hidden_size)
+
+    def forward(self, x: Tensor, rev_index: Optional[Tensor] = None, state=None):
+        """x: T x B x input_size, right-padded; rev_index from :func:`reverse_index` (needed when
+        the layer runs backward).  Returns f (T x B x 4H), h (T x B x H) in input order, and the
+        final state (h, s) of the recurrence (polluted by trailing pads in padded batches)."""
+        f = self.proj(x)
+        if self.reverse:
+            if rev_index is None:
+                rev_index = reverse_index(x.new_full((x.size(1),), x.size(0), dtype=torch.long), x.size(0))
+            h, state = self.cell(gather_time(f, rev_index), state)
+            h = gather_time(h, rev_index)
+        else:
+            h, state = self.cell(f, state)
+        return f, h, state
+
+
+def ff_input(f_prev: Tensor, h_prev: Tensor, ff_mode: str) -> Tensor:
+    """Input of W_f^k for k > 1 (Eq. 6): [Half(f^{k-1}), h^{k-1}] ("half": the FIRST half of the
+    elements of f, i.e. [z, z_rho]), [f^{k-1}, h^{k-1}] ("whole", Eq. 5) or h^{k-1} ("none").
+    h_prev is already dropped out (Dr)."""
+    if ff_mode == "half":
+        return torch.cat([f_prev[..., : f_prev.size(-1) // 2], h_prev], dim=-1)
+    if ff_mode == "whole":
+        return torch.cat([f_prev, h_prev], dim=-1)
+    return h_prev
+
+
+def ff_input_size(hidden_size: int, ff_mode: str) -> int:
+    return {"half": 2 * hidden_size, "whole": 4 * hidden_size, "none": 0}[ff_mode] + hidden_size
+
+
+class FFLSTMStack(nn.Module):
+    """A column of LSTM layers joined by F-F connections (Eq. 5, 6).
+
+    ``directions``: one bool per layer, True = the layer runs backward.  For the interleaved
+    bi-directional encoder (Eq. 3) layer k of column 1 runs forward when k is odd; the paper's
+    direction term (-1)^k.  Dropout (Dr) is applied to h where it leaves the layer."""
+
+    def __init__(self, input_size: int, hidden_size: int, directions: List[bool],
+                 ff_mode: str = "half", dropout: float = 0.0):
+        super().__init__()
+        if ff_mode not in FF_MODES:
+            raise ValueError(f"--ff-mode must be one of {FF_MODES}, got {ff_mode!r}")
+        self.hidden_size, self.ff_mode, self.dropout = hidden_size, ff_mode, dropout
+        sizes = [input_size] + [ff_input_size(hidden_size, ff_mode)] * (len(directions) - 1)
+        self.layers = nn.ModuleList(
+            FFLSTMLayer(n, hidden_size, reverse=r) for n, r in zip(sizes, directions)
+        )
+
+    def drop(self, h: Tensor) -> Tensor:
+        return F.dropout(h, p=self.dropout, training=self.training)
+
+    def forward(self, x: Optional[Tensor], lengths: Optional[Tensor] = None, states=None,
+                first=None):
+        """x: T x B x C right-padded (lengths: B).  ``states``: one (h, s) per layer, or None.
+        ``first``: (f, h, state) of layer 1 when the caller ran it itself (the Deep-Att decoder,
+        whose layer-1 input depends on its own previous output); x is then ignored.
+
+        Returns the top f, the top h (not dropped), the final state of every layer, and ``last_h``
+        (B x H): the top layer's h at the last real step of its processing order."""
+        T = x.size(0) if first is None else first[0].size(0)
+        rev = reverse_index(lengths, T) if lengths is not None and any(
+            layer.reverse for layer in self.layers) else None
+        new_states = []
+        f = h = None
+        for k, layer in enumerate(self.layers):
+            if k == 0 and first is not None:
+                f, h, st = first
+            else:
+                state = states[k] if states is not None else None
+                inp = x if k == 0 else ff_input(f, self.drop(h), self.ff_mode)
+                f, h, st = layer(inp, rev, state)
+            new_states.append(st)
+        if lengths is None:
+            last_h = new_states[-1][0]
+        else:
+            last = (lengths - 1) if not self.layers[-1].reverse else torch.zeros_like(lengths)
+            last_h = h.gather(0, last[None, :, None].expand(1, -1, h.size(-1)))[0]
+        return f, h, new_states, last_h
