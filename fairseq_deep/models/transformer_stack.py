@@ -41,6 +41,14 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
             for layer in self.layers:
                 layer.final_layer_norm = nn.Identity()
 
+    #: how many inputs of lower layers the loop hands to `forward_layer` (multi-layer attention)
+    lower_window = 0
+
+    def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], **kwargs):
+        """Run encoder layer `idx` on its input x.  `lower` holds the inputs of up to
+        `lower_window` layers below it, nearest last (empty unless a subclass asks for them)."""
+        return layer(x, **kwargs)
+
     def forward_scriptable(
         self,
         src_tokens,
@@ -57,8 +65,13 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
 
         encoder_states = [x] if return_all_hiddens else []
         states = self.history.start(x)
-        for layer in self.layers:
-            x = layer(states.next_input(), encoder_padding_mask=padding_mask if has_pads else None)
+        lower: List[Tensor] = []  # inputs of the layers below, kept only when lower_window > 0
+        for idx, layer in enumerate(self.layers):
+            x_in = states.next_input()
+            x = self.forward_layer(idx, layer, x_in, lower,
+                                   encoder_padding_mask=padding_mask if has_pads else None)
+            if self.lower_window > 0:
+                lower = (lower + [x_in])[-self.lower_window:]
             states.push(x)
             if return_all_hiddens:
                 encoder_states.append(x)
@@ -112,6 +125,14 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         return self.dropout_module(x).transpose(0, 1)
 
+    #: how many inputs of lower layers the loop hands to `forward_layer` (multi-layer attention)
+    lower_window = 0
+
+    def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], *args, **kwargs):
+        """Run decoder layer `idx` on its input x (the other arguments are fairseq's layer's).
+        `lower` holds the inputs of up to `lower_window` layers below it, nearest last."""
+        return layer(x, *args, **kwargs)
+
     def encoder_memory(self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state):
         """The encoder states that decoder layer `idx` attends to (the top layer's, in fairseq)."""
         if encoder_out is None or len(encoder_out["encoder_out"]) == 0:
@@ -145,9 +166,14 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
         states = self.history.start(x)
+        lower: List[Tensor] = []  # inputs of the layers below, kept only when lower_window > 0
         for idx, layer in enumerate(self.layers):
-            x, layer_attn, _ = layer(
-                states.next_input(),
+            x_in = states.next_input()
+            x, layer_attn, _ = self.forward_layer(
+                idx,
+                layer,
+                x_in,
+                lower,
                 self.encoder_memory(encoder_out, idx, incremental_state),
                 padding_mask,
                 incremental_state,
@@ -156,6 +182,8 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
                 need_attn=idx == alignment_layer,
                 need_head_weights=idx == alignment_layer,
             )
+            if self.lower_window > 0:
+                lower = (lower + [x_in])[-self.lower_window:]
             states.push(x)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:

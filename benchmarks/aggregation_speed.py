@@ -1,0 +1,166 @@
+"""Training and decoding speed of the Dou et al. (2018) variants against the plain Transformer.
+
+    python benchmarks/aggregation_speed.py [--layers 6 --embed-dim 256 --ffn-dim 1024 --heads 4]
+        [--batch 32 --src-len 24 --tgt-len 24 --train-steps 8 --gen-len 24 --beam 4 --rounds 3]
+
+In one process, on fixed random batches, for every variant of Table 1 (rows 1-7: baseline,
+dense, linear, iterative, hierarchical, MLA k=2, k=3; all on both stacks, post-norm, same depth
+and width) it measures
+
+* training speed: target words/s of forward + backward + Adam step (dropout 0.1, train mode);
+* decoding speed: target tokens/s of fairseq's ``SequenceGenerator`` (beam ``--beam``, incremental
+  decoding), with the output length forced to ``--gen-len`` (min_len = max_len) so that every
+  variant decodes the same number of steps whatever its random weights prefer;
+
+rounds alternate the variants (A B C ... A B C ...) and the median over ``--rounds`` is reported,
+with each variant's ratio to the baseline (1.00 = as fast; 0.79 = 21% slower, the paper's figure for
+multi-layer attention decoding).  ``--threads`` sets torch's intra-op threads.  Numbers go to
+stdout as a markdown table and to ``--json`` if given.  Close other CPU-heavy work first.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+from fairseq import options, tasks  # noqa: E402
+from fairseq.data import Dictionary  # noqa: E402
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+import fairseq_deep  # noqa: E402,F401  (registers the architectures)
+
+VARIANTS = [  # label, --arch (Table 1 row)
+    ("1 baseline", "transformer_agg_baseline"),
+    ("2 dense", "transformer_dense"),
+    ("3 linear", "transformer_linear_agg"),
+    ("4 iterative", "transformer_iterative_agg"),
+    ("5 hierarchical", "transformer_hier_agg"),
+    ("6 MLA k=2", "transformer_mla2"),
+    ("7 MLA k=3", "transformer_mla3"),
+]
+
+
+def build(arch, a, dictionary):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "x", "--task", "translation", "--arch", arch, "--cpu",
+        "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
+        "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
+        "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
+        "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
+        "--dropout", "0.1", "--share-all-embeddings", *a.extra,
+    ])
+    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
+    torch.manual_seed(a.seed)
+    return task.build_model(args)
+
+
+def batch(dictionary, a, g):
+    lo, hi = dictionary.nspecial, len(dictionary)
+    src = torch.randint(lo, hi, (a.batch, a.src_len), generator=g)
+    src[:, -1] = dictionary.eos()
+    tgt = torch.randint(lo, hi, (a.batch, a.tgt_len), generator=g)
+    prev = torch.cat([torch.full((a.batch, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
+    return src, torch.full((a.batch,), a.src_len), prev, tgt
+
+
+def train_wps(model, opt, data, steps):
+    model.train()
+    src, lengths, prev, tgt = data
+    def step():
+        opt.zero_grad()
+        out, _ = model(src, lengths, prev)
+        loss = torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), tgt.view(-1))
+        loss.backward()
+        opt.step()
+    step()  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * tgt.numel() / (time.perf_counter() - start)
+
+
+def gen_tps(model, dictionary, data, a):
+    model.eval()
+    src, lengths = data[0][: a.gen_batch], data[1][: a.gen_batch]
+    gen = SequenceGenerator([model], dictionary, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len,
+                            min_len=a.gen_len)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    with torch.no_grad():
+        gen.forward(sample)  # warm-up
+        start = time.perf_counter()
+        hyps = gen.forward(sample)
+        seconds = time.perf_counter() - start
+    tokens = sum(len(h[0]["tokens"]) for h in hyps)
+    return tokens / seconds
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--embed-dim", type=int, default=256)
+    p.add_argument("--ffn-dim", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--src-len", type=int, default=24)
+    p.add_argument("--tgt-len", type=int, default=24)
+    p.add_argument("--train-steps", type=int, default=8)
+    p.add_argument("--gen-batch", type=int, default=16)
+    p.add_argument("--gen-len", type=int, default=24)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--variants", default="", help="comma-separated --arch names (default: all of Table 1)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", default="")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more model flags, for every variant")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    variants = [v for v in VARIANTS if not a.variants or v[1] in a.variants.split(",")]
+    if variants[0][1] != "transformer_agg_baseline":
+        variants = [VARIANTS[0]] + variants
+    d = Dictionary()
+    for i in range(a.vocab):
+        d.add_symbol(f"w{i}")
+    data = batch(d, a, torch.Generator().manual_seed(a.seed))
+    models = {arch: build(arch, a, d) for _, arch in variants}
+    opts = {arch: torch.optim.Adam(m.parameters(), lr=1e-4) for arch, m in models.items()}
+    params = {arch: sum(x.numel() for x in m.parameters()) for arch, m in models.items()}
+    train, gen = {arch: [] for arch in models}, {arch: [] for arch in models}
+    for r in range(a.rounds):
+        for label, arch in variants:
+            train[arch].append(train_wps(models[arch], opts[arch], data, a.train_steps))
+            gen[arch].append(gen_tps(models[arch], d, data, a))
+            print(f"[round {r + 1}] {label}: train {train[arch][-1]:.0f} w/s, generate {gen[arch][-1]:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+    base = variants[0][1]
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    rows = []
+    print(f"\n{a.layers}+{a.layers} layers, d={a.embed_dim}, ffn={a.ffn_dim}, heads={a.heads}; train batch "
+          f"{a.batch}x{a.tgt_len}, generate {a.gen_batch} sentences x {a.gen_len} tokens beam {a.beam}; "
+          f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}\n")
+    print("| Table 1 row | arch | params | train words/s | ratio | generate tokens/s | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, arch in variants:
+        row = {"label": label, "arch": arch, "params": params[arch],
+               "train_wps": med(train[arch]), "train_ratio": med(train[arch]) / med(train[base]),
+               "gen_tps": med(gen[arch]), "gen_ratio": med(gen[arch]) / med(gen[base]),
+               "train_all": train[arch], "gen_all": gen[arch]}
+        rows.append(row)
+        print(f"| {label} | {arch} | {params[arch] / 1e6:.2f}M | {row['train_wps']:.0f} | {row['train_ratio']:.2f} "
+              f"| {row['gen_tps']:.1f} | {row['gen_ratio']:.2f} |")
+    if a.json:
+        json.dump({"args": vars(a), "rows": rows}, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

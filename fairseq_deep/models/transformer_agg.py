@@ -1,0 +1,211 @@
+"""Transformers that exploit deep representations: layer aggregation and multi-layer attention.
+
+Dou, Tu, Wang, Shi, Zhang (EMNLP 2018). Exploiting Deep Representations for Neural Machine
+Translation.  fairseq's Transformer with (a) its layer loops handed to an aggregation history
+(``--agg-encoder`` / ``--agg-decoder``: dense, linear, iterative, hierarchical; Sec. 3.1.1) and
+(b) self-attentions that attend to the k layers below (``--mla-layers k``; Sec. 3.1.2).  With
+``--agg-* none --mla-layers 1`` it is fairseq's Transformer.  The layer-diversity regularizer
+(Sec. 3.2) is the criterion ``label_smoothed_cross_entropy_with_diversity``; initialisation from
+a trained Transformer is ``--init-from-pretrained`` with ``--finetune-from-model``.
+"""
+
+from dataclasses import dataclass, field
+from typing import List
+
+from torch import Tensor
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import base_architecture as fairseq_transformer_base
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+from ..checkpoint_init import PretrainedInitMixin
+from ..modules.layer_aggregation import build_aggregation, node_factory
+from ..modules.multi_layer_attention import MultiLayerAttentionDecoderLayer, MultiLayerAttentionEncoderLayer
+from .transformer_dlcl import _big, _set_default
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+
+STRATEGIES = ["none", "dense", "linear", "iterative", "hierarchical"]
+
+
+@dataclass
+class AggregationConfig(FairseqDataclass):
+    agg_encoder: ChoiceEnum(STRATEGIES) = field(
+        default="none", metadata={"help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
+                                  "dense (Eq. 4), linear (Eq. 5), iterative (Eq. 6), hierarchical (Fig. 2)"})
+    agg_decoder: ChoiceEnum(STRATEGIES) = field(
+        default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"})
+    agg_function: ChoiceEnum(["ff_sigmoid", "ff_relu", "self_attn"]) = field(
+        default="ff_sigmoid", metadata={"help": "F of the AGG node LN(F([x;y]) + x + y) (Eq. 7, Table 4): "
+                                        "feed-forward with sigmoid or ReLU, or self-attention over the inputs"})
+    agg_residual: ChoiceEnum(["all", "top", "none"]) = field(
+        default="all", metadata={"help": "residual inputs of an AGG node (Table 4): all inputs, the "
+                                 "top-level one, or none"})
+    agg_ffn_dim: int = field(
+        default=0, metadata={"help": "hidden size of the AGG feed-forward (0: the stack's embedding dim)"})
+    agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
+        default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
+                                 "initialised from), or W_l = I/L"})
+    agg_dense_sum: ChoiceEnum(["outputs", "states"]) = field(
+        default="outputs", metadata={"help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "
+                                     "1..l, or the literal Eq. 4 recursion over states (grows as 2^l)"})
+    mla_layers: int = field(
+        default=1, metadata={"help": "multi-layer attention (Eq. 8): self-attention of layer l attends to "
+                             "layers l-1..l-k with separate attentions combined by AGG; 1 = off"})
+    mla_stacks: ChoiceEnum(["both", "encoder", "decoder"]) = field(
+        default="both", metadata={"help": "stacks whose self-attention is multi-layer (--mla-layers > 1)"})
+    init_from_pretrained: bool = field(
+        default=False, metadata={"help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
+                                 "baseline whose name and shape match, log the new ones that start fresh"})
+
+
+def _mla_k(cfg, side: str) -> int:
+    k = getattr(cfg, "mla_layers", 1)
+    if k < 1:
+        raise ValueError(f"--mla-layers must be >= 1 (1 turns multi-layer attention off), got {k}")
+    return k if getattr(cfg, "mla_stacks", "both") in ("both", side) else 1
+
+
+def _wrap(layer, cfg):
+    """fairseq's activation checkpointing and FSDP wrapping of a layer (as its build_*_layer)."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class AggTransformerEncoder(HistoryTransformerEncoder):
+    """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, history):
+        self.mla_k = _mla_k(cfg, "encoder")
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, history)
+        self.lower_window = self.mla_k - 1
+
+    def build_encoder_layer(self, cfg):
+        idx, self._layers_built = self._layers_built, self._layers_built + 1
+        num_lower = min(self.mla_k, idx + 1) - 1
+        if num_lower == 0:
+            return super().build_encoder_layer(cfg)
+        layer = MultiLayerAttentionEncoderLayer(
+            cfg, num_lower, node_factory(cfg, cfg.encoder.embed_dim, cfg.encoder.attention_heads),
+            return_fc=self.return_fc)
+        return _wrap(layer, cfg)
+
+    def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], **kwargs):
+        if getattr(layer, "num_lower", 0):
+            return layer(x, lower=lower[::-1], **kwargs)
+        return layer(x, **kwargs)
+
+
+class AggTransformerDecoder(HistoryTransformerDecoder):
+    """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, history, no_encoder_attn=False):
+        self.mla_k = _mla_k(cfg, "decoder")
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, history, no_encoder_attn=no_encoder_attn)
+        self.lower_window = self.mla_k - 1
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        idx, self._layers_built = self._layers_built, self._layers_built + 1
+        num_lower = min(self.mla_k, idx + 1) - 1
+        if num_lower == 0:
+            return super().build_decoder_layer(cfg, no_encoder_attn)
+        layer = MultiLayerAttentionDecoderLayer(
+            cfg, num_lower, node_factory(cfg, cfg.decoder.embed_dim, cfg.decoder.attention_heads),
+            no_encoder_attn=no_encoder_attn)
+        return _wrap(layer, cfg)
+
+    def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], *args, **kwargs):
+        if getattr(layer, "num_lower", 0):
+            return layer(x, *args, lower=lower[::-1], **kwargs)
+        return layer(x, *args, **kwargs)
+
+
+@register_model("transformer_agg")
+class TransformerAggModel(PretrainedInitMixin, TransformerModel):
+    """fairseq's Transformer with layer aggregation and multi-layer attention (Dou et al. 2018)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, AggregationConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        agg_base_architecture(args)
+        model = super().build_model(args, task)
+        model.init_from_pretrained = bool(getattr(args, "init_from_pretrained", False))
+        return model
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        history = build_aggregation(cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim,
+                                    cfg.encoder.attention_heads)
+        return AggTransformerEncoder(cfg, src_dict, embed_tokens, history)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        history = build_aggregation(cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim,
+                                    cfg.decoder.attention_heads)
+        return AggTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
+                                     no_encoder_attn=cfg.no_cross_attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Named architectures: rows 1-7 of Dou et al.'s Table 1 (Transformer-Base, post-norm as in the
+# paper) and Table 2 (Base and Big).  They only fill defaults and chain to fairseq's `transformer`.
+# ---------------------------------------------------------------------------------------------
+
+
+def _agg_defaults(args, **values):
+    for name, value in values.items():
+        _set_default(args, name, value)
+    for name, value in AggregationConfig().__dict__.items():
+        _set_default(args, name, value)
+
+
+@register_model_architecture("transformer_agg", "transformer_agg")
+def agg_base_architecture(args):
+    """Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off."""
+    _agg_defaults(args)
+    fairseq_transformer_base(args)
+
+
+PRESETS = {  # name: (Table 1 row, option defaults)
+    "transformer_agg_baseline": (1, {}),
+    "transformer_dense": (2, {"agg_encoder": "dense", "agg_decoder": "dense"}),
+    "transformer_linear_agg": (3, {"agg_encoder": "linear", "agg_decoder": "linear"}),
+    "transformer_iterative_agg": (4, {"agg_encoder": "iterative", "agg_decoder": "iterative"}),
+    "transformer_hier_agg": (5, {"agg_encoder": "hierarchical", "agg_decoder": "hierarchical"}),
+    "transformer_mla2": (6, {"mla_layers": 2}),
+    "transformer_mla3": (7, {"mla_layers": 3}),
+}
+
+
+def _register(name: str, row: int, values, big: bool):
+    def preset(args):
+        if big:
+            _big(args)
+        _agg_defaults(args, **values)
+        fairseq_transformer_base(args)
+
+    size = "Big" if big else "Base"
+    preset.__doc__ = f"Dou et al. (2018) Table 1 row {row}, Transformer-{size}: {values or 'baseline'}."
+    register_model_architecture("transformer_agg", name)(preset)
+
+
+for _name, (_row, _values) in PRESETS.items():
+    _register(_name, _row, _values, big=False)
+    _register(f"{_name}_big", _row, _values, big=True)  # Table 2: Big

@@ -1,0 +1,333 @@
+"""Layer aggregation (Dou, Tu, Wang, Shi, Zhang, 2018. Exploiting Deep Representations for Neural
+Machine Translation, Sec. 3.1.1) as layer histories.
+
+Each strategy is a :class:`~fairseq_deep.modules.LayerHistory` with its own per-pass state: the
+backbone layers are fairseq's, the loop of :mod:`fairseq_deep.models.transformer_stack` asks the
+state for each layer's input and for the stack's readout.  H^1..H^L are the layer outputs; the
+embedding output H^0 takes part in no aggregation (the paper's sums start at l = 1).
+
+* :class:`DenseHistory` (Eq. 4, Fig. 1b): each layer's input adds all previous layer outputs;
+* :class:`LinearCombinationHistory` (Eq. 5, Fig. 1c): readout sum_l W_l H^l, W_l a d x d matrix;
+* :class:`IterativeAggregationHistory` (Eq. 6-7, Fig. 1d): readout by a chain of AGG nodes;
+* :class:`HierarchicalAggregationHistory` (Fig. 2): a tree of AGG nodes fed back into the backbone.
+
+Every node is position-wise, so a decoder step combines the new position's layer outputs only:
+incremental decoding caches nothing for aggregation.  No state is stored on a module in forward.
+Memory: every running combination is updated when a layer output is pushed; nothing re-stacks the
+history.
+"""
+
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
+
+from .layer_history import LayerHistory
+
+AGG_FUNCTIONS = ("ff_sigmoid", "ff_relu", "self_attn")
+AGG_RESIDUALS = ("all", "top", "none")
+STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical")
+
+
+class AggregationNode(nn.Module):
+    """AGG(x_1, ..., x_n) = LN(F([x_1; ...; x_n]) + R), Dou et al. Eq. 7 (n = 2) and its
+    three-input form of Sec. 3.1.1; the variants of Table 4 are settings:
+
+    * ``function``: F is ``ff_sigmoid`` (default: W_2 sigmoid(W_1 z + b_1) + b_2 on the
+      concatenation z), ``ff_relu`` (the same with ReLU), or ``self_attn``: a multi-head
+      self-attention over the n inputs *of one position* (the layer axis is the sequence axis),
+      whose n outputs are averaged.  Attending over the layer axis keeps the node position-wise,
+      as the paper's FF is; its choice of axis is not stated.
+    * ``residual``: R = x_1 + ... + x_n (``all``, Eq. 7), R = the top-level input only (``top``),
+      or no residual (``none``).  ``top`` is the input from the deepest layer, given by ``top``.
+
+    Dropout (the model's --dropout) is applied to F's output, as to every Transformer sublayer.
+    """
+
+    def __init__(self, num_inputs: int, embed_dim: int, hidden_dim: Optional[int] = None,
+                 function: str = "ff_sigmoid", residual: str = "all", top: int = 0,
+                 num_heads: int = 1, dropout: float = 0.0):
+        super().__init__()
+        if function not in AGG_FUNCTIONS:
+            raise ValueError(f"--agg-function must be one of {AGG_FUNCTIONS}, got {function!r}")
+        if residual not in AGG_RESIDUALS:
+            raise ValueError(f"--agg-residual must be one of {AGG_RESIDUALS}, got {residual!r}")
+        if not 0 <= top < num_inputs:
+            raise ValueError(f"top input {top} out of range for {num_inputs} inputs")
+        self.num_inputs = num_inputs
+        self.function = function
+        self.residual = residual
+        self.top = top
+        hidden_dim = hidden_dim or embed_dim
+        if function == "self_attn":
+            self.attn = MultiheadAttention(embed_dim, num_heads, self_attention=True)
+        else:
+            self.fc1 = nn.Linear(num_inputs * embed_dim, hidden_dim)
+            self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.layer_norm = LayerNorm(embed_dim)
+
+    def transform(self, inputs: List[Tensor]) -> Tensor:
+        """F of Eq. 7 on inputs of shape (..., d); returns (..., d)."""
+        if self.function == "self_attn":
+            shape = inputs[0].shape
+            z = torch.stack([x.reshape(-1, shape[-1]) for x in inputs])  # n x N x d
+            h, _ = self.attn(z, z, z, need_weights=False)
+            return h.mean(dim=0).view(shape)
+        h = self.fc1(torch.cat(inputs, dim=-1))
+        h = torch.sigmoid(h) if self.function == "ff_sigmoid" else torch.relu(h)
+        return self.fc2(h)
+
+    def forward(self, inputs: List[Tensor]) -> Tensor:
+        if len(inputs) != self.num_inputs:
+            raise ValueError(f"this AGG node takes {self.num_inputs} inputs, got {len(inputs)}")
+        h = self.dropout_module(self.transform(inputs))
+        if self.residual == "all":
+            for x in inputs:
+                h = h + x
+        elif self.residual == "top":
+            h = h + inputs[self.top]
+        return self.layer_norm(h)
+
+
+class _State:
+    """Per-pass state of an aggregation history: same interface as :class:`HistoryState`."""
+
+    def __init__(self, history: "LayerHistory", embedding: Tensor):
+        self.history = history
+        self.count = 1  # layers pushed so far, the embedding included
+        self.current = embedding  # input of the next layer
+        self.start(embedding)
+
+    def start(self, embedding: Tensor) -> None:
+        pass
+
+    def push(self, y: Tensor) -> None:
+        self.count += 1
+        self.current = self.add(self.count - 1, y)
+
+    def add(self, l: int, y: Tensor) -> Tensor:
+        """Record the output y = H^l of layer l >= 1 and return the input of layer l+1."""
+        raise NotImplementedError
+
+    def next_input(self) -> Tensor:
+        return self.current
+
+    def readout(self) -> Tensor:
+        return self.current
+
+
+class _DenseState(_State):
+    def start(self, embedding):
+        self.total: Optional[Tensor] = None  # running sum of the H^i pushed so far (i >= 1)
+
+    def add(self, l, y):
+        if self.history.sum_of == "states":  # H^l = y_l + sum_{i<l} H^i: the literal Eq. 4
+            h = y if self.total is None else y + self.total
+            self.total = h if self.total is None else self.total + h
+            return h
+        self.total = y if self.total is None else self.total + y  # sum_{i<=l} y_i
+        return self.total
+
+
+class DenseHistory(LayerHistory):
+    """Dense connection by addition (Dou et al. Eq. 4, Fig. 1b): H^l = Layer(H^{l-1}) + sum_{i<l} H^i.
+
+    Layer l+1 reads, and the stack returns, a running sum; no parameters.  ``sum_of`` says what the
+    sum adds up: ``outputs`` (default) the layer outputs y_i = Layer(input_i), so that the input of
+    layer l+1 is y_1 + ... + y_l ("each layer's input adds all previous layer outputs"); ``states``
+    the literal recursion of Eq. 4, whose states double at every layer (H^l ~ 2^{l-1} y) and which
+    therefore suits shallow stacks only.  Layer 1 reads the embedding, layer 2 reads y_1 in both.
+    """
+
+    keeps_all_entries = True  # the input depends on the layer's row: no layerdrop
+
+    def __init__(self, num_layers: int, sum_of: str = "outputs"):
+        super().__init__(num_layers)
+        if sum_of not in ("outputs", "states"):
+            raise ValueError(f"--agg-dense-sum must be 'outputs' or 'states', got {sum_of!r}")
+        self.sum_of = sum_of
+
+    def start(self, embedding):
+        return _DenseState(self, embedding)
+
+
+class _LinearState(_State):
+    def start(self, embedding):
+        self.total: Optional[Tensor] = None
+
+    def push(self, y):
+        self.count += 1
+        self.current = y
+        w = self.history.weights[self.count - 2](y)  # W_l H^l, l = count - 1
+        self.total = w if self.total is None else self.total + w
+
+    def readout(self):
+        return self.current if self.total is None else self.total
+
+
+class LinearCombinationHistory(LayerHistory):
+    """Linear combination of layers (Dou et al. Eq. 5, Fig. 1c): the stack returns
+    H = sum_{l=1}^{L} W_l H^l with learned d x d matrices W_l (unnormalised, no bias); the
+    backbone is the plain residual stack.
+
+    ``init``: ``top`` (default: W_L = I, the others 0, so the model starts as the Transformer it is
+    initialised from, Sec. 4.1) or ``avg`` (W_l = I / L).
+    """
+
+    keeps_all_entries = True
+
+    def __init__(self, num_layers: int, embed_dim: int, init: str = "top"):
+        super().__init__(num_layers)
+        if init not in ("top", "avg"):
+            raise ValueError(f"--agg-linear-init must be 'top' or 'avg', got {init!r}")
+        self.weights = nn.ModuleList(nn.Linear(embed_dim, embed_dim, bias=False) for _ in range(num_layers))
+        with torch.no_grad():
+            for l, w in enumerate(self.weights, start=1):
+                if init == "avg":
+                    w.weight.copy_(torch.eye(embed_dim) / num_layers)
+                else:
+                    w.weight.copy_(torch.eye(embed_dim) if l == num_layers else torch.zeros(embed_dim, embed_dim))
+
+    def start(self, embedding):
+        return _LinearState(self, embedding)
+
+
+class _IterativeState(_State):
+    def start(self, embedding):
+        self.agg: Optional[Tensor] = None
+
+    def push(self, y):
+        self.count += 1
+        self.current = y
+        l = self.count - 1
+        self.agg = y if l == 1 else self.history.nodes[l - 2]([y, self.agg])
+
+    def readout(self):
+        return self.current if self.agg is None else self.agg
+
+
+class IterativeAggregationHistory(LayerHistory):
+    """Iterative deep aggregation (Dou et al. Eq. 6, Fig. 1d): a chain of AGG nodes beside the
+    backbone, A^1 = H^1, A^l = AGG(H^l, A^{l-1}); the stack returns A^L.  L - 1 nodes; the
+    backbone layers read H^{l-1} as usual.  ``top`` of every node is H^l (input 0)."""
+
+    keeps_all_entries = True
+
+    def __init__(self, num_layers: int, node_factory):
+        super().__init__(num_layers)
+        self.nodes = nn.ModuleList(node_factory(2, 0) for _ in range(max(num_layers - 1, 0)))
+
+    def start(self, embedding):
+        return _IterativeState(self, embedding)
+
+
+class TreeNode(NamedTuple):
+    """One aggregation node of the hierarchical tree: AGG(H^a, [H^b,] [previous node])."""
+
+    layers: Tuple[int, ...]  # backbone layers it merges (1-based)
+    takes_previous: bool  # whether the previous node is its last input
+    feeds_layer: Optional[int]  # the backbone layer that reads its output (None: stack output)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.layers) + int(self.takes_previous)
+
+    @property
+    def top(self) -> int:
+        """Index of the input from the deepest layer (the one ``--agg-residual top`` keeps)."""
+        return len(self.layers) - 1
+
+
+def hierarchical_plan(num_layers: int) -> List[TreeNode]:
+    """The nodes of the hierarchical aggregation of Dou et al. (Fig. 2b, Sec. 3.1.1).
+
+    A CNN-like tree with filter size 2 over the backbone, nodes of the same depth merged, so that
+    node i merges layers 2i-1 and 2i with node i-1:
+
+        A^1 = AGG(H^1, H^2),  A^i = AGG(H^{2i-1}, H^{2i}, A^{i-1})  (i >= 2),
+
+    and A^i is fed back into the backbone as the input of layer 2i+1 (the first layer of the next
+    sub-tree).  The last node is the stack's output (A^{L/2} for even L).  An odd L leaves layer L
+    alone in the last sub-tree: its node is A = AGG(H^L, A^{(L-1)/2}), two inputs, and it is the
+    output (L = 7: AGG(H^1,H^2), AGG(H^3,H^4,.), AGG(H^5,H^6,.), AGG(H^7,.)).  L = 1 has no node.
+    """
+    plan: List[TreeNode] = []
+    first = 1
+    while first <= num_layers and num_layers > 1:
+        layers = tuple(range(first, min(first + 1, num_layers) + 1))
+        last = layers[-1]
+        plan.append(TreeNode(layers, bool(plan), last + 1 if last < num_layers else None))
+        first = last + 1
+    return plan
+
+
+class _HierarchicalState(_State):
+    def start(self, embedding):
+        self.pending: List[Tensor] = []
+        self.node = 0
+        self.agg: Optional[Tensor] = None
+
+    def push(self, y):
+        self.count += 1
+        self.current = y
+        if not self.history.plan:
+            return
+        self.pending.append(y)
+        spec = self.history.plan[self.node]
+        if len(self.pending) == len(spec.layers):
+            inputs = self.pending + ([self.agg] if spec.takes_previous else [])
+            self.agg = self.history.nodes[self.node](inputs)
+            self.current = self.agg  # fed back: the input of the next sub-tree
+            self.pending = []
+            self.node += 1
+
+    def readout(self):
+        return self.current if self.agg is None else self.agg
+
+
+class HierarchicalAggregationHistory(LayerHistory):
+    """Hierarchical deep aggregation (Dou et al. Fig. 2): see :func:`hierarchical_plan`."""
+
+    keeps_all_entries = True
+
+    def __init__(self, num_layers: int, node_factory):
+        super().__init__(num_layers)
+        self.plan = hierarchical_plan(num_layers)
+        self.nodes = nn.ModuleList(node_factory(n.num_inputs, n.top) for n in self.plan)
+
+    def start(self, embedding):
+        return _HierarchicalState(self, embedding)
+
+
+def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int) -> LayerHistory:
+    """The history of the `prefix` ("encoder"/"decoder") stack under the ``--agg-*`` options."""
+    strategy = getattr(cfg, f"agg_{prefix}", "none") or "none"
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--agg-{prefix} must be one of {STRATEGIES}, got {strategy!r}")
+    if strategy == "none":
+        return LayerHistory(num_layers)
+    if strategy == "dense":
+        return DenseHistory(num_layers, getattr(cfg, "agg_dense_sum", "outputs"))
+    if strategy == "linear":
+        return LinearCombinationHistory(num_layers, embed_dim, getattr(cfg, "agg_linear_init", "top"))
+    factory = node_factory(cfg, embed_dim, num_heads)
+    if strategy == "iterative":
+        return IterativeAggregationHistory(num_layers, factory)
+    return HierarchicalAggregationHistory(num_layers, factory)
+
+
+def node_factory(cfg, embed_dim: int, num_heads: int):
+    """``factory(num_inputs, top) -> AggregationNode`` under the ``--agg-*`` node options."""
+
+    def make(num_inputs: int, top: int) -> AggregationNode:
+        return AggregationNode(
+            num_inputs, embed_dim, hidden_dim=getattr(cfg, "agg_ffn_dim", 0) or embed_dim,
+            function=getattr(cfg, "agg_function", "ff_sigmoid"),
+            residual=getattr(cfg, "agg_residual", "all"), top=top, num_heads=num_heads,
+            dropout=getattr(cfg, "dropout", 0.0),
+        )
+
+    return make
