@@ -159,8 +159,10 @@ def test_unknown_option_value_names_the_option(capsys):
 
 
 def test_preset_with_conflicting_depth_names_the_option():
-    with pytest.raises(ValueError, match=r"--encoder-layers 20.*transformer_dlcl"):
+    with pytest.raises(ValueError, match=r"--encoder-layers 20.*--arch transformer_dlcl --encoder-layers 20"):
         parse_model_args("transformer_dlcl_30l", ["--encoder-layers", "20"])
+    with pytest.raises(ValueError, match=r"--arch transformer_postnorm --encoder-layers 12"):
+        parse_model_args("transformer_postnorm_16l", ["--encoder-layers", "12"])
     args = parse_model_args("transformer_dlcl_30l", ["--encoder-layers", "30"])
     assert args.encoder_layers == 30 and args.decoder_layers == 6
 

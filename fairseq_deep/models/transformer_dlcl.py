@@ -6,6 +6,7 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 ``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
 """
 
+import re
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -95,11 +96,10 @@ def _fix_depth(arch: str, args, encoder_layers: int):
     error (a silently ignored flag would be worse).  The decoder keeps 6 layers unless told."""
     given = safe_getattr(args, "encoder_layers", None)
     if given is not None and given != encoder_layers:
-        family = "transformer_dlcl" if "dlcl" in arch else "transformer_prenorm"
+        family = re.sub(r"_\d+l$", "", arch)  # transformer_dlcl_postnorm_16l -> ..._postnorm
         raise ValueError(
             f"--arch {arch} has {encoder_layers} encoder layers but --encoder-layers {given} was "
-            f"given: drop --encoder-layers, or use --arch {family} (or its post-norm variant) "
-            f"with --encoder-layers {given}"
+            f"given: drop --encoder-layers, or use --arch {family} --encoder-layers {given}"
         )
     args.encoder_layers = encoder_layers
     _set_default(args, "decoder_layers", 6)
