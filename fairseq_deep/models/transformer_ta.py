@@ -1,0 +1,255 @@
+"""Deep Transformer encoders with transparent attention.
+
+Bapna, Chen, Firat, Cao, Wu (EMNLP 2018). Training Deeper Neural Machine Translation Models with
+Transparent Attention.  fairseq's Transformer whose decoder layer j attends to
+z^j = sum_i s_{i,j} h^i over the embedding output and all N encoder layers (Eq. 1-2) instead of the
+top layer only.  The same model class gives the rows of Tables 1-2 by --arch:
+
+* ``transformer_ta[_12l|_16l|_20l]``: "Transparent";
+* ``transformer_ta_baseline[...]``: "Baseline" (``--ta-disable``: the decoder reads the top layer);
+* ``transformer_ta_nores[...]``: "Baseline - residuals" (``--encoder-no-residual`` as well).
+
+The M combinations are computed once per source sentence, in the encoder's forward (which beam
+search runs once per batch), and travel in ``encoder_out["transparent_memory"]``, which
+``reorder_encoder_out`` reorders with the beam; decoder layer j receives memory j through the
+``encoder_memory`` hook, and its cross-attention caches its keys and values of that memory in the
+incremental state at the first step, as for the plain model.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from torch import Tensor
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import base_architecture as fairseq_transformer_base
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.utils import safe_getattr
+
+from ..modules.layer_history import LayerHistory
+from ..modules.transparent_attention import TransparentReadout
+from .transformer_dlcl import _set_default
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+
+MEMORY_KEY = "transparent_memory"
+
+
+@dataclass
+class TransparentAttentionConfig(FairseqDataclass):
+    ta_disable: bool = field(
+        default=False,
+        metadata={"help": "no transparent attention: every decoder layer attends to the top encoder "
+                  "layer (the 'Baseline' rows of Bapna et al. 2018, Tables 1-2)"},
+    )
+    ta_dropout: float = field(
+        default=0.1,
+        metadata={"help": "dropout on the (N+1) x M transparent attention logits W (Sec. 2.4; "
+                  "0.1 as in the authors' lingvo WeightedSumLayer)"},
+    )
+    ta_init: ChoiceEnum(["uniform", "top"]) = field(
+        default="uniform",
+        metadata={"help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
+                  "top = almost all mass on the top layer (starts close to the plain model)"},
+    )
+    encoder_no_residual: bool = field(
+        default=False,
+        metadata={"help": "remove the residual connections of the encoder layers (Bapna et al. "
+                  "Sec. 2.3, the 'Baseline - residuals' rows)"},
+    )
+
+
+class NoResidualEncoderLayer(TransformerEncoderLayerBase):
+    """A Transformer encoder layer whose sublayers are not added to their input (x = F(x))."""
+
+    def residual_connection(self, x, residual):
+        return x
+
+
+class TransparentTransformerEncoder(HistoryTransformerEncoder):
+    """Transformer encoder that also returns the M transparent-attention memories.
+
+    ``transparent_attention`` (a :class:`TransparentReadout` over y_0..y_N, or None for the
+    baseline) has state-dict key ``encoder.transparent_attention.weight``, (N+1) x M.
+    For a pre-norm encoder the entries are the residual streams and each memory is
+    ``layer_norm(sum_i s_ij y_i)`` with the encoder's final layer norm, so that a readout with all
+    its mass on y_N is exactly the plain model's ``encoder_out``.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, readout: Optional[TransparentReadout],
+                 residual: bool = True):
+        self.encoder_residual = residual  # read by build_encoder_layer, during super().__init__
+        super().__init__(cfg, dictionary, embed_tokens, LayerHistory(cfg.encoder.layers))
+        if readout is not None and self.encoder_layerdrop > 0:
+            raise ValueError("--encoder-layerdrop skips layers, which would shift the rows of the "
+                             "transparent attention weights: set --encoder-layerdrop 0 (or --ta-disable)")
+        self.transparent_attention = readout
+
+    def build_encoder_layer(self, cfg):
+        if self.encoder_residual:
+            return super().build_encoder_layer(cfg)
+        layer = NoResidualEncoderLayer(cfg, return_fc=self.return_fc)
+        if cfg.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
+                           return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
+        transparent = self.transparent_attention is not None
+        out = super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens or transparent,
+                                         token_embeddings)
+        if transparent:
+            memory = self.transparent_attention(out["encoder_states"])
+            if self.layer_norm is not None:
+                memory = [self.layer_norm(z) for z in memory]
+            out[MEMORY_KEY] = memory
+            if not return_all_hiddens:
+                out["encoder_states"] = []  # not reordered at every beam step for nothing
+        return out
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
+        reordered = super().reorder_encoder_out(encoder_out, new_order)
+        if MEMORY_KEY in encoder_out:
+            reordered[MEMORY_KEY] = [z.index_select(1, new_order) for z in encoder_out[MEMORY_KEY]]
+        return reordered
+
+
+class TransparentTransformerDecoder(HistoryTransformerDecoder):
+    """Transformer decoder whose layer j attends to ``encoder_out["transparent_memory"][j]``."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, transparent: bool, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, LayerHistory(cfg.decoder.layers),
+                         no_encoder_attn=no_encoder_attn)
+        if transparent and self.decoder_layerdrop > 0:
+            raise ValueError("--decoder-layerdrop skips layers, which would hand decoder layer j the "
+                             "memory of another layer: set --decoder-layerdrop 0 (or --ta-disable)")
+        self.transparent = transparent
+
+    def encoder_memory(self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state):
+        if not self.transparent or encoder_out is None:
+            return super().encoder_memory(encoder_out, idx, incremental_state)
+        memory = encoder_out.get(MEMORY_KEY)
+        if memory is None or len(memory) != self.num_layers:
+            raise RuntimeError(
+                f"the transformer_ta decoder needs encoder_out['{MEMORY_KEY}'] with one memory per "
+                f"decoder layer ({self.num_layers}); got "
+                f"{'none' if memory is None else len(memory)}: use the encoder of transformer_ta, "
+                "and reorder encoder outputs with its reorder_encoder_out"
+            )
+        return memory[idx]
+
+
+@register_model("transformer_ta")
+class TransformerTAModel(TransformerModel):
+    """fairseq's Transformer with transparent attention over all encoder layers (Bapna et al. 2018)."""
+
+    @classmethod
+    def hub_models(cls):
+        return {}
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, TransparentAttentionConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        ta_base_architecture(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        readout = None
+        if not cfg.ta_disable:
+            readout = TransparentReadout(cfg.encoder.layers + 1, cfg.decoder.layers,
+                                         dropout=cfg.ta_dropout, init=cfg.ta_init)
+        return TransparentTransformerEncoder(cfg, src_dict, embed_tokens, readout,
+                                             residual=not cfg.encoder_no_residual)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return TransparentTransformerDecoder(cfg, tgt_dict, embed_tokens, transparent=not cfg.ta_disable,
+                                             no_encoder_attn=cfg.no_cross_attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Named architectures (defaults only; a value given on the command line wins).
+# Sec. 2.2: Transformer Base, 6 decoder layers, encoders of 6/12/16/20 layers.  The Transformer of
+# Chen et al. (2018) uses all four dropouts at 0.1 (App. A.2).  Post-norm (Vaswani et al.), the
+# model whose deep baselines fail to train (also Wang et al. 2019, Table 1); Chen et al.'s own
+# implementation is pre-norm: use transformer_ta_prenorm (depth-free) for that reading.
+# ---------------------------------------------------------------------------------------------
+
+
+def _ta_defaults(args, disable=False, no_residual=False):
+    _set_default(args, "ta_disable", disable)
+    _set_default(args, "encoder_no_residual", no_residual)
+    for name, value in TransparentAttentionConfig().__dict__.items():
+        _set_default(args, name, value)
+    _set_default(args, "attention_dropout", 0.1)
+    _set_default(args, "activation_dropout", 0.1)
+
+
+@register_model_architecture("transformer_ta", "transformer_ta")
+def ta_base_architecture(args):
+    """Transformer Base with transparent attention (Bapna et al. 2018), 6+6 layers."""
+    _ta_defaults(args)
+    fairseq_transformer_base(args)
+
+
+@register_model_architecture("transformer_ta", "transformer_ta_baseline")
+def ta_baseline_architecture(args):
+    """Transformer Base without transparent attention (Table 1, 'Baseline')."""
+    _ta_defaults(args, disable=True)
+    fairseq_transformer_base(args)
+
+
+@register_model_architecture("transformer_ta", "transformer_ta_nores")
+def ta_nores_architecture(args):
+    """Transformer Base without transparent attention nor encoder residuals (Table 1, 'Baseline - residuals')."""
+    _ta_defaults(args, disable=True, no_residual=True)
+    fairseq_transformer_base(args)
+
+
+@register_model_architecture("transformer_ta", "transformer_ta_prenorm")
+def ta_prenorm_architecture(args):
+    """Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize,
+    transform, dropout, residual-add; the final encoder norm applies to each memory)."""
+    _set_default(args, "encoder_normalize_before", True)
+    _set_default(args, "decoder_normalize_before", True)
+    ta_base_architecture(args)
+
+
+def _fix_depth(arch: str, args, encoder_layers: int, decoder_layers: int = 6):
+    """Presets named after a depth own that depth: a conflicting --encoder-layers is an error."""
+    depth_free = arch.rsplit("_", 1)[0]
+    for side, depth in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+        given = safe_getattr(args, f"{side}_layers", None)
+        if given is not None and given != depth:
+            raise ValueError(
+                f"--arch {arch} has {depth} {side} layers but --{side}-layers {given} was given: "
+                f"drop --{side}-layers, or use --arch {depth_free} --{side}-layers {given}"
+            )
+        setattr(args, f"{side}_layers", depth)
+
+
+def _register_depth(name: str, depth: int, parent):
+    def preset(args):
+        _fix_depth(name, args, depth)
+        parent(args)
+
+    preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."
+    register_model_architecture("transformer_ta", name)(preset)
+
+
+# Tables 1-2 of Bapna et al.: 12, 16 and 20 encoder layers over a 6-layer decoder.
+for _depth in (12, 16, 20):
+    _register_depth(f"transformer_ta_{_depth}l", _depth, ta_base_architecture)
+    _register_depth(f"transformer_ta_baseline_{_depth}l", _depth, ta_baseline_architecture)
+    _register_depth(f"transformer_ta_nores_{_depth}l", _depth, ta_nores_architecture)

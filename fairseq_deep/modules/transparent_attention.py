@@ -1,0 +1,84 @@
+"""Transparent attention (Bapna et al. 2018, Sec. 2.4, Eq. 1-2): M learned mixtures of all layers.
+
+A stack of N layers (plus its embedding output, entry 0) is read by M attention modules; module j
+reads
+
+    z^j = sum_{i=0..N} s_{i,j} h^i,      s_{:,j} = softmax_i(dropout(W)_{:,j})          (Eq. 1, 2)
+
+with W an (N+1) x M matrix of learned logits and dropout applied to W itself ("we apply dropout
+to W since we empirically found it helpful to stabilize training").  As in the authors' lingvo
+``WeightedSumLayer``, the logits are W + 1/(N+1) when dropout is applied (the constant cancels in
+the softmax, but makes dropout act from the start, where W = 0).  For the Transformer M is the
+number of decoder layers; for RNMT+ M = 1 and a projection follows the combination (``out_proj``).
+
+The parameter is named ``weight`` so that a model holding this module as ``transparent_attention``
+has the state-dict key ``...transparent_attention.weight`` that the layer-weight exporter
+(:mod:`fairseq_deep.diagnostics.layer_weights`) recognises: shape (N+1) x M, softmax over dim 0.
+"""
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+INITS = ("uniform", "top")
+
+
+class TransparentReadout(nn.Module):
+    """``num_readouts`` softmax-weighted sums of ``num_entries`` tensors of the same shape.
+
+    * ``dropout``: rate of the dropout on the logits W (training only).
+    * ``init``: ``uniform`` (W = 0: every readout starts as the mean of all entries) or ``top``
+      (every readout starts with almost all of its mass on the last entry, i.e. close to the plain
+      model that reads only the top layer; the logits of the other entries are ``-top_margin``).
+    * ``out_proj``: an optional module applied to each combination (RNMT+: the encoder's final
+      projection, applied after the combination as in Sec. 2.4).
+
+    ``forward(entries)`` returns the list of the M readouts.  Each is a running sum over references
+    to the entries: no stacked copy of the N+1 entries is made.
+    """
+
+    def __init__(self, num_entries: int, num_readouts: int, dropout: float = 0.0,
+                 out_proj: Optional[nn.Module] = None, init: str = "uniform",
+                 top_margin: float = 6.0):
+        super().__init__()
+        if init not in INITS:
+            raise ValueError(f"--ta-init must be one of {INITS}, got {init!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"--ta-dropout must be in [0, 1), got {dropout}")
+        self.num_entries = num_entries
+        self.num_readouts = num_readouts
+        self.dropout = dropout
+        weight = torch.zeros(num_entries, num_readouts)
+        if init == "top":
+            weight[:-1] = -top_margin
+        self.weight = nn.Parameter(weight)
+        self.out_proj = out_proj
+
+    def extra_repr(self) -> str:
+        return f"entries={self.num_entries}, readouts={self.num_readouts}, dropout={self.dropout}"
+
+    def weights(self) -> Tensor:
+        """s (Eq. 1), (N+1) x M, without dropout: what the model reads at inference."""
+        return torch.softmax(self.weight.float(), dim=0)
+
+    def forward(self, entries: List[Tensor]) -> List[Tensor]:
+        if len(entries) != self.num_entries:
+            raise ValueError(
+                f"transparent attention was built for {self.num_entries} entries (embedding + "
+                f"{self.num_entries - 1} layers) but got {len(entries)}"
+            )
+        w = self.weight
+        if self.training and self.dropout > 0:
+            w = F.dropout(w + 1.0 / self.num_entries, p=self.dropout, training=True)
+        s = torch.softmax(w.float(), dim=0).to(entries[0].dtype)
+        readouts = []
+        for j in range(self.num_readouts):
+            z = entries[0] * s[0, j]
+            for i in range(1, self.num_entries):
+                z = z + entries[i] * s[i, j]
+            if self.out_proj is not None:
+                z = self.out_proj(z)
+            readouts.append(z)
+        return readouts
