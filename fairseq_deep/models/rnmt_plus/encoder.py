@@ -1,0 +1,112 @@
+"""The RNMT+ encoder (Chen et al. 2018, Sec. 4.1, Fig. 1).
+
+Bidirectional layer-normalized LSTM layers, the forward and backward outputs concatenated after
+each layer; residual connections from the third layer up (each layer's output dropped out before
+it is added to its input); a projection of the final output to the decoder width.  With
+``--rnmt-transparent`` the projection is applied to a learned softmax-weighted sum of all layer
+outputs instead (Bapna et al. 2018, Sec. 2.4, M = 1).  As in lingvo's ``MTEncoderBiRNN``, the
+weighted sum is over the N layer outputs: the embedding (width E, not 2H) is not an entry.
+"""
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.models import FairseqEncoder
+
+from ...modules.ln_lstm import LayerNormLSTM
+from ...modules.transparent_attention import TransparentReadout
+
+
+def has_residual(layer_index: int, residual_start: int) -> bool:
+    """Layer ``layer_index`` (0-based) adds its input to its output (``residual_start`` is 1-based,
+    0 = never)."""
+    return residual_start > 0 and layer_index + 1 >= residual_start
+
+
+class RNMTPlusEncoder(FairseqEncoder):
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding, output_dim: int,
+                 num_layers: Optional[int] = None):
+        super().__init__(dictionary)
+        self.padding_idx = embed_tokens.padding_idx
+        self.embed_tokens = embed_tokens
+        self.max_source_positions = args.max_source_positions
+        self.dropout = args.dropout
+        self.num_layers = num_layers if num_layers is not None else args.encoder_layers
+        self.residual_start = args.rnmt_encoder_residual_start
+        H = args.encoder_hidden_size
+        E = embed_tokens.embedding_dim
+        if self.num_layers < 1:
+            raise ValueError(f"--encoder-layers must be at least 1, got {self.num_layers}")
+        if self.residual_start == 1 and E != 2 * H:
+            raise ValueError(
+                f"--rnmt-encoder-residual-start 1 adds the embedding ({E}) to the first layer's "
+                f"output ({2 * H}): use 2 or more, or --encoder-embed-dim {2 * H}"
+            )
+        init = args.rnmt_init_scale or None
+        self.layers = nn.ModuleList(
+            LayerNormLSTM(E if i == 0 else 2 * H, H, bidirectional=True, cell_clip=args.rnmt_cell_clip,
+                          output_tanh=args.rnmt_output_tanh, init_scale=init)
+            for i in range(self.num_layers)
+        )
+        self.output_dim = output_dim
+        self.output_projection = nn.Linear(2 * H, output_dim)
+        self.transparent_attention = None
+        if getattr(args, "rnmt_transparent", False):
+            self.transparent_attention = TransparentReadout(
+                self.num_layers, 1, dropout=args.ta_dropout, init=str(args.ta_init)
+            )
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
+                return_all_hiddens: bool = False) -> Dict[str, List[Tensor]]:
+        padding_mask = src_tokens.eq(self.padding_idx)  # B x T
+        embedding = self.embed_tokens(src_tokens)
+        x = F.dropout(embedding, p=self.dropout, training=self.training).transpose(0, 1)
+        time_mask = padding_mask.t() if padding_mask.any() else None  # T x B
+
+        encoder_states = [x] if return_all_hiddens else []
+        layer_outputs: List[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            y, _ = layer(x, time_mask)
+            y = F.dropout(y, p=self.dropout, training=self.training)
+            x = x + y if has_residual(i, self.residual_start) else y
+            layer_outputs.append(x)
+            if return_all_hiddens:
+                encoder_states.append(x)
+        if self.transparent_attention is not None:
+            x = self.transparent_attention(layer_outputs)[0]
+        x = self.output_projection(x)
+        if time_mask is not None:
+            x = x.masked_fill(time_mask.unsqueeze(-1), 0.0)
+        return {
+            "encoder_out": [x],  # T x B x C
+            "encoder_padding_mask": [padding_mask],  # B x T
+            "encoder_embedding": [embedding],  # B x T x E
+            "encoder_states": encoder_states,  # List[T x B x C]: embedding, then each layer
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
+        }
+
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+        return reorder_encoder_out(encoder_out, new_order)
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+# Which dimension of each encoder_out entry is the batch.
+BATCH_DIM = {"encoder_out": 1, "encoder_states": 1, "encoder_padding_mask": 0,
+             "encoder_embedding": 0, "src_tokens": 0, "src_lengths": 0, "fc_results": 1}
+
+
+def reorder_encoder_out(encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
+    """Every tensor of every entry reordered along its batch dimension (``BATCH_DIM``, 1 for T x B x C
+    entries of unknown keys)."""
+    return {
+        key: [t.index_select(BATCH_DIM.get(key, 1), new_order) for t in tensors]
+        for key, tensors in encoder_out.items()
+    }

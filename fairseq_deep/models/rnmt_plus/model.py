@@ -1,0 +1,59 @@
+"""RNMT+ (Chen et al. 2018, "The Best of Both Worlds", Sec. 4.1, Fig. 1, App. A.3): a bidirectional
+layer-normalized LSTM encoder and a unidirectional LSTM decoder with multi-head additive attention.
+"""
+
+from torch import nn
+
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import FairseqEncoderDecoderModel, register_model
+
+from .config import RNMTPlusConfig
+from .decoder import RNMTPlusDecoder
+from .encoder import RNMTPlusEncoder
+
+
+def build_embedding(dictionary, dim: int) -> nn.Embedding:
+    emb = nn.Embedding(len(dictionary), dim, padding_idx=dictionary.pad())
+    nn.init.normal_(emb.weight, mean=0.0, std=dim ** -0.5)
+    nn.init.zeros_(emb.weight[dictionary.pad()])
+    return emb
+
+
+def shared_embeddings(args, src_dict, tgt_dict):
+    """(encoder embedding, decoder embedding) honouring --share-all-embeddings."""
+    if getattr(args, "share_all_embeddings", False):
+        if src_dict != tgt_dict:
+            raise ValueError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            raise ValueError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+        emb = build_embedding(src_dict, args.encoder_embed_dim)
+        args.share_decoder_input_output_embed = True
+        return emb, emb
+    return build_embedding(src_dict, args.encoder_embed_dim), build_embedding(tgt_dict, args.decoder_embed_dim)
+
+
+@register_model("rnmt_plus")
+class RNMTPlusModel(FairseqEncoderDecoderModel):
+    @classmethod
+    def add_args(cls, parser):
+        gen_parser_from_dataclass(parser, RNMTPlusConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        from .presets import rnmt_plus_architecture
+
+        rnmt_plus_architecture(args)
+        enc_emb, dec_emb = shared_embeddings(args, task.source_dictionary, task.target_dictionary)
+        encoder = RNMTPlusEncoder(args, task.source_dictionary, enc_emb, output_dim=args.decoder_hidden_size)
+        decoder = RNMTPlusDecoder(args, task.target_dictionary, dec_emb, encoder_output_dim=encoder.output_dim)
+        return cls(encoder, decoder)
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["RNMTPlusModel", "build_embedding", "shared_embeddings", "count_parameters"]
