@@ -8,14 +8,7 @@ models, criterions and schedulers with fairseq and applies the shims of :mod:`fa
 __version__ = "0.1.0"
 
 from . import compat  # noqa: F401  (first: safe checkpoint loading, full evaluation batches)
-from .models import transformer_dlcl  # noqa: F401
-from .models import deep_att  # noqa: F401
-from .models import transformer_ta  # noqa: F401
-from .optim import noam  # noqa: F401
+from .criterions import layer_diversity, sentence_cross_entropy  # noqa: F401
+from .models import deep_att, rnmt_plus, transformer_agg, transformer_dlcl, transformer_ta  # noqa: F401
+from .optim import deep_att_optimizer, noam, rnmt_lr_scheduler  # noqa: F401
 from .tasks import translation_deep  # noqa: F401
-from .optim import deep_att_optimizer  # noqa: F401
-from .models import transformer_agg  # noqa: F401
-from .criterions import layer_diversity  # noqa: F401
-from .models import rnmt_plus  # noqa: F401
-from .optim import rnmt_lr_scheduler  # noqa: F401
-from .criterions import sentence_cross_entropy  # noqa: F401

@@ -49,6 +49,9 @@ class LayerWeightKind:
     matches: Callable[[str, Tensor], bool]
     effective: Callable[[Tensor, Any], "tuple[Tensor, Tensor]"]
     labels: Callable[[Tensor], "tuple[List[str], List[str]]"]
+    #: hide small entries by default, as Fig. 5 of Wang et al. does for DLCL (a softmax over many
+    #: layers, as transparent attention's, has every entry small: it is shown whole)
+    mask_small: bool = True
 
 
 KINDS: Dict[str, LayerWeightKind] = {}
@@ -141,6 +144,7 @@ register_kind(LayerWeightKind(
     matches=_ta_matches,
     effective=_ta_effective,
     labels=_ta_labels,
+    mask_small=False,
 ))
 
 
@@ -349,7 +353,7 @@ def main(argv=None) -> int:
     if not args.no_plot:
         _pyplot()  # fail before writing anything when matplotlib is missing
     for record in records:
-        if args.no_mask:
+        if args.no_mask or not KINDS[record["kind"]].mask_small:
             mask, note = ~record["valid"], ""  # entries that do not exist stay blank
         else:
             mask = small_weight_mask(record["matrix"], args.mask_below, args.mask_row_fraction,

@@ -1,3 +1,21 @@
-from .layer_history import DynamicLinearCombination, HistoryState, LayerHistory, build_dlcl
+"""Reusable modules: layer histories (residual, DLCL, aggregation), readouts and recurrent cells."""
 
-__all__ = ["DynamicLinearCombination", "HistoryState", "LayerHistory", "build_dlcl"]
+from .additive_attention import AdditiveAttention
+from .fast_forward_lstm import FFLSTMCell, FFLSTMLayer, FFLSTMStack
+from .layer_aggregation import (
+    AggregationNode,
+    DenseHistory,
+    HierarchicalAggregationHistory,
+    IterativeAggregationHistory,
+    LinearCombinationHistory,
+)
+from .layer_history import DynamicLinearCombination, HistoryState, LayerHistory, build_dlcl
+from .ln_lstm import LayerNormLSTM
+from .transparent_attention import TransparentReadout
+
+__all__ = [
+    "AdditiveAttention", "AggregationNode", "DenseHistory", "DynamicLinearCombination",
+    "FFLSTMCell", "FFLSTMLayer", "FFLSTMStack", "HierarchicalAggregationHistory", "HistoryState",
+    "IterativeAggregationHistory", "LayerHistory", "LayerNormLSTM", "LinearCombinationHistory",
+    "TransparentReadout", "build_dlcl",
+]
