@@ -1,0 +1,66 @@
+"""fairseq_deep: a fairseq plugin for training very deep translation models.
+
+Install CPU torch first (``pip install torch==2.13.0``), then ``pip install -e .`` (or
+``pip install .``).  On Python >= 3.11 fairseq comes from the ``ve-fairseq`` wheels (import name
+``fairseq``; the official fairseq 0.12.2 does not import on 3.11), on older Pythons from the
+official ``fairseq==0.12.2``.
+"""
+
+import os
+import re
+
+from setuptools import find_namespace_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version():
+    with open(os.path.join(HERE, "fairseq_deep", "__init__.py"), encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+
+def read_readme():
+    path = os.path.join(HERE, "README.md")
+    if not os.path.exists(path):
+        return __doc__
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+setup(
+    name="fairseq_deep",
+    version=read_version(),
+    description="A fairseq plugin for training very deep translation models (DLCL, ...)",
+    long_description=read_readme(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    # Namespace discovery: every folder under fairseq_deep/ ships, with or without __init__.py.
+    packages=find_namespace_packages(include=["fairseq_deep", "fairseq_deep.*"],
+                                     exclude=["*.__pycache__"]),
+    package_data={"fairseq_deep": ["**/*.yaml", "**/*.json", "**/*.txt"]},
+    install_requires=[
+        've-fairseq==0.12.3; python_version >= "3.11"',
+        'fairseq==0.12.2; python_version < "3.11"',
+        # Not pinned: install the CPU (or the CUDA) build you want first, e.g. torch==2.13.0.
+        "torch>=1.13",
+        "sacrebleu>=2",
+        "sentencepiece",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "matplotlib"],
+        "plot": ["matplotlib"],
+        "tensorboard": ["tensorboardX"],
+    },
+    entry_points={
+        "console_scripts": [
+            "fairseq-deep-train = fairseq_deep.cli:train",
+            "fairseq-deep-generate = fairseq_deep.cli:generate",
+            "fairseq-deep-interactive = fairseq_deep.cli:interactive",
+            "fairseq-deep-average-checkpoints = fairseq_deep.cli:average_checkpoints_main",
+        ],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
