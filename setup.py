@@ -30,7 +30,7 @@ def read_readme():
 setup(
     name="fairseq_deep",
     version=read_version(),
-    description="A fairseq plugin for training very deep translation models (DLCL, ...)",
+    description="A fairseq plugin for training very deep translation models: DLCL, transparent attention, RNMT+, Deep-Att, layer aggregation",
     long_description=read_readme(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
@@ -49,7 +49,8 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib"],
         "plot": ["matplotlib"],
-        "tensorboard": ["tensorboardX"],
+        # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
+        "tensorboard": ["tensorboardX", "tensorboard"],
     },
     entry_points={
         "console_scripts": [
@@ -57,6 +58,8 @@ setup(
             "fairseq-deep-generate = fairseq_deep.cli:generate",
             "fairseq-deep-interactive = fairseq_deep.cli:interactive",
             "fairseq-deep-average-checkpoints = fairseq_deep.cli:average_checkpoints_main",
+            "fairseq-deep-layer-weights = fairseq_deep.diagnostics.layer_weights:cli_main",
+            "fairseq-deep-plot-training = fairseq_deep.diagnostics.plot_training:cli_main",
         ],
     },
     classifiers=[

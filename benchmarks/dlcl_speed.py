@@ -222,8 +222,10 @@ BLEU_RE = re.compile(r"BLEU4? = ([\d.]+)")
 def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
     out, rss = run(fairseq_cmd("generate") + [
         data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test", "--cpu",
-        "--beam", "5", "--batch-size", str(a.gen_batch_size), "--max-len-a", "1.2",
-        "--max-len-b", "10", "--num-workers", "0", "--quiet",
+        # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
+        # whatever their (barely trained) models would emit
+        "--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len),
+        "--max-len-a", "0", "--max-len-b", str(a.gen_len), "--num-workers", "0", "--quiet",
     ], log_path, env)
     m = GEN_RE.search(out)
     if not m:
@@ -445,7 +447,9 @@ def get_parser():
     p.add_argument("--tgt-lang", default="de")
     p.add_argument("--spm-vocab", type=int, default=8000)
     p.add_argument("--synthetic-train", type=int, default=20000)
-    p.add_argument("--test-size", type=int, default=300, help="synthetic test sentences")
+    p.add_argument("--test-size", type=int, default=1000, help="synthetic test sentences")
+    p.add_argument("--gen-len", type=int, default=20,
+                   help="tokens of every generated hypothesis (forced with --min-len/--max-len-b)")
     p.add_argument("--encoder-layers", type=int, default=12)
     p.add_argument("--decoder-layers", type=int, default=3)
     p.add_argument("--embed-dim", type=int, default=128)

@@ -12,7 +12,7 @@
 #   bash train.sh DATA_BIN SAVE_DIR [extra fairseq-train flags]
 #
 # Environment: ARCH (deep_att_ff; deep_ed_ff, deep_att_ff_uni, deep_att_ff_5x3, deep_att_noff_2x2,
-# ... see docs/deep_att.md), SEED (1: train three seeds for the ensemble of Sec. 4.4.2),
+# ... see the README, section deep_att), SEED (1: train three seeds for the ensemble of Sec. 4.4.2),
 # MAX_TOKENS (16000 per GPU), UPDATE_FREQ (1), MAX_EPOCH (7).
 set -euo pipefail
 

@@ -6,7 +6,7 @@
 #   SMOKE=1 bash run.sh                             # a 2-minute CPU run on the synthetic corpus
 #
 # Variables: RAW (raw text: train.{en,de}, valid.{en,de} = newstest2013, test.{en,de} = newstest2014),
-# WORK (outputs), ARCH (transformer_hier_agg; any preset of docs/layer_aggregation.md), BIG=1
+# WORK (outputs), ARCH (transformer_hier_agg; any preset of the README, section "Layer aggregation"), BIG=1
 # (Transformer-Big: the *_big presets), LAMBDA (diversity weight, 1.0; 0 = no regulariser),
 # GPUS, UPDATE_FREQ, BASE_UPDATES, AGG_UPDATES, BEAM, LENPEN.
 set -euo pipefail
