@@ -39,6 +39,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import platform
 import re
 import statistics
@@ -240,7 +241,8 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
     for rep in range(a.repeats):
         for label, arch in SYSTEMS:  # A, B, A, B, ...
             run_dir = os.path.join(a.work_dir, "runs", f"{arch}_{rep}")
-            os.makedirs(run_dir, exist_ok=True)
+            shutil.rmtree(run_dir, ignore_errors=True)  # a checkpoint left there would be resumed
+            os.makedirs(run_dir)
             log(f"repeat {rep + 1}/{a.repeats}: training {label} for {a.max_update} updates")
             t0 = time.time()
             out, rss_kib = run(fairseq_cmd("train") + [data, "--arch", arch] + model_flags(a)

@@ -195,3 +195,15 @@ def test_fixed_weights_are_a_buffer():
     assert "encoder.history.weight" not in names
     assert torch.equal(model.encoder.history.weight, torch.ones(4, 4).tril() + torch.ones(4, 4).triu(1) * 0)
     assert "encoder.history.weight" in model.state_dict()  # still saved in checkpoints
+
+
+def test_weighted_sum_gradients_match_autograd():
+    """The fused combination (one autograd node, no stacked copy) against double-precision
+    finite differences, and against the plain sum of products."""
+    from fairseq_deep.modules.layer_history import weighted_sum
+
+    torch.manual_seed(0)
+    w = torch.randn(4, dtype=torch.double, requires_grad=True)
+    entries = [torch.randn(3, 2, 5, dtype=torch.double, requires_grad=True) for _ in range(4)]
+    assert torch.autograd.gradcheck(lambda w, *e: weighted_sum(w, list(e)), (w, *entries))
+    torch.testing.assert_close(weighted_sum(w, entries), sum(w[k] * entries[k] for k in range(4)))

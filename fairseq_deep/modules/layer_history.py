@@ -159,12 +159,47 @@ class DynamicLinearCombination(LayerHistory):
         return self.norms[k](y) if self.normalize_before else y
 
     def combine(self, row: int, entries: List[Tensor]) -> Tensor:
-        w = self.weights()[row] if self.softmax else self.weight[row]
-        # running sum over references: no stacked copy of the history is kept for backward
-        out = entries[0] * w[0].to(entries[0].dtype)
-        for k in range(1, len(entries)):
-            out = out + entries[k] * w[k].to(entries[k].dtype)
+        w = (self.weights() if self.softmax else self.weight)[row, : len(entries)]
+        out = weighted_sum(w, entries)
         return out if self.normalize_before else self.norms[row](out)
+
+
+def _sum_of_products(w: Tensor, entries) -> Tensor:
+    ws = w.to(entries[0].dtype).unbind(0)
+    out = entries[0] * ws[0]
+    for e, wk in zip(entries[1:], ws[1:]):
+        out.addcmul_(e, wk)
+    return out
+
+
+class _WeightedSum(torch.autograd.Function):
+    """sum_k w[k] * entries[k], as one autograd node that keeps references to the entries.
+
+    The same result as a Python loop of ``w[k] * e_k`` products, with one in-place ``addcmul_``
+    per entry instead of an index, a product and a sum, and no stacked copy of the entries."""
+
+    @staticmethod
+    def forward(ctx, w: Tensor, *entries: Tensor) -> Tensor:
+        ctx.save_for_backward(w, *entries)
+        return _sum_of_products(w, entries)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        w, *entries = ctx.saved_tensors
+        grad_w = None
+        if ctx.needs_input_grad[0]:
+            g = grad.reshape(-1)
+            grad_w = torch.stack([torch.dot(g, e.reshape(-1)) for e in entries]).to(w.dtype)
+        ws = w.to(grad.dtype).unbind(0)
+        grads = [grad * wk if ctx.needs_input_grad[k + 1] else None for k, wk in enumerate(ws)]
+        return (grad_w, *grads)
+
+
+def weighted_sum(w: Tensor, entries: List[Tensor]) -> Tensor:
+    """sum_k w[k] * entries[k] over tensors of one shape (w: one weight per entry)."""
+    if not torch.is_grad_enabled():  # inference, e.g. every step of beam search
+        return _sum_of_products(w, entries)
+    return _WeightedSum.apply(w, *entries)
 
 
 def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_before: bool):
