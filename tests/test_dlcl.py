@@ -207,3 +207,21 @@ def test_weighted_sum_gradients_match_autograd():
     entries = [torch.randn(3, 2, 5, dtype=torch.double, requires_grad=True) for _ in range(4)]
     assert torch.autograd.gradcheck(lambda w, *e: weighted_sum(w, list(e)), (w, *entries))
     torch.testing.assert_close(weighted_sum(w, entries), sum(w[k] * entries[k] for k in range(4)))
+
+
+@pytest.mark.parametrize("arch,flags", [
+    ("transformer_dlcl", []),
+    ("transformer_dlcl_postnorm", []),
+    ("transformer_dlcl", ["--dlcl-softmax-weights"]),
+])
+def test_inference_path_equals_autograd_path(arch, flags):
+    """Without autograd (beam search) the rows are summed with Python-float weights; with autograd
+    by one autograd node: both compute Eq. 8/9."""
+    model, task = build_model(arch, [*LAYERS, *flags])
+    _perturb_history(model)
+    src, lengths, prev = random_batch(task.source_dictionary)
+    with torch.no_grad():
+        inference = model(src, lengths, prev)[0]
+    training = model(src, lengths, prev)[0]
+    assert training.requires_grad
+    torch.testing.assert_close(inference, training.detach(), rtol=1e-5, atol=1e-5)

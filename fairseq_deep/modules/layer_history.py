@@ -149,6 +149,12 @@ class DynamicLinearCombination(LayerHistory):
             for i in range(n)
         )
 
+    def start(self, embedding: Tensor) -> HistoryState:
+        if torch.is_grad_enabled():
+            return HistoryState(self, embedding)
+        # inference (every step of beam search): the weights read once per pass, as Python floats
+        return _InferenceState(self, embedding, self.weights().tolist())
+
     def weights(self) -> Tensor:
         """The effective (L+1) x (L+1) lower-triangular weight matrix (rows as in Fig. 5)."""
         if self.softmax:
@@ -162,6 +168,24 @@ class DynamicLinearCombination(LayerHistory):
         w = (self.weights() if self.softmax else self.weight)[row, : len(entries)]
         out = weighted_sum(w, entries)
         return out if self.normalize_before else self.norms[row](out)
+
+
+class _InferenceState(HistoryState):
+    """DLCL without autograd: each row is ``e_0 * w_0`` plus one ``add_(e_k, alpha=w_k)`` per entry."""
+
+    def __init__(self, history: "DynamicLinearCombination", embedding: Tensor, rows: List[List[float]]):
+        self.rows = rows
+        super().__init__(history, embedding)
+
+    def next_input(self) -> Tensor:
+        row = self.count - 1
+        w = self.rows[row]
+        out = self.entries[0] * w[0]
+        for k in range(1, len(self.entries)):
+            out.add_(self.entries[k], alpha=w[k])
+        return out if self.history.normalize_before else self.history.norms[row](out)
+
+    readout = next_input
 
 
 def _sum_of_products(w: Tensor, entries) -> Tensor:
@@ -197,7 +221,7 @@ class _WeightedSum(torch.autograd.Function):
 
 def weighted_sum(w: Tensor, entries: List[Tensor]) -> Tensor:
     """sum_k w[k] * entries[k] over tensors of one shape (w: one weight per entry)."""
-    if not torch.is_grad_enabled():  # inference, e.g. every step of beam search
+    if not torch.is_grad_enabled():
         return _sum_of_products(w, entries)
     return _WeightedSum.apply(w, *entries)
 
