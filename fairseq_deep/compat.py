@@ -8,7 +8,7 @@
    the dropped sentences back as a final, smaller batch.
 3. Clear checkpoint errors: a refused (unsafe) or truncated checkpoint, and a checkpoint of another
    architecture, stop with a message naming the file, the cause and the fix, instead of torch's
-   advice to set ``weights_only=False`` or fairseq's bare "please ensure that the architectures match".
+   advice to switch the weights-only check off, or fairseq's bare "please ensure that the architectures match".
 4. ``torchrun`` on CPU: fairseq divides by ``torch.cuda.device_count()``, keeps the default
    ``nccl`` backend, ignores torchrun's ``WORLD_SIZE`` when the default world size is 1, and passes
    ``device_ids`` to torch DDP, which rejects them for CPU modules.  Each fix applies only where
@@ -75,7 +75,7 @@ def checkpoint_safe_globals():
 
 def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is None:  # torch < 2.4 loads with weights_only=False: nothing to do
+    if add is None:  # torch < 2.4 has no weights-only default: nothing to do
         return
     add(checkpoint_safe_globals())
 
@@ -124,7 +124,8 @@ def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
             f"{path} was not loaded: it holds {what}, which is not among the types a fairseq "
             f"checkpoint contains; loading it could run code, so it is refused (torch.load with "
             f"weights_only=True). Use a checkpoint written by fairseq-train; do not load this file "
-            f"with weights_only=False or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 unless you made it yourself."
+            f"with the weights-only check switched off (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) "
+            f"unless you made it yourself."
         ) from e
     except FileNotFoundError:
         raise
