@@ -47,7 +47,7 @@ setup(
         "sentencepiece",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "matplotlib"],
+        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard"],
         "plot": ["matplotlib"],
         # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
         "tensorboard": ["tensorboardX", "tensorboard"],
