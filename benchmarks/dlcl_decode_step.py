@@ -1,0 +1,61 @@
+"""Incremental decoding speed of transformer_dlcl against the plain pre-norm Transformer, in process.
+
+Both models (12-layer encoder, 3-layer decoder, d=128, ffn 256, 4 heads; the same architecture
+family with ``--dlcl-stacks none`` for the baseline, whose computation equals fairseq's pre-norm
+``transformer``: see tests/test_dlcl.py) encode a batch once and decode it step by step with
+fairseq's incremental state, without autograd, as beam search does. Runs alternate; the minimum
+of each is reported, as a speed ratio DLCL / plain.
+
+    python benchmarks/dlcl_decode_step.py [--batch 40 --steps 20 --runs 12 --threads 1]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from helpers import build_model, random_batch  # noqa: E402
+
+WIDTH = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+         "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
+         "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--decoder-layers", "3"]
+
+
+def decode(model, src, lengths, prev):
+    with torch.no_grad():
+        encoder_out = model.encoder(src, lengths)
+        state = {}
+        for t in range(prev.size(1)):
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=40)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--runs", type=int, default=12)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    plain, task = build_model("transformer_prenorm_12l", WIDTH)
+    dlcl, _ = build_model("transformer_dlcl_12l", WIDTH)
+    batch = random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
+    times = {"plain pre-norm": [], "transformer_dlcl": []}
+    for _ in range(a.runs):
+        for name, model in (("plain pre-norm", plain), ("transformer_dlcl", dlcl)):
+            t = time.perf_counter()
+            decode(model, *batch)
+            times[name].append(time.perf_counter() - t)
+    best = {k: min(v) for k, v in times.items()}
+    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.steps} steps x {a.batch} sentences, "
+          f"min of {a.runs} alternated runs")
+    for name, t in best.items():
+        print(f"  {name}: {t * 1000:.1f} ms")
+    print(f"  speed ratio DLCL / plain: {best['plain pre-norm'] / best['transformer_dlcl']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
