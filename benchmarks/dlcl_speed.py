@@ -46,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:

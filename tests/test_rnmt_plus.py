@@ -201,7 +201,7 @@ def test_presets_fill_defaults_and_fix_what_their_name_says():
     assert rnmt_args("rnmt_plus_512_nores", small=False).rnmt_encoder_residual_start == 0
     assert rnmt_args("rnmt_plus_512_ta_20l", small=False).rnmt_transparent
     assert rnmt_args("rnmt_plus_512", ["--encoder-layers", "9"], small=False).encoder_layers == 9
-    with pytest.raises(ValueError, match="--encoder-layers 12 .*--arch rnmt_plus_512 with --encoder-layers 9"):
+    with pytest.raises(ValueError, match="--encoder-layers 12 .*--arch rnmt_plus_512 --encoder-layers 9"):
         rnmt_args("rnmt_plus_512_12l", ["--encoder-layers", "9"], small=False)
 
 

@@ -25,7 +25,8 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from ..checkpoint_init import PretrainedInitMixin
 from ..modules.layer_aggregation import build_aggregation, node_factory
 from ..modules.multi_layer_attention import MultiLayerAttentionDecoderLayer, MultiLayerAttentionEncoderLayer
-from .transformer_dlcl import _big, _set_default
+from .presets import fill_defaults, set_default
+from .transformer_dlcl import _big
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
 
 STRATEGIES = ["none", "dense", "linear", "iterative", "hierarchical"]
@@ -171,9 +172,8 @@ class TransformerAggModel(PretrainedInitMixin, TransformerModel):
 
 def _agg_defaults(args, **values):
     for name, value in values.items():
-        _set_default(args, name, value)
-    for name, value in AggregationConfig().__dict__.items():
-        _set_default(args, name, value)
+        set_default(args, name, value)
+    fill_defaults(args, AggregationConfig())
 
 
 @register_model_architecture("transformer_agg", "transformer_agg")

@@ -6,7 +6,6 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 ``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
 """
 
-import re
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -14,9 +13,9 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
-from fairseq.utils import safe_getattr
 
 from ..modules.layer_history import build_dlcl
+from .presets import fill_defaults, fix_depth, set_default
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
 
 
@@ -87,47 +86,27 @@ class TransformerDLCLModel(TransformerModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _set_default(args, name, value):
-    setattr(args, name, safe_getattr(args, name, value))
-
-
-def _fix_depth(arch: str, args, encoder_layers: int):
-    """Presets named after an encoder depth own that depth: a conflicting --encoder-layers is an
-    error (a silently ignored flag would be worse).  The decoder keeps 6 layers unless told."""
-    given = safe_getattr(args, "encoder_layers", None)
-    if given is not None and given != encoder_layers:
-        family = re.sub(r"_\d+l$", "", arch)  # transformer_dlcl_postnorm_16l -> ..._postnorm
-        raise ValueError(
-            f"--arch {arch} has {encoder_layers} encoder layers but --encoder-layers {given} was "
-            f"given: drop --encoder-layers, or use --arch {family} --encoder-layers {given}"
-        )
-    args.encoder_layers = encoder_layers
-    _set_default(args, "decoder_layers", 6)
-
-
 def _dlcl_defaults(args, stacks="both"):
-    _set_default(args, "dlcl_stacks", stacks)
-    for name, value in DLCLConfig().__dict__.items():
-        if not name.startswith("_"):
-            _set_default(args, name, value)
+    set_default(args, "dlcl_stacks", stacks)
+    fill_defaults(args, DLCLConfig())
 
 
 def _prenorm(args):
     """Pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2)."""
-    _set_default(args, "encoder_normalize_before", True)
-    _set_default(args, "decoder_normalize_before", True)
-    _set_default(args, "attention_dropout", 0.1)
-    _set_default(args, "activation_dropout", 0.1)
+    set_default(args, "encoder_normalize_before", True)
+    set_default(args, "decoder_normalize_before", True)
+    set_default(args, "attention_dropout", 0.1)
+    set_default(args, "activation_dropout", 0.1)
 
 
 def _big(args):
-    _set_default(args, "encoder_embed_dim", 1024)
-    _set_default(args, "encoder_ffn_embed_dim", 4096)
-    _set_default(args, "encoder_attention_heads", 16)
-    _set_default(args, "decoder_embed_dim", 1024)
-    _set_default(args, "decoder_ffn_embed_dim", 4096)
-    _set_default(args, "decoder_attention_heads", 16)
-    _set_default(args, "dropout", 0.3)
+    set_default(args, "encoder_embed_dim", 1024)
+    set_default(args, "encoder_ffn_embed_dim", 4096)
+    set_default(args, "encoder_attention_heads", 16)
+    set_default(args, "decoder_embed_dim", 1024)
+    set_default(args, "decoder_ffn_embed_dim", 4096)
+    set_default(args, "decoder_attention_heads", 16)
+    set_default(args, "dropout", 0.3)
 
 
 @register_model_architecture("transformer_dlcl", "transformer_dlcl")
@@ -141,8 +120,8 @@ def dlcl_base_architecture(args):
 @register_model_architecture("transformer_dlcl", "transformer_dlcl_postnorm")
 def dlcl_postnorm_architecture(args):
     """Post-norm DLCL (Base), Eq. 9."""
-    _set_default(args, "encoder_normalize_before", False)
-    _set_default(args, "decoder_normalize_before", False)
+    set_default(args, "encoder_normalize_before", False)
+    set_default(args, "decoder_normalize_before", False)
     _dlcl_defaults(args)
     fairseq_transformer_base(args)
 
@@ -156,7 +135,7 @@ def dlcl_big_architecture(args):
 @register_model_architecture("transformer_dlcl", "transformer_dlcl_big_12l")
 def dlcl_big_12l_architecture(args):
     """Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL)."""
-    _fix_depth("transformer_dlcl_big_12l", args, 12)
+    fix_depth("transformer_dlcl_big_12l", args, 12)
     dlcl_big_architecture(args)
 
 
@@ -182,7 +161,7 @@ def postnorm_architecture(args):
 
 def _register_depth(name: str, depth: int, parent):
     def preset(args):
-        _fix_depth(name, args, depth)
+        fix_depth(name, args, depth)
         parent(args)
 
     preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."

@@ -29,11 +29,10 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.utils import safe_getattr
 
 from ..modules.layer_history import LayerHistory
 from ..modules.transparent_attention import TransparentReadout
-from .transformer_dlcl import _set_default
+from .presets import fill_defaults, fix_depth, set_default
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
 
 MEMORY_KEY = "transparent_memory"
@@ -188,12 +187,11 @@ class TransformerTAModel(TransformerModel):
 
 
 def _ta_defaults(args, disable=False, no_residual=False):
-    _set_default(args, "ta_disable", disable)
-    _set_default(args, "encoder_no_residual", no_residual)
-    for name, value in TransparentAttentionConfig().__dict__.items():
-        _set_default(args, name, value)
-    _set_default(args, "attention_dropout", 0.1)
-    _set_default(args, "activation_dropout", 0.1)
+    set_default(args, "ta_disable", disable)
+    set_default(args, "encoder_no_residual", no_residual)
+    fill_defaults(args, TransparentAttentionConfig())
+    set_default(args, "attention_dropout", 0.1)
+    set_default(args, "activation_dropout", 0.1)
 
 
 @register_model_architecture("transformer_ta", "transformer_ta")
@@ -221,27 +219,14 @@ def ta_nores_architecture(args):
 def ta_prenorm_architecture(args):
     """Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize,
     transform, dropout, residual-add; the final encoder norm applies to each memory)."""
-    _set_default(args, "encoder_normalize_before", True)
-    _set_default(args, "decoder_normalize_before", True)
+    set_default(args, "encoder_normalize_before", True)
+    set_default(args, "decoder_normalize_before", True)
     ta_base_architecture(args)
-
-
-def _fix_depth(arch: str, args, encoder_layers: int, decoder_layers: int = 6):
-    """Presets named after a depth own that depth: a conflicting --encoder-layers is an error."""
-    depth_free = arch.rsplit("_", 1)[0]
-    for side, depth in (("encoder", encoder_layers), ("decoder", decoder_layers)):
-        given = safe_getattr(args, f"{side}_layers", None)
-        if given is not None and given != depth:
-            raise ValueError(
-                f"--arch {arch} has {depth} {side} layers but --{side}-layers {given} was given: "
-                f"drop --{side}-layers, or use --arch {depth_free} --{side}-layers {given}"
-            )
-        setattr(args, f"{side}_layers", depth)
 
 
 def _register_depth(name: str, depth: int, parent):
     def preset(args):
-        _fix_depth(name, args, depth)
+        fix_depth(name, args, depth, decoder_layers=6)
         parent(args)
 
     preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."

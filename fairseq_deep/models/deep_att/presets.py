@@ -4,32 +4,14 @@ what a preset's name states (depth, columns, width, no F-F, Uni, Deep-ED) is fix
 conflicting flag is an error naming it.  Optimisation settings live in the recipes."""
 
 from fairseq.models import register_model_architecture
-from fairseq.utils import safe_getattr
-
+from ..presets import fill_defaults, fix_option, set_default
 from .model import DeepAttConfig
-
-
-def _set_default(args, name, value):
-    setattr(args, name, safe_getattr(args, name, value))
-
-
-def _fix(arch: str, args, name: str, value):
-    given = safe_getattr(args, name, None)
-    if given is not None and given != value:
-        flag = "--" + name.replace("_", "-")
-        raise ValueError(
-            f"--arch {arch} has {flag} {value} but {flag} {given} was given: drop {flag}, or use "
-            f"--arch deep_att (or deep_ed_ff) with {flag} {given}"
-        )
-    setattr(args, name, value)
 
 
 @register_model_architecture("deep_att", "deep_att")
 def deep_att_architecture(args):
     """Deep-Att with F-F connections, n_e = 9, n_d = 7, two interleaved columns (Table 1: 37.7)."""
-    for name, value in DeepAttConfig().__dict__.items():
-        if not name.startswith("_"):
-            _set_default(args, name, value)
+    fill_defaults(args, DeepAttConfig())
 
 
 @register_model_architecture("deep_att", "deep_att_ff")
@@ -41,30 +23,30 @@ def deep_att_ff(args):
 @register_model_architecture("deep_att", "deep_ed_ff")
 def deep_ed_ff(args):
     """Deep-ED: the static interface of Eq. 7 instead of attention (Table 1: 36.3)."""
-    _fix("deep_ed_ff", args, "ff_interface", "ed")
+    fix_option("deep_ed_ff", args, "ff_interface", "ed", "deep_att")
     deep_att_architecture(args)
 
 
 @register_model_architecture("deep_att", "deep_att_ff_uni")
 def deep_att_ff_uni(args):
     """Table 4 'Uni': two columns, every encoder layer forward."""
-    _fix("deep_att_ff_uni", args, "ff_encoder_directions", "forward")
+    fix_option("deep_att_ff_uni", args, "ff_encoder_directions", "forward", "deep_att")
     deep_att_architecture(args)
 
 
 @register_model_architecture("deep_att", "deep_ed_ff_uni")
 def deep_ed_ff_uni(args):
     """Table 4 'Uni' for Deep-ED."""
-    _fix("deep_ed_ff_uni", args, "ff_encoder_directions", "forward")
+    fix_option("deep_ed_ff_uni", args, "ff_encoder_directions", "forward", "deep_att")
     deep_ed_ff(args)
 
 
 def _register(name: str, doc: str, fixed: dict, defaults: dict = None):
     def preset(args):
         for key, value in fixed.items():
-            _fix(name, args, key, value)
+            fix_option(name, args, key, value, "deep_att")
         for key, value in (defaults or {}).items():
-            _set_default(args, key, value)
+            set_default(args, key, value)
         deep_att_architecture(args)
 
     preset.__doc__ = doc

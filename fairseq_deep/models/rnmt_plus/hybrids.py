@@ -41,6 +41,7 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.utils import safe_getattr
 
+from ..presets import fill_defaults, fix_option, set_default
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder, reorder_encoder_out
@@ -257,55 +258,40 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _set_default(args, name, value):
-    setattr(args, name, safe_getattr(args, name, value))
-
-
-def _fix(arch, args, name, value):
-    given = safe_getattr(args, name, None)
-    if given is not None and str(given) != str(value):
-        flag = "--" + name.replace("_", "-")
-        raise ValueError(f"--arch {arch} has {flag} {value} but {flag} {given} was given: drop {flag}, "
-                         f"or use --arch rnmt_hybrid with {flag} {given}")
-    setattr(args, name, value)
-
-
 def _transformer_big(args):
     """Transformer Big as in Chen et al. App. A.2 (model 1024, hidden 8192, 16 heads), pre-norm."""
-    _set_default(args, "encoder_embed_dim", 1024)
-    _set_default(args, "encoder_ffn_embed_dim", 8192)
-    _set_default(args, "encoder_attention_heads", 16)
-    _set_default(args, "decoder_embed_dim", 1024)
-    _set_default(args, "decoder_ffn_embed_dim", 8192)
-    _set_default(args, "decoder_attention_heads", 16)
-    _set_default(args, "encoder_normalize_before", True)
-    _set_default(args, "decoder_normalize_before", True)
-    _set_default(args, "dropout", 0.3)
+    set_default(args, "encoder_embed_dim", 1024)
+    set_default(args, "encoder_ffn_embed_dim", 8192)
+    set_default(args, "encoder_attention_heads", 16)
+    set_default(args, "decoder_embed_dim", 1024)
+    set_default(args, "decoder_ffn_embed_dim", 8192)
+    set_default(args, "decoder_attention_heads", 16)
+    set_default(args, "encoder_normalize_before", True)
+    set_default(args, "decoder_normalize_before", True)
+    set_default(args, "dropout", 0.3)
 
 
 @register_model_architecture("rnmt_hybrid", "rnmt_hybrid")
 def hybrid_base_architecture(args):
-    for name, value in HybridConfig().__dict__.items():
-        _set_default(args, name, value)
-    _set_default(args, "encoder_layers", 6)
-    _set_default(args, "decoder_layers", 8 if str(args.hybrid_decoder) == "rnmt" else 6)
-    _set_default(args, "attention_dropout", safe_getattr(args, "dropout", 0.3))
-    for name, value in RNMTConfig().__dict__.items():
-        _set_default(args, name, value)
-    _set_default(args, "decoder_hidden_size", safe_getattr(args, "decoder_embed_dim", 1024))
-    _set_default(args, "encoder_hidden_size", safe_getattr(args, "encoder_embed_dim", 1024))
-    _set_default(args, "encoder_normalize_before", True)
-    _set_default(args, "decoder_normalize_before", True)
-    _set_default(args, "max_source_positions", 1024)
-    _set_default(args, "max_target_positions", 1024)
+    fill_defaults(args, HybridConfig())
+    set_default(args, "encoder_layers", 6)
+    set_default(args, "decoder_layers", 8 if str(args.hybrid_decoder) == "rnmt" else 6)
+    set_default(args, "attention_dropout", safe_getattr(args, "dropout", 0.3))
+    fill_defaults(args, RNMTConfig())
+    set_default(args, "decoder_hidden_size", safe_getattr(args, "decoder_embed_dim", 1024))
+    set_default(args, "encoder_hidden_size", safe_getattr(args, "encoder_embed_dim", 1024))
+    set_default(args, "encoder_normalize_before", True)
+    set_default(args, "decoder_normalize_before", True)
+    set_default(args, "max_source_positions", 1024)
+    set_default(args, "max_target_positions", 1024)
     fairseq_transformer_base(args)
 
 
 @register_model_architecture("rnmt_hybrid", "hybrid_transformer_rnmt")
 def hybrid_transformer_rnmt(args):
     """Table 5: Transformer Big encoder + RNMT+ decoder."""
-    _fix("hybrid_transformer_rnmt", args, "hybrid_encoder", "transformer")
-    _fix("hybrid_transformer_rnmt", args, "hybrid_decoder", "rnmt")
+    fix_option("hybrid_transformer_rnmt", args, "hybrid_encoder", "transformer", "rnmt_hybrid")
+    fix_option("hybrid_transformer_rnmt", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
     _transformer_big(args)
     hybrid_base_architecture(args)
 
@@ -313,8 +299,8 @@ def hybrid_transformer_rnmt(args):
 @register_model_architecture("rnmt_hybrid", "hybrid_rnmt_transformer")
 def hybrid_rnmt_transformer(args):
     """Table 5: RNMT+ encoder + Transformer Big decoder."""
-    _fix("hybrid_rnmt_transformer", args, "hybrid_encoder", "rnmt")
-    _fix("hybrid_rnmt_transformer", args, "hybrid_decoder", "transformer")
+    fix_option("hybrid_rnmt_transformer", args, "hybrid_encoder", "rnmt", "rnmt_hybrid")
+    fix_option("hybrid_rnmt_transformer", args, "hybrid_decoder", "transformer", "rnmt_hybrid")
     _transformer_big(args)
     hybrid_base_architecture(args)
 
@@ -322,10 +308,10 @@ def hybrid_rnmt_transformer(args):
 @register_model_architecture("rnmt_hybrid", "hybrid_cascaded")
 def hybrid_cascaded(args):
     """Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder."""
-    _fix("hybrid_cascaded", args, "hybrid_encoder", "cascaded")
-    _fix("hybrid_cascaded", args, "hybrid_decoder", "rnmt")
-    _set_default(args, "encoder_layers", 4)
-    _set_default(args, "no_token_positional_embeddings", True)
+    fix_option("hybrid_cascaded", args, "hybrid_encoder", "cascaded", "rnmt_hybrid")
+    fix_option("hybrid_cascaded", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
+    set_default(args, "encoder_layers", 4)
+    set_default(args, "no_token_positional_embeddings", True)
     _transformer_big(args)
     hybrid_base_architecture(args)
 
@@ -333,7 +319,7 @@ def hybrid_cascaded(args):
 @register_model_architecture("rnmt_hybrid", "hybrid_multicolumn")
 def hybrid_multicolumn(args):
     """Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder."""
-    _fix("hybrid_multicolumn", args, "hybrid_encoder", "multicolumn")
-    _fix("hybrid_multicolumn", args, "hybrid_decoder", "rnmt")
+    fix_option("hybrid_multicolumn", args, "hybrid_encoder", "multicolumn", "rnmt_hybrid")
+    fix_option("hybrid_multicolumn", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
     _transformer_big(args)
     hybrid_base_architecture(args)

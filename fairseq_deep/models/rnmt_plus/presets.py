@@ -14,52 +14,34 @@ residuals) is fixed, and a conflicting flag is an error that names it.  Optimisa
 """
 
 from fairseq.models import register_model_architecture
-from fairseq.utils import safe_getattr
-
+from ..presets import fill_defaults, fix_option, set_default
 from .config import RNMTPlusConfig
-
-
-def _set_default(args, name, value):
-    setattr(args, name, safe_getattr(args, name, value))
-
-
-def _fix(arch: str, args, name: str, value, family: str = "rnmt_plus_512"):
-    """A preset's named property: a conflicting command-line value is an error naming the fix."""
-    given = safe_getattr(args, name, None)
-    if given is not None and given != value:
-        flag = "--" + name.replace("_", "-")
-        raise ValueError(
-            f"--arch {arch} has {flag} {value} but {flag} {given} was given: drop {flag}, or use "
-            f"--arch {family} with {flag} {given}"
-        )
-    setattr(args, name, value)
 
 
 @register_model_architecture("rnmt_plus", "rnmt_plus")
 def rnmt_plus_architecture(args):
     """RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads."""
-    _set_default(args, "dropout", RNMTPlusConfig.dropout)
-    _set_default(args, "attention_dropout", args.dropout)  # "all dropout types" share one rate
-    for name, value in RNMTPlusConfig().__dict__.items():
-        _set_default(args, name, value)
+    set_default(args, "dropout", RNMTPlusConfig.dropout)
+    set_default(args, "attention_dropout", args.dropout)  # "all dropout types" share one rate
+    fill_defaults(args, RNMTPlusConfig())
 
 
 @register_model_architecture("rnmt_plus", "rnmt_plus_512")
 def rnmt_plus_512(args):
     """The smaller RNMT+ of Bapna et al. (2018, Sec. 2.2): 512 units, 6 + 8 layers."""
     for name in ("encoder_embed_dim", "decoder_embed_dim", "encoder_hidden_size", "decoder_hidden_size"):
-        _set_default(args, name, 512)
-    _set_default(args, "encoder_layers", 6)
+        set_default(args, name, 512)
+    set_default(args, "encoder_layers", 6)
     rnmt_plus_architecture(args)
 
 
 def _register(name: str, depth: int, transparent: bool, residuals: bool):
     def preset(args):
-        _fix(name, args, "encoder_layers", depth)
+        fix_option(name, args, "encoder_layers", depth, "rnmt_plus_512")
         if transparent:
-            _fix(name, args, "rnmt_transparent", True)
+            fix_option(name, args, "rnmt_transparent", True, "rnmt_plus_512")
         if not residuals:
-            _fix(name, args, "rnmt_encoder_residual_start", 0)
+            fix_option(name, args, "rnmt_encoder_residual_start", 0, "rnmt_plus_512")
         rnmt_plus_512(args)
 
     what = "transparent attention" if transparent else ("no encoder residuals" if not residuals else "baseline")
