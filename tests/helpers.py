@@ -19,6 +19,25 @@ TINY = [
     "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
 ]
 
+TINY_RNMT = [  # rnmt_plus and the hybrids' RNMT+ parts
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
+    "--decoder-hidden-size", "32", "--dropout", "0", "--attention-dropout", "0",
+]
+
+TINY_DEEP_ATT = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
+    "--decoder-hidden-size", "16", "--dropout", "0",
+]
+
+
+def tiny_flags(arch: str):
+    """Tiny sizes for a model family, by its --arch."""
+    if arch.startswith("rnmt_plus"):
+        return TINY_RNMT
+    if arch.startswith(("deep_att", "deep_ed")):
+        return TINY_DEEP_ATT
+    return TINY
+
 
 def tiny_dictionary(n_symbols: int = 20) -> Dictionary:
     d = Dictionary()

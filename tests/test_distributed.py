@@ -19,12 +19,18 @@ import sys
 import pytest
 import torch
 
-from helpers import PLUGIN_DIR, TINY
+from helpers import PLUGIN_DIR, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
 
 FAMILIES = [
     pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
+    # adaptive clipping: with no warm-up and a zero-width band (one observed norm, std 0) an
+    # update whose norm exceeds the first one is skipped, so skips happen within a few updates.
+    # Every worker must take the same decision: one diverging worker would change the all-reduced
+    # gradients of the next updates and so rank 0's parameters.
+    pytest.param("rnmt_plus", ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "1",
+                               "--adaptive-clip-threshold", "0.01"], id="rnmt_plus-adaptive_clip"),
 ]
 
 UPDATES = 4
@@ -32,7 +38,7 @@ UPDATES = 4
 
 def train_args(data, save_dir, arch, flags):
     return [
-        str(data), "--user-dir", PLUGIN_DIR, "--task", "translation", "--arch", arch, *TINY,
+        str(data), "--user-dir", PLUGIN_DIR, "--task", "translation", "--arch", arch, *tiny_flags(arch),
         "--encoder-layers", "2", "--decoder-layers", "2",
         "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "4", "--max-tokens", "300", "--max-update", str(UPDATES),
@@ -56,9 +62,9 @@ def run(argv):
     return log
 
 
-def inner_losses(log: str):
-    return {int(s["num_updates"]): float(s["loss"]) for s in
-            (json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", log))}
+def inner_stats(log: str, key: str = "loss"):
+    return {int(s["num_updates"]): float(s[key]) for s in
+            (json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", log)) if key in s}
 
 
 @pytest.mark.parametrize("arch,flags", FAMILIES)
@@ -71,10 +77,14 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, tmp_path, arch, flag
 
     assert "distributed init (rank 1)" in pair and "distributed_world_size': 2" in pair
     assert "unused parameters" not in pair.lower()
-    one, two = inner_losses(single), inner_losses(pair)
+    one, two = inner_stats(single), inner_stats(pair)
     assert sorted(one) == sorted(two) == list(range(1, UPDATES + 1))
     for u in one:
         assert abs(one[u] - two[u]) <= 1.5e-3, (u, one[u], two[u])  # as logged: 3 decimals
+    if "--adaptive-clip" in flags:
+        skipped = inner_stats(single, "skipped_total")
+        assert skipped == inner_stats(pair, "skipped_total")
+        assert 0 < skipped[UPDATES] < UPDATES, skipped  # some updates were skipped, not all
 
     a = torch.load(tmp_path / "one" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "two" / "checkpoint_last.pt", map_location="cpu", weights_only=True)

@@ -21,13 +21,26 @@ import sys
 import pytest
 import torch
 
-from helpers import PLUGIN_DIR, TINY
+from helpers import PLUGIN_DIR, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
 
 FAMILIES = [
     pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
-    # pytest.param("transformer_ta", ["--ta-..."], id="transformer_ta"),  <- other families here
+    pytest.param("transformer_ta", [], id="transformer_ta"),
+    # the diversity criterion, on an aggregation model
+    pytest.param("transformer_hier_agg", ["--criterion", "label_smoothed_cross_entropy_with_diversity",
+                                          "--diversity-lambda", "0.1"], id="transformer_hier_agg"),
+    # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
+    # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
+    pytest.param("rnmt_plus", ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "1",
+                               "--adaptive-clip-threshold", "0.01", "--criterion", "sentence_cross_entropy",
+                               "--label-smoothing", "0.1", "--lr-scheduler", "rnmt_plus", "--rnmt-decay-start", "5",
+                               "--rnmt-decay-end", "7"],
+                 id="rnmt_plus"),
+    # three parameter groups with their own learning rates
+    pytest.param("deep_att_ff", ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
+                 id="deep_att_ff"),
 ]
 
 MAX_UPDATE = 7
@@ -37,9 +50,10 @@ SAVE_EVERY = 3  # the run is killed after its first save, at update 3
 def train_argv(data, save_dir, arch, flags):
     return [
         sys.executable, "-m", "fairseq_cli.train", str(data), "--user-dir", PLUGIN_DIR,
-        "--task", "translation", "--arch", arch, *TINY,
+        "--task", "translation", "--arch", arch, *tiny_flags(arch),
         "--encoder-layers", "2", "--decoder-layers", "2",
-        "--dropout", "0.1", "--attention-dropout", "0.1",  # after TINY: the RNG must resume too
+        "--dropout", "0.1",  # after the tiny flags: the RNG must resume too
+        *(["--attention-dropout", "0.1"] if "--attention-dropout" in tiny_flags(arch) else []),
         "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
         "--warmup-updates", "4", "--clip-norm", "1.0", "--max-tokens", "300",
         "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY),
@@ -53,12 +67,12 @@ def _env():
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 
-def inner_losses(log: str):
-    """{update: loss as logged} from fairseq's train_inner json lines."""
+def inner_losses(log: str, key: str = "loss"):
+    """{update: loss (or another statistic) as logged} from fairseq's train_inner json lines."""
     out = {}
     for m in re.finditer(r"\| train_inner \| (\{.*\})", log):
         stats = json.loads(m.group(1))
-        out[int(stats["num_updates"])] = stats["loss"]
+        out[int(stats["num_updates"])] = stats[key]
     return out
 
 
@@ -130,6 +144,10 @@ def test_killed_run_resumes_exactly(synthetic_bin, tmp_path, arch, flags):
     # the killed run agreed with the reference up to where it was stopped
     killed = inner_losses(killed_log)
     assert killed and all(ref_losses[u] == killed[u] for u in killed)
+    if "--adaptive-clip" in flags:  # updates were skipped before the kill and after the resume
+        ref_skips, res_skips = inner_losses(reference, "skipped_total"), inner_losses(resumed, "skipped_total")
+        assert {u: ref_skips[u] for u in res_skips} == res_skips
+        assert 0 < float(ref_skips[k]) < float(ref_skips[MAX_UPDATE]), ref_skips
 
     ref, res = load(tmp_path / "reference" / "checkpoint_last.pt"), load(resumed_dir / "checkpoint_last.pt")
     assert_same(ref["model"], res["model"], "model")  # every parameter and buffer, bitwise
