@@ -172,6 +172,21 @@ def test_softmax_weights_need_average_init():
         build_model("transformer_dlcl", ["--dlcl-softmax-weights", "--dlcl-init", "residual"])
 
 
+def test_softmax_logits_do_not_load_as_plain_weights():
+    """Same name and shape, other meaning: loading across --dlcl-softmax-weights stops and names
+    the flag; a checkpoint without the saved flag (older) loads as before."""
+    soft, _ = build_model("transformer_dlcl", [*LAYERS, "--dlcl-softmax-weights"])
+    plain, _ = build_model("transformer_dlcl", LAYERS)
+    with pytest.raises(RuntimeError, match="add --dlcl-softmax-weights"):
+        plain.load_state_dict(soft.state_dict())
+    with pytest.raises(RuntimeError, match="drop --dlcl-softmax-weights"):
+        soft.load_state_dict(plain.state_dict())
+    same, _ = build_model("transformer_dlcl", LAYERS, seed=2)
+    older = {k: v for k, v in plain.state_dict().items() if not k.endswith("softmax_rows")}
+    same.load_state_dict(older)
+    assert torch.equal(same.encoder.history.weight, plain.encoder.history.weight)
+
+
 def test_presets_follow_the_paper():
     a = parse_model_args("transformer_dlcl_30l")
     assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim) == (30, 6, 16)  # TINY sets dims

@@ -143,11 +143,34 @@ class DynamicLinearCombination(LayerHistory):
         else:
             self.register_buffer("weight", weight)
         self.register_buffer("mask", mask, persistent=False)
+        # saved with the weights: logits and plain weights have the same name and shape, so a
+        # checkpoint says which it holds (see _load_from_state_dict)
+        self.register_buffer("softmax_rows", torch.tensor(bool(softmax)))
         # pre-norm: norms[k] normalises entry k; post-norm: norms[r] normalises row r
         self.norms = nn.ModuleList(
             LayerNorm(embed_dim) if layer_norm and (i > 0 or normalize_embed) else nn.Identity()
             for i in range(n)
         )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """Refuse softmax logits loaded as plain weights (or the reverse): same name and shape,
+        another meaning.  A checkpoint from before the flag was saved is taken as it is."""
+        key = prefix + "softmax_rows"
+        saved = state_dict.get(key)
+        if saved is None:
+            state_dict[key] = self.softmax_rows.clone()
+        elif bool(saved) != self.softmax:
+            error_msgs.append(
+                f"{prefix}weight: the checkpoint holds "
+                f"{'softmax logits' if bool(saved) else 'plain layer weights'} (trained "
+                f"{'with' if bool(saved) else 'without'} --dlcl-softmax-weights) but this model was built "
+                f"{'with' if self.softmax else 'without'} it: "
+                f"{'add' if bool(saved) else 'drop'} --dlcl-softmax-weights"
+            )
+            state_dict[key] = self.softmax_rows.clone()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def start(self, embedding: Tensor) -> HistoryState:
         if torch.is_grad_enabled():
