@@ -163,6 +163,7 @@ VARIANTS = [
     ("rnmt_plus_512_ta", []),
     ("rnmt_plus_512_nores_12l", []),
     ("rnmt_plus", ["--encoder-layers", "2", "--share-all-embeddings", "--rnmt-output-tanh"]),
+    ("rnmt_plus", ["--encoder-layers", "3", "--dlcl-stacks", "both"]),
 ]
 
 
@@ -207,9 +208,10 @@ def test_encoder_out_convention_and_reordering():
             assert torch.equal(b, a.index_select(dim, order)), key
 
 
-def test_padded_source_gives_the_same_translation_scores():
+@pytest.mark.parametrize("extra", [[], ["--dlcl-stacks", "encoder"]])
+def test_padded_source_gives_the_same_translation_scores(extra):
     """Left padding (fairseq's default) does not change a sentence's decoder output."""
-    model, d = build(extra=["--encoder-layers", "3"])
+    model, d = build(extra=["--encoder-layers", "3", *extra])
     src, lengths, prev = random_batch(d, bsz=3, src_len=7, tgt_len=5)  # last source has 2 pads
     with torch.no_grad():
         batch_out, _ = model(src, lengths, prev)
@@ -228,6 +230,42 @@ def test_transparent_attention_gradients_reach_every_encoder_layer():
     for layer in enc.layers:
         assert layer.weight_hh.grad.abs().sum() > 0
     assert enc.embed_tokens.weight.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer combination (DLCL, Wang et al. 2019) on the recurrent stacks: a flag
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dlcl_with_residual_weights_and_no_layer_norm_is_rnmt_plus():
+    """--dlcl-stacks both with W = residual (W[l, l-1] = 1) and no layer norm is the plain model."""
+    depth = ["--encoder-layers", "4", "--decoder-layers", "4"]
+    plain, d = build(extra=depth)
+    dlcl, _ = build(extra=[*depth, "--dlcl-stacks", "both", "--dlcl-init", "residual", "--dlcl-no-layer-norm"])
+    missing, unexpected = dlcl.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(".history." in k for k in missing) and missing
+    src, lengths, prev = random_batch(d, bsz=3, src_len=7, tgt_len=5)
+    with torch.no_grad():
+        torch.testing.assert_close(dlcl(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0)
+    dlcl.train(), plain.train()
+    dlcl(src, lengths, prev)[0].sum().backward()  # the training path (autograd weighted sums) too
+    plain(src, lengths, prev)[0].sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), [p for n, p in dlcl.named_parameters() if ".history." not in n]):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_dlcl_weights_learn_in_both_recurrent_stacks():
+    model, d = build(extra=["--encoder-layers", "3", "--dlcl-stacks", "both"])
+    model.train()
+    src, lengths, prev = random_batch(d)
+    model(src, lengths, prev)[0].logsumexp(-1).sum().backward()
+    for stack, layers in ((model.encoder, 3), (model.decoder, 3)):
+        w = stack.history.weight
+        assert w.shape == (layers, layers)  # rows: layers 2..L, then the readout; y_1..y_{L}
+        lower = torch.ones(layers, layers, dtype=torch.bool).tril()
+        assert w.grad[lower].abs().min() > 0 and not w.grad[~lower].any()
+    with pytest.raises(ValueError, match="--rnmt-transparent and --dlcl-stacks"):
+        build("rnmt_plus_512_ta", ["--dlcl-stacks", "encoder"])
 
 
 def test_presets_fill_defaults_and_fix_what_their_name_says():

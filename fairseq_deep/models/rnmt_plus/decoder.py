@@ -6,6 +6,9 @@ decoder layer and to the softmax.  As in lingvo's ``FRNNWithAttention``, the bot
 the previous step's context (input feeding) and its output at step t gives the context of step t,
 which every upper layer and the softmax read at step t.  Residual connections from the third layer
 up; dropout on the embeddings, on each layer output before it is added, and on the attention.
+With ``--dlcl-stacks decoder|both`` layers 2..L and the softmax read a dynamic linear combination
+of the layer outputs below them, as in the encoder (``encoder.build_history``); it is position-wise,
+so incremental decoding needs no extra state.
 
 Incremental decoding keeps each layer's (h, c), the last context and the projected encoder keys
 and values (computed once per sentence) in the incremental state; all are reordered with the beam.
@@ -21,7 +24,7 @@ from fairseq.models import FairseqIncrementalDecoder
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.ln_lstm import LayerNormLSTM
-from .encoder import has_residual
+from .encoder import build_history, has_residual
 
 CACHE = "rnmt_state"
 
@@ -60,6 +63,7 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
                           output_tanh=args.rnmt_output_tanh, init_scale=init)
             for i in range(self.num_layers)
         )
+        self.history = build_history(args, "decoder", self.num_layers, H)
         self.share_input_output_embed = args.share_decoder_input_output_embed
         if self.share_input_output_embed:
             self.project_out_dim = nn.Linear(H + C, E, bias=False)
@@ -138,14 +142,18 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         y = F.dropout(y, p=self.dropout, training=self.training)
         x = x + y if has_residual(0, self.residual_start) else y
         inner_states.append(x)
+        history = self.history.start(x)
 
         for i in range(1, self.num_layers):
+            x = history.next_input()
             y, (h, c) = self.layers[i](torch.cat([x, ctx], dim=-1), state=(hiddens[i:i + 1], cells[i:i + 1]))
             new_h.append(h)
             new_c.append(c)
             y = F.dropout(y, p=self.dropout, training=self.training)
             x = x + y if has_residual(i, self.residual_start) else y
+            history.push(x)
             inner_states.append(x)
+        x = history.readout()
 
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, CACHE, {

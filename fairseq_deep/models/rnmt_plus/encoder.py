@@ -6,6 +6,13 @@ it is added to its input); a projection of the final output to the decoder width
 ``--rnmt-transparent`` the projection is applied to a learned softmax-weighted sum of all layer
 outputs instead (Bapna et al. 2018, Sec. 2.4, M = 1).  As in lingvo's ``MTEncoderBiRNN``, the
 weighted sum is over the N layer outputs: the embedding (width E, not 2H) is not an entry.
+
+With ``--dlcl-stacks encoder|both`` the layers read a dynamic linear combination of the layers
+below them (Wang et al. 2019, pre-norm Eq. 8, all ``--dlcl-*`` options apply) instead of the
+previous layer's output, and the projection reads the combination's last row.  The embedding has
+another width (E, not 2H), so y_0 of Eq. 8 is the *first layer's* output: layer 1 reads the
+embedding, layer l >= 2 reads sum_{k<l} W[l-1, k] LN(y_k) over the layer outputs y_1..y_{l-1}
+(each the residual sum where the layer has a residual connection).
 """
 
 from typing import Dict, List, Optional
@@ -16,6 +23,7 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqEncoder
 
+from ...modules.layer_history import LayerHistory, build_dlcl
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.transparent_attention import TransparentReadout
 
@@ -24,6 +32,12 @@ def has_residual(layer_index: int, residual_start: int) -> bool:
     """Layer ``layer_index`` (0-based) adds its input to its output (``residual_start`` is 1-based,
     0 = never)."""
     return residual_start > 0 and layer_index + 1 >= residual_start
+
+
+def build_history(args, stack: str, num_layers: int, dim: int) -> LayerHistory:
+    """How layers 2..L of a recurrent stack read the layers below (``--dlcl-stacks``): the previous
+    layer (residual history), or DLCL with the first layer's output as its entry 0."""
+    return build_dlcl(args, stack, num_layers - 1, dim, normalize_before=True)
 
 
 class RNMTPlusEncoder(FairseqEncoder):
@@ -58,6 +72,10 @@ class RNMTPlusEncoder(FairseqEncoder):
             self.transparent_attention = TransparentReadout(
                 self.num_layers, 1, dropout=args.ta_dropout, init=str(args.ta_init)
             )
+        self.history = build_history(args, "encoder", self.num_layers, 2 * H)
+        if self.transparent_attention is not None and type(self.history) is not LayerHistory:
+            raise ValueError("--rnmt-transparent and --dlcl-stacks encoder/both both choose what the "
+                             "decoder reads of the encoder layers: use one of them")
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
                 return_all_hiddens: bool = False) -> Dict[str, List[Tensor]]:
@@ -68,15 +86,24 @@ class RNMTPlusEncoder(FairseqEncoder):
 
         encoder_states = [x] if return_all_hiddens else []
         layer_outputs: List[Tensor] = []
+        history = None
         for i, layer in enumerate(self.layers):
+            if history is not None:
+                x = history.next_input()
             y, _ = layer(x, time_mask)
             y = F.dropout(y, p=self.dropout, training=self.training)
             x = x + y if has_residual(i, self.residual_start) else y
             layer_outputs.append(x)
+            if history is None:
+                history = self.history.start(x)
+            else:
+                history.push(x)
             if return_all_hiddens:
                 encoder_states.append(x)
         if self.transparent_attention is not None:
             x = self.transparent_attention(layer_outputs)[0]
+        else:
+            x = history.readout()
         x = self.output_projection(x)
         if time_mask is not None:
             x = x.masked_fill(time_mask.unsqueeze(-1), 0.0)

@@ -15,6 +15,7 @@ residuals) is fixed, and a conflicting flag is an error that names it.  Optimisa
 
 from fairseq.models import register_model_architecture
 from ..presets import fill_defaults, fix_option, set_default
+from ..transformer_dlcl import DLCLConfig
 from .config import RNMTPlusConfig
 
 
@@ -24,6 +25,8 @@ def rnmt_plus_architecture(args):
     set_default(args, "dropout", RNMTPlusConfig.dropout)
     set_default(args, "attention_dropout", args.dropout)  # "all dropout types" share one rate
     fill_defaults(args, RNMTPlusConfig())
+    set_default(args, "dlcl_stacks", "none")  # RNMT+ as published; --dlcl-stacks adds DLCL
+    fill_defaults(args, DLCLConfig())
 
 
 @register_model_architecture("rnmt_plus", "rnmt_plus_512")
