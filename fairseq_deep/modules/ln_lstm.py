@@ -31,6 +31,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def _cell_output(i: Tensor, f: Tensor, o: Tensor, j: Tensor, h: Tensor, c: Tensor, p: Optional[Tensor],
+                 cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor]:
+    """(h_t, c_t) from the activated gates and (h_{t-1}, c_{t-1}); a padded position (p True)
+    keeps the old state."""
+    new_c = torch.addcmul(f * c, i, j)
+    if cell_clip > 0:
+        new_c = new_c.clamp(-cell_clip, cell_clip)
+    if output_tanh:
+        new_h = o * torch.tanh(new_c)
+    else:
+        new_h = o * new_c
+    if p is not None:
+        new_c = torch.where(p, c, new_c)
+        new_h = torch.where(p, h, new_h)
+    return new_h, new_c
+
+
 def _ln_lstm_recurrence(
     xw: Tensor,
     h: Tensor,
@@ -58,20 +75,8 @@ def _ln_lstm_recurrence(
         ifo = torch.sigmoid(gates[:, :, :3 * H])  # one call for the three sigmoid gates
         i, f, o = ifo.chunk(3, 2)
         j = torch.tanh(gates[:, :, 3 * H:])
-        new_c = torch.addcmul(f * c, i, j)
-        if cell_clip > 0:
-            new_c = new_c.clamp(-cell_clip, cell_clip)
-        if output_tanh:
-            new_h = o * torch.tanh(new_c)
-        else:
-            new_h = o * new_c
-        if pad is not None:
-            p = pad[t]
-            new_c = torch.where(p, c, new_c)
-            new_h = torch.where(p, h, new_h)
-        outputs.append(new_h)
-        h = new_h
-        c = new_c
+        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
+        outputs.append(h)
     return torch.stack(outputs), h, c
 
 
@@ -106,19 +111,7 @@ def _ln_lstm_forward_saving(
         gates = torch.addcmul(beta, xhat, gamma)
         act = torch.cat([torch.sigmoid(gates[:, :, :3 * H]), torch.tanh(gates[:, :, 3 * H:])], 2)
         i, f, o, j = act.chunk(4, 2)
-        new_c = torch.addcmul(f * c, i, j)
-        if cell_clip > 0:
-            new_c = new_c.clamp(-cell_clip, cell_clip)
-        if output_tanh:
-            new_h = o * torch.tanh(new_c)
-        else:
-            new_h = o * new_c
-        if pad is not None:
-            p = pad[t]
-            new_c = torch.where(p, c, new_c)
-            new_h = torch.where(p, h, new_h)
-        h = new_h
-        c = new_c
+        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
         hs.append(h)
         cs.append(c)
         xhats.append(xhat)
