@@ -15,10 +15,9 @@ from typing import List
 from torch import Tensor
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
@@ -27,7 +26,7 @@ from ..modules.layer_aggregation import build_aggregation, node_factory
 from ..modules.multi_layer_attention import MultiLayerAttentionDecoderLayer, MultiLayerAttentionEncoderLayer
 from .presets import fill_defaults, set_default
 from .transformer_dlcl import _big
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 STRATEGIES = ["none", "dense", "linear", "iterative", "hierarchical"]
 
@@ -129,21 +128,14 @@ class AggTransformerDecoder(HistoryTransformerDecoder):
 
 
 @register_model("transformer_agg")
-class TransformerAggModel(PretrainedInitMixin, TransformerModel):
+class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
     """fairseq's Transformer with layer aggregation and multi-layer attention (Dou et al. 2018)."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        gen_parser_from_dataclass(parser, AggregationConfig(), delete_default=True, with_prefix="")
+    options = AggregationConfig
+    base_arch = "transformer_agg"
 
     @classmethod
     def build_model(cls, args, task):
-        agg_base_architecture(args)
         model = super().build_model(args, task)
         model.init_from_pretrained = bool(getattr(args, "init_from_pretrained", False))
         return model

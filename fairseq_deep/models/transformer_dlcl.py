@@ -9,14 +9,13 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 
 from ..modules.layer_history import build_dlcl
 from .presets import fill_defaults, fix_depth, set_default
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 
 @dataclass
@@ -46,23 +45,12 @@ class DLCLConfig(FairseqDataclass):
 
 
 @register_model("transformer_dlcl")
-class TransformerDLCLModel(TransformerModel):
+class TransformerDLCLModel(TechniqueTransformerModel):
     """fairseq's Transformer whose encoder and decoder layers read a learned linear combination
     of all earlier layers (Wang et al. 2019, Eq. 7-9)."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        gen_parser_from_dataclass(parser, DLCLConfig(), delete_default=True, with_prefix="")
-
-    @classmethod
-    def build_model(cls, args, task):
-        dlcl_base_architecture(args)
-        return super().build_model(args, task)
+    options = DLCLConfig
+    base_arch = "transformer_dlcl"
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -12,9 +12,34 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
 
 from ..modules.layer_history import LayerHistory
+
+
+class TechniqueTransformerModel(TransformerModel):
+    """fairseq's TransformerModel plus one technique: its options (``options``, a FairseqDataclass
+    whose flags are added to fairseq's) and its base preset (``base_arch``, the ``--arch`` whose
+    defaults every model of the class starts from).  Subclasses build their encoder and decoder."""
+
+    options = None
+    base_arch = ""
+
+    @classmethod
+    def hub_models(cls):
+        return {}  # fairseq's downloadable transformers are not models of this class
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, cls.options(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        ARCH_CONFIG_REGISTRY[cls.base_arch](args)
+        return super().build_model(args, task)
 
 
 def _check_history(history: LayerHistory, layerdrop: float, side: str):

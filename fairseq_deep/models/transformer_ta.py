@@ -22,10 +22,9 @@ from typing import Dict, List, Optional
 from torch import Tensor
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
@@ -33,7 +32,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from ..modules.layer_history import LayerHistory
 from ..modules.transparent_attention import TransparentReadout
 from .presets import fill_defaults, fix_depth, set_default
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
+from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 MEMORY_KEY = "transparent_memory"
 
@@ -143,22 +142,11 @@ class TransparentTransformerDecoder(HistoryTransformerDecoder):
 
 
 @register_model("transformer_ta")
-class TransformerTAModel(TransformerModel):
+class TransformerTAModel(TechniqueTransformerModel):
     """fairseq's Transformer with transparent attention over all encoder layers (Bapna et al. 2018)."""
 
-    @classmethod
-    def hub_models(cls):
-        return {}
-
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        gen_parser_from_dataclass(parser, TransparentAttentionConfig(), delete_default=True, with_prefix="")
-
-    @classmethod
-    def build_model(cls, args, task):
-        ta_base_architecture(args)
-        return super().build_model(args, task)
+    options = TransparentAttentionConfig
+    base_arch = "transformer_ta"
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
