@@ -98,7 +98,8 @@ def last_n_checkpoints(path: str, n: int, update_based: bool = False, upper_boun
 
 def average_checkpoints(inputs: List[str]):
     """The state of the first (newest) checkpoint with its model parameters replaced by the mean
-    of the parameters of all ``inputs`` (accumulated in float64)."""
+    of the parameters of all ``inputs`` (accumulated in float64).  Tensors that are not floating
+    point (flags, counters) are the newest checkpoint's, not averaged."""
     import torch
 
     import fairseq_deep  # noqa: F401  (allow-lists the types fairseq checkpoints hold)
@@ -116,18 +117,16 @@ def average_checkpoints(inputs: List[str]):
                 "only checkpoints of one model can be averaged"
             )
         for k, p in model.items():
-            p = p.to(torch.float64) if p.is_floating_point() else p.clone()
-            if k in params_dict:
-                params_dict[k] += p
+            if not p.is_floating_point():  # flags and counters (e.g. history.softmax_rows): the newest's
+                params_dict.setdefault(k, p.clone())
+            elif k in params_dict:
+                params_dict[k] += p.to(torch.float64)
             else:
-                params_dict[k] = p
+                params_dict[k] = p.to(torch.float64)
     averaged = collections.OrderedDict()
     reference = new_state["model"]
     for k, v in params_dict.items():
-        if v.is_floating_point():
-            averaged[k] = (v / len(inputs)).to(reference[k].dtype)
-        else:
-            averaged[k] = v // len(inputs)
+        averaged[k] = (v / len(inputs)).to(reference[k].dtype) if v.is_floating_point() else v
     new_state["model"] = averaged
     return new_state
 

@@ -134,6 +134,19 @@ def test_hub_interface_reloads_and_agrees_with_generate(trained, synthetic_bin, 
     assert [hub.decode(o[0]["tokens"]) for o in out] == [hyp[i] for i in ids]
 
 
+def test_average_keeps_flags_and_averages_floats(tmp_path):
+    """A bool flag (DLCL's softmax_rows) stays a bool of the newest checkpoint; floats are means."""
+    from fairseq_deep.cli import average_checkpoints
+
+    paths = []
+    for i, w in enumerate([1.0, 3.0]):
+        paths.append(tmp_path / f"c{i}.pt")
+        torch.save({"model": {"w": torch.tensor([w]).half(), "history.softmax_rows": torch.tensor(True)}}, paths[-1])
+    out = average_checkpoints([str(p) for p in paths])["model"]
+    assert out["history.softmax_rows"].dtype == torch.bool and bool(out["history.softmax_rows"])
+    assert out["w"].dtype == torch.float16 and out["w"].item() == 2.0
+
+
 def test_average_checkpoints(trained, synthetic_bin, tmp_path):
     avg = tmp_path / "averaged.pt"
     run_cli("fairseq-deep-average-checkpoints", "--inputs", str(trained), "--num-epoch-checkpoints", "2",
