@@ -16,6 +16,15 @@ def set_default(args, name: str, value):
     setattr(args, name, safe_getattr(args, name, value))
 
 
+def transformer_big(args, ffn_dim: int = 4096):
+    """Transformer Big (Vaswani et al. 2017): model 1024, 16 heads, FFN ``ffn_dim``, dropout 0.3."""
+    for side in ("encoder", "decoder"):
+        set_default(args, f"{side}_embed_dim", 1024)
+        set_default(args, f"{side}_ffn_embed_dim", ffn_dim)
+        set_default(args, f"{side}_attention_heads", 16)
+    set_default(args, "dropout", 0.3)
+
+
 def fill_defaults(args, config):
     """Every option of a FairseqDataclass instance that is still unset takes its default."""
     for name, value in config.__dict__.items():

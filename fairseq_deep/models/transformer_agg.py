@@ -24,8 +24,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from ..checkpoint_init import PretrainedInitMixin
 from ..modules.layer_aggregation import build_aggregation, node_factory
 from ..modules.multi_layer_attention import MultiLayerAttentionDecoderLayer, MultiLayerAttentionEncoderLayer
-from .presets import fill_defaults, set_default
-from .transformer_dlcl import _big
+from .presets import fill_defaults, set_default, transformer_big
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 STRATEGIES = ["none", "dense", "linear", "iterative", "hierarchical"]
@@ -189,7 +188,7 @@ PRESETS = {  # name: (Table 1 row, option defaults)
 def _register(name: str, row: int, values, big: bool):
     def preset(args):
         if big:
-            _big(args)
+            transformer_big(args)
         _agg_defaults(args, **values)
         fairseq_transformer_base(args)
 

@@ -14,7 +14,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 
 from ..modules.layer_history import build_dlcl
-from .presets import fill_defaults, fix_depth, set_default
+from .presets import fill_defaults, fix_depth, set_default, transformer_big
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 
@@ -87,16 +87,6 @@ def _prenorm(args):
     set_default(args, "activation_dropout", 0.1)
 
 
-def _big(args):
-    set_default(args, "encoder_embed_dim", 1024)
-    set_default(args, "encoder_ffn_embed_dim", 4096)
-    set_default(args, "encoder_attention_heads", 16)
-    set_default(args, "decoder_embed_dim", 1024)
-    set_default(args, "decoder_ffn_embed_dim", 4096)
-    set_default(args, "decoder_attention_heads", 16)
-    set_default(args, "dropout", 0.3)
-
-
 @register_model_architecture("transformer_dlcl", "transformer_dlcl")
 def dlcl_base_architecture(args):
     """Pre-norm DLCL (Base): the paper's main system, 6+6 layers."""
@@ -116,7 +106,7 @@ def dlcl_postnorm_architecture(args):
 
 @register_model_architecture("transformer_dlcl", "transformer_dlcl_big")
 def dlcl_big_architecture(args):
-    _big(args)
+    transformer_big(args)
     dlcl_base_architecture(args)
 
 
@@ -136,7 +126,7 @@ def prenorm_architecture(args):
 
 @register_model_architecture("transformer_dlcl", "transformer_prenorm_big")
 def prenorm_big_architecture(args):
-    _big(args)
+    transformer_big(args)
     prenorm_architecture(args)
 
 

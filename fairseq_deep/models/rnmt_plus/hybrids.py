@@ -41,7 +41,7 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.utils import safe_getattr
 
-from ..presets import fill_defaults, fix_option, set_default
+from ..presets import fill_defaults, fix_option, set_default, transformer_big
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder, reorder_encoder_out
@@ -258,17 +258,14 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _transformer_big(args):
-    """Transformer Big as in Chen et al. App. A.2 (model 1024, hidden 8192, 16 heads), pre-norm."""
-    set_default(args, "encoder_embed_dim", 1024)
-    set_default(args, "encoder_ffn_embed_dim", 8192)
-    set_default(args, "encoder_attention_heads", 16)
-    set_default(args, "decoder_embed_dim", 1024)
-    set_default(args, "decoder_ffn_embed_dim", 8192)
-    set_default(args, "decoder_attention_heads", 16)
+def _hybrid(name: str, args, encoder: str, decoder: str):
+    """A named hybrid owns its encoder and decoder kinds; its Transformer parts are Transformer Big
+    as in Chen et al. App. A.2 (model 1024, hidden 8192, 16 heads), pre-norm."""
+    fix_option(name, args, "hybrid_encoder", encoder, "rnmt_hybrid")
+    fix_option(name, args, "hybrid_decoder", decoder, "rnmt_hybrid")
+    transformer_big(args, ffn_dim=8192)
     set_default(args, "encoder_normalize_before", True)
     set_default(args, "decoder_normalize_before", True)
-    set_default(args, "dropout", 0.3)
 
 
 @register_model_architecture("rnmt_hybrid", "rnmt_hybrid")
@@ -290,36 +287,28 @@ def hybrid_base_architecture(args):
 @register_model_architecture("rnmt_hybrid", "hybrid_transformer_rnmt")
 def hybrid_transformer_rnmt(args):
     """Table 5: Transformer Big encoder + RNMT+ decoder."""
-    fix_option("hybrid_transformer_rnmt", args, "hybrid_encoder", "transformer", "rnmt_hybrid")
-    fix_option("hybrid_transformer_rnmt", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
-    _transformer_big(args)
+    _hybrid("hybrid_transformer_rnmt", args, "transformer", "rnmt")
     hybrid_base_architecture(args)
 
 
 @register_model_architecture("rnmt_hybrid", "hybrid_rnmt_transformer")
 def hybrid_rnmt_transformer(args):
     """Table 5: RNMT+ encoder + Transformer Big decoder."""
-    fix_option("hybrid_rnmt_transformer", args, "hybrid_encoder", "rnmt", "rnmt_hybrid")
-    fix_option("hybrid_rnmt_transformer", args, "hybrid_decoder", "transformer", "rnmt_hybrid")
-    _transformer_big(args)
+    _hybrid("hybrid_rnmt_transformer", args, "rnmt", "transformer")
     hybrid_base_architecture(args)
 
 
 @register_model_architecture("rnmt_hybrid", "hybrid_cascaded")
 def hybrid_cascaded(args):
     """Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder."""
-    fix_option("hybrid_cascaded", args, "hybrid_encoder", "cascaded", "rnmt_hybrid")
-    fix_option("hybrid_cascaded", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
+    _hybrid("hybrid_cascaded", args, "cascaded", "rnmt")
     set_default(args, "encoder_layers", 4)
     set_default(args, "no_token_positional_embeddings", True)
-    _transformer_big(args)
     hybrid_base_architecture(args)
 
 
 @register_model_architecture("rnmt_hybrid", "hybrid_multicolumn")
 def hybrid_multicolumn(args):
     """Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder."""
-    fix_option("hybrid_multicolumn", args, "hybrid_encoder", "multicolumn", "rnmt_hybrid")
-    fix_option("hybrid_multicolumn", args, "hybrid_decoder", "rnmt", "rnmt_hybrid")
-    _transformer_big(args)
+    _hybrid("hybrid_multicolumn", args, "multicolumn", "rnmt")
     hybrid_base_architecture(args)
