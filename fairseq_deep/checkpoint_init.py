@@ -14,9 +14,19 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
+from fairseq.dataclass import FairseqDataclass
 from torch import nn
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainedInitConfig(FairseqDataclass):
+    """``--init-from-pretrained``, read by :class:`PretrainedInitMixin` models."""
+
+    init_from_pretrained: bool = field(
+        default=False, metadata={"help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
+                                 "baseline whose name and shape match, log the new ones that start fresh"})
 
 
 @dataclass

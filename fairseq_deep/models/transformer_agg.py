@@ -9,63 +9,31 @@ Translation.  fairseq's Transformer with (a) its layer loops handed to an aggreg
 a trained Transformer is ``--init-from-pretrained`` with ``--finetune-from-model``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List
 
 from torch import Tensor
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from ..checkpoint_init import PretrainedInitMixin
-from ..modules.layer_aggregation import build_aggregation, node_factory
-from ..modules.multi_layer_attention import MultiLayerAttentionDecoderLayer, MultiLayerAttentionEncoderLayer
+from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
+from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
+from ..modules.multi_layer_attention import (
+    MultiLayerAttentionConfig,
+    MultiLayerAttentionDecoderLayer,
+    MultiLayerAttentionEncoderLayer,
+    mla_window,
+)
 from .presets import fill_defaults, set_default, transformer_big
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
-STRATEGIES = ["none", "dense", "linear", "iterative", "hierarchical"]
-
-
 @dataclass
-class AggregationConfig(FairseqDataclass):
-    agg_encoder: ChoiceEnum(STRATEGIES) = field(
-        default="none", metadata={"help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
-                                  "dense (Eq. 4), linear (Eq. 5), iterative (Eq. 6), hierarchical (Fig. 2)"})
-    agg_decoder: ChoiceEnum(STRATEGIES) = field(
-        default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"})
-    agg_function: ChoiceEnum(["ff_sigmoid", "ff_relu", "self_attn"]) = field(
-        default="ff_sigmoid", metadata={"help": "F of the AGG node LN(F([x;y]) + x + y) (Eq. 7, Table 4): "
-                                        "feed-forward with sigmoid or ReLU, or self-attention over the inputs"})
-    agg_residual: ChoiceEnum(["all", "top", "none"]) = field(
-        default="all", metadata={"help": "residual inputs of an AGG node (Table 4): all inputs, the "
-                                 "top-level one, or none"})
-    agg_ffn_dim: int = field(
-        default=0, metadata={"help": "hidden size of the AGG feed-forward (0: the stack's embedding dim)"})
-    agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
-        default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
-                                 "initialised from), or W_l = I/L"})
-    agg_dense_sum: ChoiceEnum(["outputs", "states"]) = field(
-        default="outputs", metadata={"help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "
-                                     "1..l, or the literal Eq. 4 recursion over states (grows as 2^l)"})
-    mla_layers: int = field(
-        default=1, metadata={"help": "multi-layer attention (Eq. 8): self-attention of layer l attends to "
-                             "layers l-1..l-k with separate attentions combined by AGG; 1 = off"})
-    mla_stacks: ChoiceEnum(["both", "encoder", "decoder"]) = field(
-        default="both", metadata={"help": "stacks whose self-attention is multi-layer (--mla-layers > 1)"})
-    init_from_pretrained: bool = field(
-        default=False, metadata={"help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
-                                 "baseline whose name and shape match, log the new ones that start fresh"})
-
-
-def _mla_k(cfg, side: str) -> int:
-    k = getattr(cfg, "mla_layers", 1)
-    if k < 1:
-        raise ValueError(f"--mla-layers must be >= 1 (1 turns multi-layer attention off), got {k}")
-    return k if getattr(cfg, "mla_stacks", "both") in ("both", side) else 1
+class TransformerAggConfig(AggregationConfig, MultiLayerAttentionConfig, PretrainedInitConfig):
+    """Options of ``transformer_agg``: each technique's own, declared beside its reader."""
 
 
 def _wrap(layer, cfg):
@@ -80,7 +48,7 @@ class AggTransformerEncoder(HistoryTransformerEncoder):
     """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
 
     def __init__(self, cfg, dictionary, embed_tokens, history):
-        self.mla_k = _mla_k(cfg, "encoder")
+        self.mla_k = mla_window(cfg, "encoder")
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, history)
         self.lower_window = self.mla_k - 1
@@ -105,7 +73,7 @@ class AggTransformerDecoder(HistoryTransformerDecoder):
     """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
 
     def __init__(self, cfg, dictionary, embed_tokens, history, no_encoder_attn=False):
-        self.mla_k = _mla_k(cfg, "decoder")
+        self.mla_k = mla_window(cfg, "decoder")
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, history, no_encoder_attn=no_encoder_attn)
         self.lower_window = self.mla_k - 1
@@ -130,13 +98,13 @@ class AggTransformerDecoder(HistoryTransformerDecoder):
 class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
     """fairseq's Transformer with layer aggregation and multi-layer attention (Dou et al. 2018)."""
 
-    options = AggregationConfig
+    options = TransformerAggConfig
     base_arch = "transformer_agg"
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
-        model.init_from_pretrained = bool(getattr(args, "init_from_pretrained", False))
+        model.init_from_pretrained = bool(PretrainedInitConfig.from_namespace(args).init_from_pretrained)
         return model
 
     @classmethod
@@ -164,7 +132,7 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
 def _agg_defaults(args, **values):
     for name, value in values.items():
         set_default(args, name, value)
-    fill_defaults(args, AggregationConfig())
+    fill_defaults(args, TransformerAggConfig())
 
 
 @register_model_architecture("transformer_agg", "transformer_agg")

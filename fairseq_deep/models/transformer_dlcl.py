@@ -6,42 +6,13 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 ``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
 """
 
-from dataclasses import dataclass, field
-
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 
-from ..modules.layer_history import build_dlcl
+from ..modules.layer_history import DLCLConfig, build_dlcl
 from .presets import fill_defaults, fix_depth, set_default, transformer_big
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
-
-
-@dataclass
-class DLCLConfig(FairseqDataclass):
-    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
-        default="both",
-        metadata={"help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
-                  "'none' gives the plain residual Transformer"},
-    )
-    dlcl_init: ChoiceEnum(["avg", "one", "residual"]) = field(
-        default="avg",
-        metadata={"help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
-                  "All-One, residual = W[l+1,l]=1 (Table 6)"},
-    )
-    dlcl_fixed_weights: bool = field(
-        default=False, metadata={"help": "keep the DLCL weights at their initial values (Table 6)"}
-    )
-    dlcl_no_layer_norm: bool = field(
-        default=False, metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"}
-    )
-    dlcl_normalize_embed: bool = field(
-        default=False, metadata={"help": "also layer-normalise the embedding's entry (row)"}
-    )
-    dlcl_softmax_weights: bool = field(
-        default=False, metadata={"help": "softmax-normalise each row of DLCL weights (needs --dlcl-init avg)"}
-    )
 
 
 @register_model("transformer_dlcl")

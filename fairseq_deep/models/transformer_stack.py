@@ -43,7 +43,7 @@ class TechniqueTransformerModel(TransformerModel):
 
 
 def _check_history(history: LayerHistory, layerdrop: float, side: str):
-    if layerdrop > 0 and history.keeps_all_entries:
+    if layerdrop > 0 and history.indexed_by_depth:
         raise ValueError(
             f"--{side}-layerdrop skips layers, which would shift the rows of the layer "
             f"combination; set --{side}-layerdrop 0 with this architecture"

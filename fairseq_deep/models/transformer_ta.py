@@ -21,7 +21,6 @@ from typing import Dict, List, Optional
 
 from torch import Tensor
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
@@ -30,7 +29,8 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..modules.layer_history import LayerHistory
-from ..modules.transparent_attention import TransparentReadout
+from ..modules.reorder import reorder_batch
+from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
 from .presets import fill_defaults, fix_depth, set_default
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
@@ -38,21 +38,13 @@ MEMORY_KEY = "transparent_memory"
 
 
 @dataclass
-class TransparentAttentionConfig(FairseqDataclass):
+class TransparentAttentionConfig(TransparentReadoutConfig):
+    """Options of ``transformer_ta``: the readout's (``--ta-dropout``, ``--ta-init``) and the model's."""
+
     ta_disable: bool = field(
         default=False,
         metadata={"help": "no transparent attention: every decoder layer attends to the top encoder "
                   "layer (the 'Baseline' rows of Bapna et al. 2018, Tables 1-2)"},
-    )
-    ta_dropout: float = field(
-        default=0.1,
-        metadata={"help": "dropout on the (N+1) x M transparent attention logits W (Sec. 2.4; "
-                  "0.1 as in the authors' lingvo WeightedSumLayer)"},
-    )
-    ta_init: ChoiceEnum(["uniform", "top"]) = field(
-        default="uniform",
-        metadata={"help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
-                  "top = almost all mass on the top layer (starts close to the plain model)"},
     )
     encoder_no_residual: bool = field(
         default=False,
@@ -111,8 +103,8 @@ class TransparentTransformerEncoder(HistoryTransformerEncoder):
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
         reordered = super().reorder_encoder_out(encoder_out, new_order)
-        if MEMORY_KEY in encoder_out:
-            reordered[MEMORY_KEY] = [z.index_select(1, new_order) for z in encoder_out[MEMORY_KEY]]
+        if MEMORY_KEY in encoder_out:  # M memories, T x B x C
+            reordered.update(reorder_batch({MEMORY_KEY: encoder_out[MEMORY_KEY]}, new_order, (MEMORY_KEY,)))
         return reordered
 
 
@@ -153,8 +145,7 @@ class TransformerTAModel(TechniqueTransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         readout = None
         if not cfg.ta_disable:
-            readout = TransparentReadout(cfg.encoder.layers + 1, cfg.decoder.layers,
-                                         dropout=cfg.ta_dropout, init=cfg.ta_init)
+            readout = TransparentReadout.from_options(cfg, cfg.encoder.layers + 1, cfg.decoder.layers)
         return TransparentTransformerEncoder(cfg, src_dict, embed_tokens, readout,
                                              residual=not cfg.encoder_no_residual)
 

@@ -9,12 +9,12 @@ from .layer_aggregation import (
     IterativeAggregationHistory,
     LinearCombinationHistory,
 )
-from .layer_history import DynamicLinearCombination, HistoryState, LayerHistory, build_dlcl
+from .layer_history import DLCLConfig, DynamicLinearCombination, EntryState, HistoryState, LayerHistory, build_dlcl
 from .ln_lstm import LayerNormLSTM
 from .transparent_attention import TransparentReadout
 
 __all__ = [
-    "AdditiveAttention", "AggregationNode", "DenseHistory", "DynamicLinearCombination",
+    "AdditiveAttention", "AggregationNode", "DLCLConfig", "DenseHistory", "DynamicLinearCombination", "EntryState",
     "FFLSTMCell", "FFLSTMLayer", "FFLSTMStack", "HierarchicalAggregationHistory", "HistoryState",
     "IterativeAggregationHistory", "LayerHistory", "LayerNormLSTM", "LinearCombinationHistory",
     "TransparentReadout", "build_dlcl",

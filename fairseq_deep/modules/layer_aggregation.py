@@ -17,18 +17,46 @@ Memory: every running combination is updated when a layer output is pushed; noth
 history.
 """
 
+from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 
-from .layer_history import LayerHistory
+from .layer_history import HistoryState, LayerHistory
 
 AGG_FUNCTIONS = ("ff_sigmoid", "ff_relu", "self_attn")
 AGG_RESIDUALS = ("all", "top", "none")
 STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical")
+
+
+@dataclass
+class AggregationConfig(FairseqDataclass):
+    """The ``--agg-*`` options (Dou et al. 2018, Sec. 3.1.1), read by :func:`build_aggregation`
+    and :func:`node_factory` only."""
+
+    agg_encoder: ChoiceEnum(list(STRATEGIES)) = field(
+        default="none", metadata={"help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
+                                  "dense (Eq. 4), linear (Eq. 5), iterative (Eq. 6), hierarchical (Fig. 2)"})
+    agg_decoder: ChoiceEnum(list(STRATEGIES)) = field(
+        default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"})
+    agg_function: ChoiceEnum(list(AGG_FUNCTIONS)) = field(
+        default="ff_sigmoid", metadata={"help": "F of the AGG node LN(F([x;y]) + x + y) (Eq. 7, Table 4): "
+                                        "feed-forward with sigmoid or ReLU, or self-attention over the inputs"})
+    agg_residual: ChoiceEnum(list(AGG_RESIDUALS)) = field(
+        default="all", metadata={"help": "residual inputs of an AGG node (Table 4): all inputs, the "
+                                 "top-level one, or none"})
+    agg_ffn_dim: int = field(
+        default=0, metadata={"help": "hidden size of the AGG feed-forward (0: the stack's embedding dim)"})
+    agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
+        default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
+                                 "initialised from), or W_l = I/L"})
+    agg_dense_sum: ChoiceEnum(["outputs", "states"]) = field(
+        default="outputs", metadata={"help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "
+                                     "1..l, or the literal Eq. 4 recursion over states (grows as 2^l)"})
 
 
 class AggregationNode(nn.Module):
@@ -92,12 +120,11 @@ class AggregationNode(nn.Module):
         return self.layer_norm(h)
 
 
-class _State:
-    """Per-pass state of an aggregation history: same interface as :class:`HistoryState`."""
+class _State(HistoryState):
+    """Per-pass state of an aggregation history: the input of the next layer is ``current``."""
 
     def __init__(self, history: "LayerHistory", embedding: Tensor):
-        self.history = history
-        self.count = 1  # layers pushed so far, the embedding included
+        super().__init__(history, embedding)
         self.current = embedding  # input of the next layer
         self.start(embedding)
 
@@ -142,7 +169,7 @@ class DenseHistory(LayerHistory):
     therefore suits shallow stacks only.  Layer 1 reads the embedding, layer 2 reads y_1 in both.
     """
 
-    keeps_all_entries = True  # the input depends on the layer's row: no layerdrop
+    indexed_by_depth = True  # the input depends on the layer's row: no layerdrop
 
     def __init__(self, num_layers: int, sum_of: str = "outputs"):
         super().__init__(num_layers)
@@ -177,7 +204,7 @@ class LinearCombinationHistory(LayerHistory):
     initialised from, Sec. 4.1) or ``avg`` (W_l = I / L).
     """
 
-    keeps_all_entries = True
+    indexed_by_depth = True
 
     def __init__(self, num_layers: int, embed_dim: int, init: str = "top"):
         super().__init__(num_layers)
@@ -214,7 +241,7 @@ class IterativeAggregationHistory(LayerHistory):
     backbone, A^1 = H^1, A^l = AGG(H^l, A^{l-1}); the stack returns A^L.  L - 1 nodes; the
     backbone layers read H^{l-1} as usual.  ``top`` of every node is H^l (input 0)."""
 
-    keeps_all_entries = True
+    indexed_by_depth = True
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)
@@ -291,7 +318,7 @@ class _HierarchicalState(_State):
 class HierarchicalAggregationHistory(LayerHistory):
     """Hierarchical deep aggregation (Dou et al. Fig. 2): see :func:`hierarchical_plan`."""
 
-    keeps_all_entries = True
+    indexed_by_depth = True
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)
@@ -304,15 +331,16 @@ class HierarchicalAggregationHistory(LayerHistory):
 
 def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int) -> LayerHistory:
     """The history of the `prefix` ("encoder"/"decoder") stack under the ``--agg-*`` options."""
-    strategy = getattr(cfg, f"agg_{prefix}", "none") or "none"
+    opts = AggregationConfig.from_namespace(cfg)
+    strategy = getattr(opts, f"agg_{prefix}") or "none"
     if strategy not in STRATEGIES:
         raise ValueError(f"--agg-{prefix} must be one of {STRATEGIES}, got {strategy!r}")
     if strategy == "none":
         return LayerHistory(num_layers)
     if strategy == "dense":
-        return DenseHistory(num_layers, getattr(cfg, "agg_dense_sum", "outputs"))
+        return DenseHistory(num_layers, opts.agg_dense_sum)
     if strategy == "linear":
-        return LinearCombinationHistory(num_layers, embed_dim, getattr(cfg, "agg_linear_init", "top"))
+        return LinearCombinationHistory(num_layers, embed_dim, opts.agg_linear_init)
     factory = node_factory(cfg, embed_dim, num_heads)
     if strategy == "iterative":
         return IterativeAggregationHistory(num_layers, factory)
@@ -320,13 +348,14 @@ def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_hea
 
 
 def node_factory(cfg, embed_dim: int, num_heads: int):
-    """``factory(num_inputs, top) -> AggregationNode`` under the ``--agg-*`` node options."""
+    """``factory(num_inputs, top) -> AggregationNode`` under the ``--agg-*`` node options (and the
+    model's ``--dropout``)."""
+    opts = AggregationConfig.from_namespace(cfg)
 
     def make(num_inputs: int, top: int) -> AggregationNode:
         return AggregationNode(
-            num_inputs, embed_dim, hidden_dim=getattr(cfg, "agg_ffn_dim", 0) or embed_dim,
-            function=getattr(cfg, "agg_function", "ff_sigmoid"),
-            residual=getattr(cfg, "agg_residual", "all"), top=top, num_heads=num_heads,
+            num_inputs, embed_dim, hidden_dim=opts.agg_ffn_dim or embed_dim,
+            function=opts.agg_function, residual=opts.agg_residual, top=top, num_heads=num_heads,
             dropout=getattr(cfg, "dropout", 0.0),
         )
 

@@ -15,25 +15,50 @@ combination is a running ``sum_k w_k * e_k`` over those references.  Autograd th
 per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
 """
 
+from dataclasses import dataclass, field
 from typing import List
 
 import torch
 from torch import Tensor, nn
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
 
 
 class HistoryState:
-    """Outputs of one forward pass through a stack; created by :meth:`LayerHistory.start`."""
+    """One forward pass through a stack, created by :meth:`LayerHistory.start` with the embedding
+    output y_0: the interface the layer loop reads.  ``count`` is the number of outputs pushed so
+    far, the embedding included.  Every history's state (residual, DLCL, aggregation) derives from
+    this class."""
 
     def __init__(self, history: "LayerHistory", embedding: Tensor):
         self.history = history
+        self.count = 1
+
+    def push(self, y: Tensor) -> None:
+        """Record the output of the next layer."""
+        raise NotImplementedError
+
+    def next_input(self) -> Tensor:
+        """The input of the next layer."""
+        raise NotImplementedError
+
+    def readout(self) -> Tensor:
+        """What the stack returns after its last layer."""
+        return self.next_input()
+
+
+class EntryState(HistoryState):
+    """The state of a history that combines entries e_k = ``history.entry(k, y_k)``: it keeps all
+    of them (``history.keeps_all_entries``) or only the last one (the residual network)."""
+
+    def __init__(self, history: "LayerHistory", embedding: Tensor):
+        super().__init__(history, embedding)
         self.entries: List[Tensor] = []
-        self.count = 0  # layers pushed so far, the embedding included
+        self.count = 0
         self.push(embedding)
 
     def push(self, y: Tensor) -> None:
-        """Record the output of the next layer (the embedding output first)."""
         entry = self.history.entry(self.count, y)
         if self.history.keeps_all_entries:
             self.entries.append(entry)
@@ -55,14 +80,19 @@ class LayerHistory(nn.Module):
     DLCL with W[l+1, l] = 1 and all other weights 0 (Wang et al. 2019, Sec. 3).
     """
 
+    #: memory policy of :class:`EntryState`: keep every entry (a combination reads them all) or
+    #: only the last one
     keeps_all_entries = False
+    #: whether what layer l reads depends on l (its row of weights, its place in a tree): skipping
+    #: a layer (layerdrop) would then hand layers the wrong rows, so the stacks refuse layerdrop
+    indexed_by_depth = False
 
     def __init__(self, num_layers: int):
         super().__init__()
         self.num_layers = num_layers
 
     def start(self, embedding: Tensor) -> HistoryState:
-        return HistoryState(self, embedding)
+        return EntryState(self, embedding)
 
     def entry(self, k: int, y: Tensor) -> Tensor:
         """What is kept of y_k (computed once, when it is pushed)."""
@@ -105,6 +135,7 @@ class DynamicLinearCombination(LayerHistory):
     """
 
     keeps_all_entries = True
+    indexed_by_depth = True
 
     def __init__(
         self,
@@ -174,7 +205,7 @@ class DynamicLinearCombination(LayerHistory):
 
     def start(self, embedding: Tensor) -> HistoryState:
         if torch.is_grad_enabled():
-            return HistoryState(self, embedding)
+            return EntryState(self, embedding)
         # inference (every step of beam search): the weights read once per pass, as Python floats
         return _InferenceState(self, embedding, self.weights().tolist())
 
@@ -193,7 +224,7 @@ class DynamicLinearCombination(LayerHistory):
         return out if self.normalize_before else self.norms[row](out)
 
 
-class _InferenceState(HistoryState):
+class _InferenceState(EntryState):
     """DLCL without autograd: each row is ``e_0 * w_0`` plus one ``add_(e_k, alpha=w_k)`` per entry."""
 
     def __init__(self, history: "DynamicLinearCombination", embedding: Tensor, rows: List[List[float]]):
@@ -249,18 +280,50 @@ def weighted_sum(w: Tensor, entries: List[Tensor]) -> Tensor:
     return _WeightedSum.apply(w, *entries)
 
 
+@dataclass
+class DLCLConfig(FairseqDataclass):
+    """The ``--dlcl-*`` options (Wang et al. 2019), read by :func:`build_dlcl` only; every model
+    that offers DLCL composes this dataclass into its own options."""
+
+    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
+        default="both",
+        metadata={"help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
+                  "'none' gives the plain residual Transformer"},
+    )
+    dlcl_init: ChoiceEnum(list(INITS)) = field(
+        default="avg",
+        metadata={"help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
+                  "All-One, residual = W[l+1,l]=1 (Table 6)"},
+    )
+    dlcl_fixed_weights: bool = field(
+        default=False, metadata={"help": "keep the DLCL weights at their initial values (Table 6)"}
+    )
+    dlcl_no_layer_norm: bool = field(
+        default=False, metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"}
+    )
+    dlcl_normalize_embed: bool = field(
+        default=False, metadata={"help": "also layer-normalise the embedding's entry (row)"}
+    )
+    dlcl_softmax_weights: bool = field(
+        default=False, metadata={"help": "softmax-normalise each row of DLCL weights (needs --dlcl-init avg)"}
+    )
+
+
 def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_before: bool):
-    """The history a stack uses under the ``--dlcl-*`` options (residual when DLCL is off there)."""
-    stacks = getattr(cfg, "dlcl_stacks", "none")
+    """The history a stack uses under the ``--dlcl-*`` options of ``cfg`` (residual when DLCL is
+    off there; a model without the options, such as a hybrid's RNMT+ part, has the defaults of
+    :class:`DLCLConfig` but for ``--dlcl-stacks``, which is then ``none``)."""
+    opts = DLCLConfig.from_namespace(cfg)
+    stacks = opts.dlcl_stacks if hasattr(cfg, "dlcl_stacks") else "none"
     if stacks not in ("both", prefix):
         return LayerHistory(num_layers)
     return DynamicLinearCombination(
         num_layers,
         embed_dim,
         normalize_before,
-        init=cfg.dlcl_init,
-        learnable=not cfg.dlcl_fixed_weights,
-        layer_norm=not cfg.dlcl_no_layer_norm,
-        normalize_embed=cfg.dlcl_normalize_embed,
-        softmax=cfg.dlcl_softmax_weights,
+        init=opts.dlcl_init,
+        learnable=not opts.dlcl_fixed_weights,
+        layer_norm=not opts.dlcl_no_layer_norm,
+        normalize_embed=opts.dlcl_normalize_embed,
+        softmax=opts.dlcl_softmax_weights,
     )

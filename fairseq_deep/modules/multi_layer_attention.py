@@ -19,14 +19,37 @@ reordered with the beam by fairseq like any other); a step feeds it the new posi
 its lower layer only.
 """
 
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from fairseq.utils import safe_getattr
+
+
+@dataclass
+class MultiLayerAttentionConfig(FairseqDataclass):
+    """The ``--mla-*`` options (Dou et al. 2018, Sec. 3.1.2), read by :func:`mla_window` only."""
+
+    mla_layers: int = field(
+        default=1, metadata={"help": "multi-layer attention (Eq. 8): self-attention of layer l attends to "
+                             "layers l-1..l-k with separate attentions combined by AGG; 1 = off"})
+    mla_stacks: ChoiceEnum(["both", "encoder", "decoder"]) = field(
+        default="both", metadata={"help": "stacks whose self-attention is multi-layer (--mla-layers > 1)"})
+
+
+def mla_window(cfg, side: str) -> int:
+    """k of Eq. 8 for the `side` ("encoder"/"decoder") stack: how many layers its self-attentions
+    attend to (1 = off, the plain layer)."""
+    opts = MultiLayerAttentionConfig.from_namespace(cfg)
+    k = opts.mla_layers
+    if k < 1:
+        raise ValueError(f"--mla-layers must be >= 1 (1 turns multi-layer attention off), got {k}")
+    return k if opts.mla_stacks in ("both", side) else 1
 
 
 class LowerLayerAttention(nn.Module):

@@ -16,13 +16,33 @@ has the state-dict key ``...transparent_attention.weight`` that the layer-weight
 (:mod:`fairseq_deep.diagnostics.layer_weights`) recognises: shape (N+1) x M, softmax over dim 0.
 """
 
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
 INITS = ("uniform", "top")
+
+
+@dataclass
+class TransparentReadoutConfig(FairseqDataclass):
+    """The ``--ta-dropout`` and ``--ta-init`` options of a :class:`TransparentReadout`, shared by
+    every model with transparent attention (Transformer and RNMT+: one default, the paper's)."""
+
+    ta_dropout: float = field(
+        default=0.1,
+        metadata={"help": "dropout on the (N+1) x M transparent attention logits W (Bapna et al. 2018, "
+                  "Sec. 2.4; 0.1 as in the authors' lingvo WeightedSumLayer)"},
+    )
+    ta_init: ChoiceEnum(list(INITS)) = field(
+        default="uniform",
+        metadata={"help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
+                  "top = almost all mass on the top layer (starts close to the plain model)"},
+    )
 
 
 class TransparentReadout(nn.Module):
@@ -38,6 +58,14 @@ class TransparentReadout(nn.Module):
     ``forward(entries)`` returns the list of the M readouts.  Each is a running sum over references
     to the entries: no stacked copy of the N+1 entries is made.
     """
+
+    @classmethod
+    def from_options(cls, cfg, num_entries: int, num_readouts: int,
+                     out_proj: Optional[nn.Module] = None) -> "TransparentReadout":
+        """The readout under the ``--ta-*`` options of ``cfg`` (:class:`TransparentReadoutConfig`)."""
+        opts = TransparentReadoutConfig.from_namespace(cfg)
+        return cls(num_entries, num_readouts, dropout=opts.ta_dropout, out_proj=out_proj,
+                   init=str(opts.ta_init))
 
     def __init__(self, num_entries: int, num_readouts: int, dropout: float = 0.0,
                  out_proj: Optional[nn.Module] = None, init: str = "uniform",

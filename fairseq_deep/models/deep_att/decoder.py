@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.fast_forward_lstm import FFLSTMStack
+from ...modules.reorder import reorder_batch
 
 
 class DeepAttDecoder(FairseqIncrementalDecoder):
@@ -103,10 +104,8 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
         cache = self.get_incremental_state(incremental_state, "state")
         if cache is None:
             return
-        reordered: Dict[str, Optional[Tensor]] = {
-            k: v.index_select(1 if k == "keys" else 0, new_order) for k, v in cache.items()
-        }
-        self.set_incremental_state(incremental_state, "state", reordered)
+        # the attention keys are S x B x A, every (h, s) B x H
+        self.set_incremental_state(incremental_state, "state", reorder_batch(cache, new_order, ("keys",)))
 
     def max_positions(self):
         return self.max_target_positions

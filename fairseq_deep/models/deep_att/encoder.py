@@ -27,6 +27,7 @@ from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
 from ...modules.fast_forward_lstm import FFLSTMStack, gather_time
+from ...modules.reorder import reorder_encoder_out
 
 
 def interface_dim(hidden: int, columns: int, ff_mode: str) -> int:
@@ -126,11 +127,8 @@ class DeepAttEncoder(FairseqEncoder):
         }
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-        """Every tensor of every list follows the beam: batch is dim 1 of T x B x C, dim 0 else."""
-        return {
-            key: [t.index_select(1 if t.dim() == 3 else 0, new_order) for t in value]
-            for key, value in encoder_out.items()
-        }
+        """Every tensor of every list follows the beam (``encoder_out`` is T x B x C or 1 x B x C)."""
+        return reorder_encoder_out(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions

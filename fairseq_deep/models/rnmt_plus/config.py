@@ -3,15 +3,20 @@
 ``RNMTConfig`` holds only what a Transformer does not have, so that the hybrids can add it next
 to fairseq's Transformer options; ``RNMTPlusConfig`` adds the options whose names the Transformer
 shares (embedding sizes, layer counts, dropout, embedding sharing) for the plain ``rnmt_plus``.
+The ``--ta-*`` options are the transparent readout's (:mod:`fairseq_deep.modules.transparent_attention`)
+and the ``--dlcl-*`` options the layer history's (:mod:`fairseq_deep.modules.layer_history`).
 """
 
 from dataclasses import dataclass, field
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from ...modules.layer_history import DLCLConfig
+from ...modules.transparent_attention import TransparentReadoutConfig
 
 
 @dataclass
-class RNMTConfig(FairseqDataclass):
+class RNMTConfig(TransparentReadoutConfig):
+    """RNMT+'s own options, with the ``--ta-*`` options of its transparent readout."""
+
     encoder_hidden_size: int = field(
         default=1024, metadata={"help": "LSTM units per direction of each bidirectional encoder layer"}
     )
@@ -49,14 +54,13 @@ class RNMTConfig(FairseqDataclass):
         metadata={"help": "transparent attention (Bapna et al. 2018, Eq. 1-2, M = 1): the decoder "
                   "attends a learned softmax-weighted sum of all encoder layers, projected"},
     )
-    ta_dropout: float = field(default=0.0, metadata={"help": "dropout on the transparent weights W"})
-    ta_init: ChoiceEnum(["uniform", "top"]) = field(
-        default="uniform", metadata={"help": "initial transparent weights: uniform or almost all on the top layer"}
-    )
 
 
 @dataclass
-class RNMTPlusConfig(RNMTConfig):
+class RNMTPlusConfig(RNMTConfig, DLCLConfig):
+    """Options of ``rnmt_plus``: RNMT+'s, the Transformer-named ones, and layer combination over
+    the LSTM stacks (``--dlcl-*``; the ``rnmt_plus`` preset turns it off: ``--dlcl-stacks none``)."""
+
     encoder_embed_dim: int = field(default=1024, metadata={"help": "source embedding dimension"})
     decoder_embed_dim: int = field(default=1024, metadata={"help": "target embedding dimension"})
     encoder_layers: int = field(default=6, metadata={"help": "bidirectional LSTM layers of the encoder"})

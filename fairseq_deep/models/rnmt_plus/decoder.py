@@ -24,6 +24,7 @@ from fairseq.models import FairseqIncrementalDecoder
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.ln_lstm import LayerNormLSTM
+from ...modules.reorder import reorder_batch
 from .encoder import build_history, has_residual
 
 CACHE = "rnmt_state"
@@ -86,8 +87,8 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         state = self.get_incremental_state(incremental_state, CACHE)
         if state is None:
             return
-        new_state = {k: (None if v is None else v.index_select(1 if k in ("hiddens", "cells", "keys", "values") else 0, new_order))
-                     for k, v in state.items()}
+        # layers x B x H states, S x B x A keys and values; the context is B x C
+        new_state = reorder_batch(state, new_order, ("hiddens", "cells", "keys", "values"))
         self.set_incremental_state(incremental_state, CACHE, new_state)
 
     # -- forward ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from fairseq.models import FairseqEncoder
 
 from ...modules.layer_history import LayerHistory, build_dlcl
 from ...modules.ln_lstm import LayerNormLSTM
+from ...modules.reorder import reorder_encoder_out
 from ...modules.transparent_attention import TransparentReadout
 
 
@@ -69,9 +70,7 @@ class RNMTPlusEncoder(FairseqEncoder):
         self.output_projection = nn.Linear(2 * H, output_dim)
         self.transparent_attention = None
         if getattr(args, "rnmt_transparent", False):
-            self.transparent_attention = TransparentReadout(
-                self.num_layers, 1, dropout=args.ta_dropout, init=str(args.ta_init)
-            )
+            self.transparent_attention = TransparentReadout.from_options(args, self.num_layers, 1)
         self.history = build_history(args, "encoder", self.num_layers, 2 * H)
         if self.transparent_attention is not None and type(self.history) is not LayerHistory:
             raise ValueError("--rnmt-transparent and --dlcl-stacks encoder/both both choose what the "
@@ -124,16 +123,3 @@ class RNMTPlusEncoder(FairseqEncoder):
     def max_positions(self):
         return self.max_source_positions
 
-
-# Which dimension of each encoder_out entry is the batch.
-BATCH_DIM = {"encoder_out": 1, "encoder_states": 1, "encoder_padding_mask": 0,
-             "encoder_embedding": 0, "src_tokens": 0, "src_lengths": 0, "fc_results": 1}
-
-
-def reorder_encoder_out(encoder_out: Dict[str, List[Tensor]], new_order: Tensor):
-    """Every tensor of every entry reordered along its batch dimension (``BATCH_DIM``, 1 for T x B x C
-    entries of unknown keys)."""
-    return {
-        key: [t.index_select(BATCH_DIM.get(key, 1), new_order) for t in tensors]
-        for key, tensors in encoder_out.items()
-    }

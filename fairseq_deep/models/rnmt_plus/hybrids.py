@@ -44,7 +44,8 @@ from fairseq.utils import safe_getattr
 from ..presets import fill_defaults, fix_option, set_default, transformer_big
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
-from .encoder import RNMTPlusEncoder, reorder_encoder_out
+from ...modules.reorder import reorder_encoder_out
+from .encoder import RNMTPlusEncoder
 from .model import build_embedding
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,6 @@ from torch import nn
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model
 
-from ..transformer_dlcl import DLCLConfig
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder
@@ -38,8 +37,6 @@ class RNMTPlusModel(FairseqEncoderDecoderModel):
     @classmethod
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, RNMTPlusConfig(), delete_default=True, with_prefix="")
-        # layer combination (Wang et al. 2019) over the LSTM layers: a flag, off by default
-        gen_parser_from_dataclass(parser, DLCLConfig(), delete_default=True, with_prefix="")
 
     @classmethod
     def build_model(cls, args, task):

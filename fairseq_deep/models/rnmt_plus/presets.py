@@ -15,7 +15,6 @@ residuals) is fixed, and a conflicting flag is an error that names it.  Optimisa
 
 from fairseq.models import register_model_architecture
 from ..presets import fill_defaults, fix_option, set_default
-from ..transformer_dlcl import DLCLConfig
 from .config import RNMTPlusConfig
 
 
@@ -24,9 +23,8 @@ def rnmt_plus_architecture(args):
     """RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads."""
     set_default(args, "dropout", RNMTPlusConfig.dropout)
     set_default(args, "attention_dropout", args.dropout)  # "all dropout types" share one rate
-    fill_defaults(args, RNMTPlusConfig())
     set_default(args, "dlcl_stacks", "none")  # RNMT+ as published; --dlcl-stacks adds DLCL
-    fill_defaults(args, DLCLConfig())
+    fill_defaults(args, RNMTPlusConfig())
 
 
 @register_model_architecture("rnmt_plus", "rnmt_plus_512")
