@@ -14,11 +14,9 @@ from typing import List
 
 from torch import Tensor
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
 from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
@@ -36,32 +34,20 @@ class TransformerAggConfig(AggregationConfig, MultiLayerAttentionConfig, Pretrai
     """Options of ``transformer_agg``: each technique's own, declared beside its reader."""
 
 
-def _wrap(layer, cfg):
-    """fairseq's activation checkpointing and FSDP wrapping of a layer (as its build_*_layer)."""
-    checkpoint = cfg.checkpoint_activations
-    if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
-
-
 class AggTransformerEncoder(HistoryTransformerEncoder):
     """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
 
     def __init__(self, cfg, dictionary, embed_tokens, history):
-        self.mla_k = mla_window(cfg, "encoder")
-        self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, history)
-        self.lower_window = self.mla_k - 1
+        self.lower_window = mla_window(cfg, "encoder") - 1
 
-    def build_encoder_layer(self, cfg):
-        idx, self._layers_built = self._layers_built, self._layers_built + 1
-        num_lower = min(self.mla_k, idx + 1) - 1
+    def build_layer(self, cfg, index, num_layers):
+        num_lower = min(mla_window(cfg, "encoder"), index + 1) - 1
         if num_lower == 0:
-            return super().build_encoder_layer(cfg)
-        layer = MultiLayerAttentionEncoderLayer(
+            return super().build_layer(cfg, index, num_layers)
+        return MultiLayerAttentionEncoderLayer(
             cfg, num_lower, node_factory(cfg, cfg.encoder.embed_dim, cfg.encoder.attention_heads),
             return_fc=self.return_fc)
-        return _wrap(layer, cfg)
 
     def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], **kwargs):
         if getattr(layer, "num_lower", 0):
@@ -73,20 +59,16 @@ class AggTransformerDecoder(HistoryTransformerDecoder):
     """The history stack with multi-layer self-attention in layers 2..L when --mla-layers > 1."""
 
     def __init__(self, cfg, dictionary, embed_tokens, history, no_encoder_attn=False):
-        self.mla_k = mla_window(cfg, "decoder")
-        self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, history, no_encoder_attn=no_encoder_attn)
-        self.lower_window = self.mla_k - 1
+        self.lower_window = mla_window(cfg, "decoder") - 1
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        idx, self._layers_built = self._layers_built, self._layers_built + 1
-        num_lower = min(self.mla_k, idx + 1) - 1
+    def build_layer(self, cfg, index, num_layers, no_encoder_attn=False):
+        num_lower = min(mla_window(cfg, "decoder"), index + 1) - 1
         if num_lower == 0:
-            return super().build_decoder_layer(cfg, no_encoder_attn)
-        layer = MultiLayerAttentionDecoderLayer(
+            return super().build_layer(cfg, index, num_layers, no_encoder_attn)
+        return MultiLayerAttentionDecoderLayer(
             cfg, num_lower, node_factory(cfg, cfg.decoder.embed_dim, cfg.decoder.attention_heads),
             no_encoder_attn=no_encoder_attn)
-        return _wrap(layer, cfg)
 
     def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], *args, **kwargs):
         if getattr(layer, "num_lower", 0):

@@ -5,6 +5,13 @@ Everything but the loop is fairseq's (`TransformerEncoderBase`, `TransformerDeco
 layer norm of pre-norm stacks, output projection, incremental state of the attention layers.
 The loop reads each layer's input from a :class:`~fairseq_deep.modules.LayerHistory` and pushes
 its output back; with the residual history it computes exactly what fairseq's loop computes.
+
+Layers are built by one depth-aware hook, ``build_layer(cfg, index, num_layers)``: fairseq's
+constructor calls ``build_encoder_layer(cfg)`` once per layer, bottom first, without saying which;
+the stacks here count the calls, hand the hook the layer's index (0-based) and the stack's depth,
+and wrap what it returns once for activation checkpointing and FSDP, as fairseq does.  A scheme
+whose layers depend on their depth (DeepNorm, DS-Init, Admin: a residual scale or an
+initialisation of layer l of N) overrides ``build_layer`` only.
 """
 
 from typing import Any, Dict, List, Optional
@@ -14,7 +21,10 @@ from torch import Tensor, nn
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..modules.layer_history import LayerHistory
 
@@ -42,6 +52,15 @@ class TechniqueTransformerModel(TransformerModel):
         return super().build_model(args, task)
 
 
+def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
+    """fairseq's activation checkpointing and FSDP wrapping of a built layer (as in its
+    ``build_encoder_layer``): a checkpointed layer is always FSDP-wrapped, whatever its size."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
 def _check_history(history: LayerHistory, layerdrop: float, side: str):
     if layerdrop > 0 and history.indexed_by_depth:
         raise ValueError(
@@ -59,12 +78,23 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
     """Transformer encoder whose layer l+1 reads ``history.next_input()`` (Wang et al. Eq. 7)."""
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory):
+        self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
         super().__init__(cfg, dictionary, embed_tokens)
         _check_history(history, self.encoder_layerdrop, "encoder")
         self.history = history
         if _takes_over_post_norm(history, cfg.encoder.normalize_before):
             for layer in self.layers:
                 layer.final_layer_norm = nn.Identity()
+
+    def build_encoder_layer(self, cfg):
+        """fairseq's hook, called once per layer: builds layer ``index`` of N and wraps it."""
+        index, self._layers_built = self._layers_built, self._layers_built + 1
+        return wrap_layer(self.build_layer(cfg, index, cfg.encoder.layers), cfg)
+
+    def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
+        """Layer ``index`` (0-based, bottom first) of a stack of ``num_layers``, unwrapped:
+        fairseq's layer here; override to make a layer that depends on its depth."""
+        return TransformerEncoderLayerBase(cfg, return_fc=self.return_fc)
 
     #: how many inputs of lower layers the loop hands to `forward_layer` (multi-layer attention)
     lower_window = 0
@@ -123,6 +153,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
     """
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory, no_encoder_attn=False):
+        self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _check_history(history, self.decoder_layerdrop, "decoder")
         self.history = history
@@ -149,6 +180,16 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         return self.dropout_module(x).transpose(0, 1)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        """fairseq's hook, called once per layer: builds layer ``index`` of N and wraps it."""
+        index, self._layers_built = self._layers_built, self._layers_built + 1
+        return wrap_layer(self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn), cfg)
+
+    def build_layer(self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False) -> nn.Module:
+        """Decoder layer ``index`` (0-based, bottom first) of ``num_layers``, unwrapped (as the
+        encoder's hook)."""
+        return TransformerDecoderLayerBase(cfg, no_encoder_attn)
 
     #: how many inputs of lower layers the loop hands to `forward_layer` (multi-layer attention)
     lower_window = 0

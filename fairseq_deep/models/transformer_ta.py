@@ -21,12 +21,10 @@ from typing import Dict, List, Optional
 
 from torch import Tensor
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
@@ -70,22 +68,17 @@ class TransparentTransformerEncoder(HistoryTransformerEncoder):
     its mass on y_N is exactly the plain model's ``encoder_out``.
     """
 
-    def __init__(self, cfg, dictionary, embed_tokens, readout: Optional[TransparentReadout],
-                 residual: bool = True):
-        self.encoder_residual = residual  # read by build_encoder_layer, during super().__init__
+    def __init__(self, cfg, dictionary, embed_tokens, readout: Optional[TransparentReadout]):
         super().__init__(cfg, dictionary, embed_tokens, LayerHistory(cfg.encoder.layers))
         if readout is not None and self.encoder_layerdrop > 0:
             raise ValueError("--encoder-layerdrop skips layers, which would shift the rows of the "
                              "transparent attention weights: set --encoder-layerdrop 0 (or --ta-disable)")
         self.transparent_attention = readout
 
-    def build_encoder_layer(self, cfg):
-        if self.encoder_residual:
-            return super().build_encoder_layer(cfg)
-        layer = NoResidualEncoderLayer(cfg, return_fc=self.return_fc)
-        if cfg.checkpoint_activations:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+    def build_layer(self, cfg, index, num_layers):
+        if not cfg.encoder_no_residual:
+            return super().build_layer(cfg, index, num_layers)
+        return NoResidualEncoderLayer(cfg, return_fc=self.return_fc)
 
     def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
                            return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
@@ -146,8 +139,7 @@ class TransformerTAModel(TechniqueTransformerModel):
         readout = None
         if not cfg.ta_disable:
             readout = TransparentReadout.from_options(cfg, cfg.encoder.layers + 1, cfg.decoder.layers)
-        return TransparentTransformerEncoder(cfg, src_dict, embed_tokens, readout,
-                                             residual=not cfg.encoder_no_residual)
+        return TransparentTransformerEncoder(cfg, src_dict, embed_tokens, readout)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
