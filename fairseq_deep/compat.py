@@ -14,7 +14,19 @@
    ``device_ids`` to torch DDP, which rejects them for CPU modules.  Each fix applies only where
    no GPU exists (where fairseq would fail or silently run independent copies).
 
-Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs.
+5. Mixed precision: ``--bf16`` on a GPU (or CPU) instead of a TPU (fairseq 0.12 sets ``--tpu``
+   whenever ``--bf16`` is given; without torch_xla installed that can only be a mistake, so the
+   TPU flag is dropped), decoding in bfloat16 (fairseq-generate/-interactive and the hub interface
+   cast to half for ``--fp16`` only), ``--fp16`` with an optimizer that needs its parameter groups
+   (``--optimizer deep_att``: flat float32 master weights would merge them, so fairseq's
+   ``--fp16-no-flatten-grads`` is set for it) and ``--fp16`` on a machine without GPU (fairseq's
+   flat master weights are allocated on ``torch.cuda.current_device()``), and a clear error for
+   ``--memory-efficient-fp16`` with an optimizer that does not support it.  And ``--fp16`` on CPU
+   (slow, but what CI can run): flat master weights and fairseq's gradient-overflow handling
+   assume CUDA; on a machine without it they work on CPU.
+
+Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs,
+except that ``--bf16`` works there.
 """
 
 import argparse
@@ -218,6 +230,82 @@ def _ddp_for_cpu_modules(ddp_class):
     return DistributedDataParallel
 
 
+# -- 5. mixed precision -----------------------------------------------------------------------------
+
+
+def _has_torch_xla() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def call_main_bf16(cfg, main, **kwargs):
+    """fairseq's ``call_main``, after taking back the ``--tpu`` that ``--bf16`` implied where no
+    TPU runtime (torch_xla) is installed."""
+    common = cfg.common
+    if getattr(common, "bf16", False) and getattr(common, "tpu", False) and not _has_torch_xla():
+        logger.info("--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
+                    "CPU" if common.cpu or _no_gpu() else "the GPU")
+        common.tpu = False
+    return _fairseq_call_main(cfg, main, **kwargs)
+
+
+def prepare_for_inference_bf16(self, cfg, *args, **kwargs):
+    """fairseq's ``prepare_for_inference_``, then a cast to bfloat16 under ``--bf16`` (fairseq
+    casts to half under ``--fp16`` itself and ignores ``--bf16`` when decoding)."""
+    _fairseq_prepare_for_inference(self, cfg, *args, **kwargs)
+    common = getattr(cfg, "common", None)
+    if common is not None and getattr(common, "bf16", False) and not getattr(common, "fp16", False):
+        self.to(dtype=torch.bfloat16)
+
+
+def fp16_build_optimizer(cls, cfg, params, **kwargs):
+    """``FP16Optimizer.build_optimizer`` with float32 master weights per parameter (not one flat
+    buffer) where flat ones cannot work: without a GPU, and for an optimizer that needs its
+    parameter groups (fairseq would stop and ask for ``--fp16-no-flatten-grads``)."""
+    common = cfg.common
+    if not getattr(common, "fp16_no_flatten_grads", False) and not getattr(common, "bf16", False):
+        from fairseq.optim import OPTIMIZER_REGISTRY
+
+        name = getattr(cfg.optimizer, "_name", None)
+        needs_groups = getattr(OPTIMIZER_REGISTRY.get(name), "needs_param_groups", False)
+        if needs_groups or _no_gpu():
+            logger.info("--fp16: float32 master weights per parameter (--fp16-no-flatten-grads) %s",
+                        f"for --optimizer {name}, which keeps parameter groups" if needs_groups
+                        else "since there is no GPU")
+            common.fp16_no_flatten_grads = True
+    return _fairseq_fp16_build_optimizer.__func__(cls, cfg, params, **kwargs)
+
+
+def trainer_train_step_cpu_fp16(self, *args, **kwargs):
+    """fairseq's ``Trainer.train_step``; on a machine without CUDA, under ``--fp16``, its handling of
+    a gradient overflow (skip the update, halve the loss scale) works as on a GPU instead of
+    failing at ``torch.tensor(0.0).cuda()``: ``Tensor.cuda`` is the identity meanwhile, which
+    changes nothing else where no CUDA exists (it could only raise)."""
+    if torch.cuda.is_available() or not (self.cfg.common.fp16 or self.cfg.common.bf16):
+        return _fairseq_trainer_train_step(self, *args, **kwargs)
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda tensor, *a, **k: tensor
+    try:
+        return _fairseq_trainer_train_step(self, *args, **kwargs)
+    finally:
+        torch.Tensor.cuda = cuda
+
+
+def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
+    """``MemoryEfficientFP16Optimizer.build_optimizer`` with an error that names the alternative."""
+    try:
+        return _fairseq_mefp16_build_optimizer.__func__(cls, cfg, params, **kwargs)
+    except ValueError as e:
+        if "Unsupported optimizer" not in str(e):
+            raise
+        name = getattr(cfg.optimizer, "_name", "?")
+        raise ValueError(
+            f"--memory-efficient-fp16 needs an optimizer that keeps float32 state for float16 "
+            f"parameters; --optimizer {name} does not. Use --fp16 (float32 master weights) or "
+            f"--amp instead.") from None
+
+
 # -- apply -----------------------------------------------------------------------------------------
 
 _fairseq_batch_by_size = data_utils.batch_by_size
@@ -226,9 +314,12 @@ _fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
 
 def apply():
     global _fairseq_trainer_load_checkpoint, _fairseq_infer_init_method, _fairseq_torch_launch_init
+    global _fairseq_call_main, _fairseq_prepare_for_inference, _fairseq_fp16_build_optimizer
+    global _fairseq_mefp16_build_optimizer, _fairseq_trainer_train_step
     from fairseq import trainer
     from fairseq.distributed import utils as distributed_utils
-    from fairseq.models import distributed_fairseq_model
+    from fairseq.models import BaseFairseqModel, distributed_fairseq_model
+    from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 
     allow_fairseq_checkpoints()
     if data_utils.batch_by_size is not batch_by_size_all:
@@ -244,6 +335,23 @@ def apply():
     if distributed_utils._infer_torch_distributed_launch_init is not torch_launch_init_cpu:
         _fairseq_torch_launch_init = distributed_utils._infer_torch_distributed_launch_init
         distributed_utils._infer_torch_distributed_launch_init = torch_launch_init_cpu
+    if trainer.Trainer.train_step is not trainer_train_step_cpu_fp16:
+        _fairseq_trainer_train_step = trainer.Trainer.train_step
+        trainer.Trainer.train_step = trainer_train_step_cpu_fp16
+    if distributed_utils.call_main is not call_main_bf16:
+        _fairseq_call_main = distributed_utils.call_main
+        distributed_utils.call_main = call_main_bf16
+    if BaseFairseqModel.prepare_for_inference_ is not prepare_for_inference_bf16:
+        _fairseq_prepare_for_inference = BaseFairseqModel.prepare_for_inference_
+        BaseFairseqModel.prepare_for_inference_ = prepare_for_inference_bf16
+    if not getattr(FP16Optimizer.build_optimizer, "_fairseq_deep", False):
+        _fairseq_fp16_build_optimizer = FP16Optimizer.build_optimizer
+        FP16Optimizer.build_optimizer = classmethod(fp16_build_optimizer)
+        FP16Optimizer.build_optimizer.__func__._fairseq_deep = True
+    if not getattr(MemoryEfficientFP16Optimizer.build_optimizer, "_fairseq_deep", False):
+        _fairseq_mefp16_build_optimizer = MemoryEfficientFP16Optimizer.build_optimizer
+        MemoryEfficientFP16Optimizer.build_optimizer = classmethod(memory_efficient_fp16_build_optimizer)
+        MemoryEfficientFP16Optimizer.build_optimizer.__func__._fairseq_deep = True
     if not getattr(distributed_fairseq_model.DistributedDataParallel, "_fairseq_deep_cpu", False):
         ddp = _ddp_for_cpu_modules(distributed_fairseq_model.DistributedDataParallel)
         ddp._fairseq_deep_cpu = True

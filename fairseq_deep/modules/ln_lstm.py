@@ -19,6 +19,10 @@ weight gradients of all steps at once (dU: one matmul over T*B rows; d gamma, d 
 instead of autograd's ~20 graph nodes and a small dU matmul per step.  Inference (no gradient)
 runs the plain loop, which saves nothing.
 
+Precision: in float16 or bfloat16 (``--fp16``, ``--bf16``) and under autocast (``--amp``) the
+recurrence runs in float32 (:func:`recurrence`): W x_t and the layer's other matmuls outside the
+loop keep the model's precision.
+
 Padding: a padded position leaves (h, c) unchanged and outputs zeros, so a left- or right-padded
 sentence gives exactly the states of the unpadded one, in both directions.
 """
@@ -220,7 +224,8 @@ else:  # pragma: no cover - older torch
 
 class LNLSTMRecurrence(torch.autograd.Function):
     """``ln_lstm_recurrence`` with a hand-written backward through time (same arguments and
-    results).  Under CUDA autocast (``--amp``) the loop runs in float32, as the layer norm would."""
+    results), for inputs of one dtype; :func:`recurrence` runs it in float32 for reduced-precision
+    inputs.  Under CUDA autocast (``--amp``) the loop runs in float32, as the layer norm would."""
 
     @staticmethod
     @_custom_fwd
@@ -246,14 +251,48 @@ class LNLSTMRecurrence(torch.autograd.Function):
         return das.transpose(0, 1), dh0, dc0, d_w_hh, d_gamma, d_beta, None, None, None, None
 
 
-def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-               pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
-               eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """The time loop: through ``LNLSTMRecurrence`` when a gradient is wanted, else the plain loop."""
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def _loop(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
+          pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
+          eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     if torch.is_grad_enabled() and any(
             t.requires_grad for t in (xw, h, c, w_hh, gamma, beta)):
         return LNLSTMRecurrence.apply(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
     return ln_lstm_recurrence(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
+
+
+def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
+               pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
+               eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """The time loop: through ``LNLSTMRecurrence`` when a gradient is wanted, else the plain loop.
+
+    Mixed precision: with a float16/bfloat16 input (``--fp16``, ``--bf16``) or under autocast
+    (``--amp``), the loop runs in float32 with autocast off: the layer-norm statistics, the gates
+    and the cell state c_t, which accumulates over all steps, never round to 16 bits, and the
+    saved state of the hand-written backward has one dtype on every device (CUDA's layer norm
+    returns float32 statistics for half input, which the backward's matmul then refused).  The
+    casts are autograd's own, so the gradients come back in each input's dtype.  Outputs return
+    in the input's dtype, or in float32 under autocast (as autocast's float32 ops do).  Float32
+    and float64 inputs run as they are."""
+    tensors = (xw, h, c, w_hh, gamma, beta)
+    device_type = xw.device.type
+    autocast = _autocast_enabled(device_type)
+    if not autocast and all(t.dtype not in _REDUCED for t in tensors):
+        return _loop(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
+    with torch.autocast(device_type=device_type, enabled=False):
+        out, h_n, c_n = _loop(*(t.float() for t in tensors), pad, cell_clip, output_tanh, eps)
+    if autocast:
+        return out, h_n, c_n
+    return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
 
 
 class LayerNormLSTM(nn.Module):

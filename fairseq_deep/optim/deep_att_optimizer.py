@@ -65,6 +65,10 @@ def group_of(param) -> str:
 
 @register_optimizer("deep_att", dataclass=DeepAttOptimizerConfig)
 class DeepAttOptimizer(FairseqOptimizer):
+    # Under --fp16 the float32 master weights must stay one tensor per parameter (fairseq's
+    # --fp16-no-flatten-grads), which fairseq_deep.compat sets for an optimizer that says so.
+    needs_param_groups = True
+
     def __init__(self, cfg: DeepAttOptimizerConfig, params):
         super().__init__(cfg)
         base_lr = float(cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr)

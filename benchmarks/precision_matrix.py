@@ -1,0 +1,244 @@
+"""Every model family through the real fairseq-train and fairseq-generate, in each precision.
+
+For each family and precision: train ``--updates`` updates (``python -m fairseq_cli.train ...
+--user-dir fairseq_deep`` with the precision's flag), then decode the test set with
+``fairseq_cli.generate`` in the same precision, and print one markdown table (precision x family:
+trained?, last training loss, final loss scale, test sentences decoded / in the test set, the
+error that stopped a run).  Numbers go to ``WORK_DIR/results.json`` too.
+
+Precisions: ``fp32``; ``fp16`` (fairseq's FP16Optimizer: the model in half, float32 master
+weights, dynamic loss scale); ``memory_efficient_fp16``; ``amp`` (autocast + GradScaler; CUDA
+only: on CPU fairseq's ``--amp`` is float32, so the script skips it there); ``bf16`` (the model
+in bfloat16, float32 master weights, no loss scale; fairseq_deep's compat shim stops ``--bf16``
+from implying ``--tpu``).  Decoding uses ``--fp16`` for fp16, memory_efficient_fp16 and amp,
+``--bf16`` for bf16.
+
+    # on a GPU, the papers' widths (the table of issue 12), binarized Multi30k or any other data:
+    python benchmarks/precision_matrix.py --data DATA_BIN --scale paper --updates 1000
+    # on CPU, tiny models (what tests/test_precision.py runs on generated data):
+    python benchmarks/precision_matrix.py --data DATA_BIN --scale tiny --updates 3 --device cpu \\
+        --precisions fp16 bf16 --jobs 2
+
+``--scale paper`` uses each family's named architecture at its paper width (transformer_dlcl_30l,
+transformer_ta_16l, rnmt_plus_512, deep_att_ff_5x3, ...); ``--scale tiny`` the depth-free
+architecture at width 16 with 2-3 layers.  ``--families`` picks some of them.
+"""
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLUGIN = os.path.join(ROOT, "fairseq_deep")
+
+PRECISIONS = {  # training flags, decoding flags
+    "fp32": ([], []),
+    "fp16": (["--fp16"], ["--fp16"]),
+    "memory_efficient_fp16": (["--memory-efficient-fp16"], ["--fp16"]),
+    "amp": (["--amp"], ["--fp16"]),
+    "bf16": (["--bf16"], ["--bf16"]),
+}
+
+_TRANSFORMER_TINY = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers", "3", "--decoder-layers", "2",
+]
+_RNMT_TINY = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
+    "--decoder-hidden-size", "32", "--encoder-layers", "2", "--decoder-layers", "2",
+]
+_HYBRID_TINY = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-hidden-size", "8", "--decoder-hidden-size", "16", "--encoder-layers", "2",
+    "--decoder-layers", "2", "--rnmt-encoder-layers", "2",
+]
+_DEEP_ATT_TINY = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
+    "--decoder-hidden-size", "16", "--encoder-layers", "2", "--decoder-layers", "2",
+]
+_DIVERSITY = ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1"]
+_RNMT_TRAINING = ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "20",
+                  "--criterion", "sentence_cross_entropy"]
+
+# name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags of both,
+#        training flags of both)
+FAMILIES = {
+    "transformer_dlcl": ("transformer_dlcl_30l", "transformer_dlcl", _TRANSFORMER_TINY, [], []),
+    "transformer_dlcl_postnorm": ("transformer_dlcl_postnorm_30l", "transformer_dlcl_postnorm",
+                                  _TRANSFORMER_TINY, [], []),
+    "transformer_prenorm": ("transformer_prenorm_30l", "transformer_prenorm", _TRANSFORMER_TINY, [], []),
+    "transformer_ta": ("transformer_ta_16l", "transformer_ta", _TRANSFORMER_TINY, [], []),
+    "transformer_hier_agg+div": ("transformer_hier_agg", "transformer_hier_agg", _TRANSFORMER_TINY, [],
+                                 _DIVERSITY),
+    "transformer_dense": ("transformer_dense", "transformer_dense", _TRANSFORMER_TINY, [], []),
+    "transformer_mla3": ("transformer_mla3", "transformer_mla3", _TRANSFORMER_TINY, [], []),
+    "rnmt_plus+clip+sent_ce": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, [], _RNMT_TRAINING),
+    "rnmt_plus_ta": ("rnmt_plus_512_ta", "rnmt_plus", _RNMT_TINY, ["--rnmt-transparent"], []),
+    "rnmt_plus_dlcl": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, ["--dlcl-stacks", "both"], []),
+    "hybrid_transformer_rnmt": ("hybrid_transformer_rnmt", "hybrid_transformer_rnmt", _HYBRID_TINY, [], []),
+    "hybrid_rnmt_transformer": ("hybrid_rnmt_transformer", "hybrid_rnmt_transformer", _HYBRID_TINY, [], []),
+    "hybrid_cascaded": ("hybrid_cascaded", "hybrid_cascaded", _HYBRID_TINY, [], []),
+    "hybrid_multicolumn": ("hybrid_multicolumn", "hybrid_multicolumn", _HYBRID_TINY, [], []),
+    "deep_att_ff+deep_att_optim": ("deep_att_ff_5x3", "deep_att_ff", _DEEP_ATT_TINY, [],
+                                   ["--optimizer", "deep_att", "--lr-recurrent", "5e-4"]),
+    "deep_ed_ff": ("deep_ed_ff", "deep_ed_ff", _DEEP_ATT_TINY, [], []),
+}
+
+
+def data_languages(data):
+    """(source, target, test set size) of a fairseq-preprocess folder."""
+    idx = sorted(glob.glob(os.path.join(data, "test.*-*.*.idx")))
+    if not idx:
+        raise SystemExit(f"{data}: no binarized test set (test.SRC-TGT.SRC.idx); run fairseq-preprocess "
+                         "with --testpref")
+    pair, lang = os.path.basename(idx[0]).split(".")[1:3]
+    src, tgt = pair.split("-")
+    from fairseq.data import indexed_dataset
+
+    return src, tgt, len(indexed_dataset.MMapIndexedDataset(os.path.join(data, f"test.{pair}.{src}")))
+
+
+def train_command(args, family, precision, save_dir):
+    paper_arch, tiny_arch, tiny_flags, model_flags, flags = FAMILIES[family]
+    arch, sizes = (paper_arch, []) if args.scale == "paper" else (tiny_arch, tiny_flags)
+    cmd = [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
+           *sizes, "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates),
+           "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
+           "--dropout", "0.1", "--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json",
+           "--log-interval", str(args.log_interval), "--disable-validation", *PRECISIONS[precision][0]]
+    if "--optimizer" not in flags:
+        cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
+    if "--criterion" not in flags:
+        cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+    if args.device == "cpu":
+        cmd.append("--cpu")
+    return cmd + model_flags + flags + args.train_args
+
+
+def generate_command(args, precision, checkpoint):
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
+           "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
+           "--batch-size", str(args.batch_size), *PRECISIONS[precision][1]]
+    return cmd + (["--cpu"] if args.device == "cpu" else [])
+
+
+def last_error(text):
+    lines = [ln for ln in text.splitlines() if re.match(r"^\w*(Error|Exception)\b|^\w+\.\w*Error", ln)]
+    return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "")[:200]
+
+
+def run_one(args, family, precision, n_test):
+    """Train and decode one (family, precision); a dict of what was seen."""
+    row = {"family": family, "precision": precision}
+    if precision == "amp" and args.device == "cpu":
+        return {**row, "trained": None, "note": "n/a on CPU (fairseq's --amp is CUDA autocast)"}
+    out = os.path.join(args.work_dir, f"{family}.{precision}")
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    if args.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    t0 = time.time()
+    train = subprocess.run(train_command(args, family, precision, out), capture_output=True, text=True,
+                           env=env)
+    row["train_s"] = round(time.time() - t0, 1)
+    with open(os.path.join(out, "train.log"), "w") as f:
+        f.write(train.stdout + train.stderr)
+    stats = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", train.stdout + train.stderr)]
+    row["trained"] = train.returncode == 0
+    if stats:
+        row["last_loss"] = float(stats[-1]["loss"])
+        row["updates"] = int(stats[-1]["num_updates"])
+        if "loss_scale" in stats[-1]:
+            row["loss_scale"] = float(stats[-1]["loss_scale"])
+    if train.returncode != 0:
+        row["error"] = last_error(train.stderr or train.stdout)
+        return row
+    checkpoint = os.path.join(out, "checkpoint_last.pt")
+    gen = subprocess.run(generate_command(args, precision, checkpoint), capture_output=True, text=True,
+                         env=env)
+    with open(os.path.join(out, "generate.log"), "w") as f:
+        f.write(gen.stdout + gen.stderr)
+    row["decoded"] = len(re.findall(r"^H-\d+\t", gen.stdout, re.M))
+    row["test_size"] = n_test
+    if gen.returncode != 0:
+        row["error"] = "generate: " + last_error(gen.stderr or gen.stdout)
+    return row
+
+
+def run_matrix(args):
+    _, _, n_test = data_languages(args.data)
+    os.makedirs(args.work_dir, exist_ok=True)
+    jobs = [(f, p) for p in args.precisions for f in args.families]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(lambda fp: run_one(args, fp[0], fp[1], n_test), jobs))
+    with open(os.path.join(args.work_dir, "results.json"), "w") as f:
+        json.dump({"scale": args.scale, "device": args.device, "updates": args.updates, "rows": rows}, f,
+                  indent=1)
+    return rows
+
+
+def table(rows):
+    lines = ["| precision | family | trained | last loss | loss scale | decoded | note |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        trained = {True: "yes", False: "**no**", None: "-"}[r.get("trained")]
+        decoded = f"{r['decoded']} / {r['test_size']}" if "decoded" in r else "-"
+        loss = f"{r['last_loss']:.3f}" if "last_loss" in r else "-"
+        scale = f"{r['loss_scale']:g}" if "loss_scale" in r else "-"
+        note = r.get("error") or r.get("note") or ""
+        lines.append(f"| {r['precision']} | {r['family']} | {trained} | {loss} | {scale} | {decoded} | {note} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    try:
+        import torch
+
+        default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # pragma: no cover
+        default_device = "cpu"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="fairseq-preprocess output folder with train and test")
+    p.add_argument("--work-dir", default=os.path.join("bench_runs", "precision_matrix"))
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--precisions", nargs="+", default=["fp16", "memory_efficient_fp16", "amp", "bf16"],
+                   choices=list(PRECISIONS))
+    p.add_argument("--scale", choices=["paper", "tiny"], default="paper")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=default_device)
+    p.add_argument("--updates", type=int, default=40)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=400)
+    p.add_argument("--log-interval", type=int, default=10)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
+                   help="everything after this goes to every fairseq-train as it is")
+    args = p.parse_args(argv)
+    args.log_interval = min(args.log_interval, args.updates)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows = run_matrix(args)
+    print(f"{args.scale} scale, {args.device}, {args.updates} updates of {args.max_tokens} tokens, "
+          f"data {args.data}\n")
+    print(table(rows))
+    return 0 if all(r.get("trained") in (True, None) and r.get("decoded", 0) == r.get("test_size", 0)
+                    for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
