@@ -5,10 +5,17 @@ states (a depth, a column count, an encoder kind) it owns, and a conflicting fla
 error that names the option and the fix (a silently ignored flag would be worse).
 """
 
+import argparse
 import re
-from typing import Optional
+from typing import Callable, Dict, Optional, Tuple
 
+from fairseq.models import register_model_architecture
+from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wmt_en_de_big
 from fairseq.utils import safe_getattr
+
+#: pre-norm layers (tensor2tensor's, and Chen et al.'s Transformer): what fairseq's
+#: ``transformer_wmt_en_de_big_t2t`` sets besides the Big sizes and two dropouts
+PRENORM = {"encoder_normalize_before": True, "decoder_normalize_before": True}
 
 
 def set_default(args, name: str, value):
@@ -16,13 +23,22 @@ def set_default(args, name: str, value):
     setattr(args, name, safe_getattr(args, name, value))
 
 
-def transformer_big(args, ffn_dim: int = 4096):
-    """Transformer Big (Vaswani et al. 2017): model 1024, 16 heads, FFN ``ffn_dim``, dropout 0.3."""
-    for side in ("encoder", "decoder"):
-        set_default(args, f"{side}_embed_dim", 1024)
-        set_default(args, f"{side}_ffn_embed_dim", ffn_dim)
-        set_default(args, f"{side}_attention_heads", 16)
-    set_default(args, "dropout", 0.3)
+_BIG_SIZES = ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
+              "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "dropout")
+
+
+def transformer_big(args, ffn_dim: Optional[int] = None):
+    """The sizes of Transformer Big (Vaswani et al. 2017) as fairseq's own preset
+    ``transformer_vaswani_wmt_en_de_big`` states them (model 1024, 16 heads, FFN 4096, dropout
+    0.3), FFN ``ffn_dim`` when given, for a model that is not fairseq's Transformer (the hybrids).
+    A Transformer chains to fairseq's preset itself (its ``parent``)."""
+    if ffn_dim is not None:
+        set_default(args, "encoder_ffn_embed_dim", ffn_dim)
+        set_default(args, "decoder_ffn_embed_dim", ffn_dim)
+    big = argparse.Namespace()
+    transformer_vaswani_wmt_en_de_big(big)
+    for name in _BIG_SIZES:
+        set_default(args, name, getattr(big, name))
 
 
 def fill_defaults(args, config):
@@ -55,3 +71,32 @@ def fix_depth(arch: str, args, encoder_layers: int, decoder_layers: Optional[int
         set_default(args, "decoder_layers", 6)
     else:
         fix_option(arch, args, "decoder_layers", decoder_layers, family, f"{decoder_layers} decoder layers")
+
+
+def register_preset(model: str, name: str, doc: str, parent: Optional[Callable] = None,
+                    fixed: Optional[Dict] = None, defaults: Optional[Dict] = None,
+                    depth: Optional[Tuple[int, Optional[int]]] = None, instead: Optional[str] = None):
+    """Register ``--arch name`` of ``model``: a preset that owns ``depth`` (encoder layers, and
+    decoder layers unless None: :func:`fix_depth`) and the options of ``fixed`` (a conflicting
+    flag stops and points to ``--arch instead``, by default ``model``), fills ``defaults``, then
+    chains to ``parent`` (a preset of this package or fairseq's), which fills the rest."""
+
+    def preset(args):
+        if depth is not None:
+            fix_depth(name, args, *depth)
+        for key, value in (fixed or {}).items():
+            fix_option(name, args, key, value, instead or model)
+        for key, value in (defaults or {}).items():
+            set_default(args, key, value)
+        if parent is not None:
+            parent(args)
+
+    preset.__doc__ = doc
+    preset.__name__ = name
+    register_model_architecture(model, name)(preset)
+    return preset
+
+
+def first_line(fn: Callable) -> str:
+    """The first line of a preset's docstring, without its full stop (to name a derived preset)."""
+    return fn.__doc__.splitlines()[0].rstrip(".")

@@ -17,6 +17,7 @@ from torch import Tensor
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
+from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wmt_en_de_big
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
 from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
@@ -26,7 +27,7 @@ from ..modules.multi_layer_attention import (
     MultiLayerAttentionEncoderLayer,
     mla_window,
 )
-from .presets import fill_defaults, set_default, transformer_big
+from .presets import fill_defaults, register_preset
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 @dataclass
@@ -111,16 +112,10 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _agg_defaults(args, **values):
-    for name, value in values.items():
-        set_default(args, name, value)
-    fill_defaults(args, TransformerAggConfig())
-
-
 @register_model_architecture("transformer_agg", "transformer_agg")
 def agg_base_architecture(args):
     """Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off."""
-    _agg_defaults(args)
+    fill_defaults(args, TransformerAggConfig())
     fairseq_transformer_base(args)
 
 
@@ -135,18 +130,15 @@ PRESETS = {  # name: (Table 1 row, option defaults)
 }
 
 
-def _register(name: str, row: int, values, big: bool):
-    def preset(args):
-        if big:
-            transformer_big(args)
-        _agg_defaults(args, **values)
-        fairseq_transformer_base(args)
-
-    size = "Big" if big else "Base"
-    preset.__doc__ = f"Dou et al. (2018) Table 1 row {row}, Transformer-{size}: {values or 'baseline'}."
-    register_model_architecture("transformer_agg", name)(preset)
+def agg_big_architecture(args):
+    """Transformer-Big (Table 2) in the aggregation stack: fairseq's Big preset, every technique off."""
+    fill_defaults(args, TransformerAggConfig())
+    transformer_vaswani_wmt_en_de_big(args)
 
 
 for _name, (_row, _values) in PRESETS.items():
-    _register(_name, _row, _values, big=False)
-    _register(f"{_name}_big", _row, _values, big=True)  # Table 2: Big
+    for _suffix, _parent in (("", agg_base_architecture), ("_big", agg_big_architecture)):  # Table 2: Big
+        register_preset(
+            "transformer_agg", _name + _suffix,
+            f"Dou et al. (2018) Table 1 row {_row}, Transformer-{'Big' if _suffix else 'Base'}: "
+            f"{_values or 'baseline'}.", _parent, defaults=_values)

@@ -9,9 +9,10 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
+from fairseq.models.transformer.transformer_legacy import transformer_wmt_en_de_big_t2t
 
 from ..modules.layer_history import DLCLConfig, build_dlcl
-from .presets import fill_defaults, fix_depth, set_default, transformer_big
+from .presets import PRENORM, fill_defaults, first_line, register_preset, set_default
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 
@@ -51,11 +52,10 @@ def _dlcl_defaults(args, stacks="both"):
 
 
 def _prenorm(args):
-    """Pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2)."""
-    set_default(args, "encoder_normalize_before", True)
-    set_default(args, "decoder_normalize_before", True)
-    set_default(args, "attention_dropout", 0.1)
-    set_default(args, "activation_dropout", 0.1)
+    """Pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2): fairseq's
+    ``transformer_wmt_en_de_big_t2t`` without the Big sizes."""
+    for name, value in {**PRENORM, "attention_dropout": 0.1, "activation_dropout": 0.1}.items():
+        set_default(args, name, value)
 
 
 @register_model_architecture("transformer_dlcl", "transformer_dlcl")
@@ -77,15 +77,9 @@ def dlcl_postnorm_architecture(args):
 
 @register_model_architecture("transformer_dlcl", "transformer_dlcl_big")
 def dlcl_big_architecture(args):
-    transformer_big(args)
-    dlcl_base_architecture(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_dlcl_big_12l")
-def dlcl_big_12l_architecture(args):
-    """Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL)."""
-    fix_depth("transformer_dlcl_big_12l", args, 12)
-    dlcl_big_architecture(args)
+    """Pre-norm DLCL (Big): fairseq's pre-norm Transformer Big (``transformer_wmt_en_de_big_t2t``)."""
+    _dlcl_defaults(args)
+    transformer_wmt_en_de_big_t2t(args)
 
 
 @register_model_architecture("transformer_dlcl", "transformer_prenorm")
@@ -97,8 +91,9 @@ def prenorm_architecture(args):
 
 @register_model_architecture("transformer_dlcl", "transformer_prenorm_big")
 def prenorm_big_architecture(args):
-    transformer_big(args)
-    prenorm_architecture(args)
+    """Plain pre-norm Transformer Big: DLCL off."""
+    _dlcl_defaults(args, stacks="none")
+    dlcl_big_architecture(args)
 
 
 @register_model_architecture("transformer_dlcl", "transformer_postnorm")
@@ -108,18 +103,15 @@ def postnorm_architecture(args):
     dlcl_postnorm_architecture(args)
 
 
-def _register_depth(name: str, depth: int, parent):
-    def preset(args):
-        fix_depth(name, args, depth)
-        parent(args)
-
-    preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."
-    register_model_architecture("transformer_dlcl", name)(preset)
-
-
-# Table 1 / Table 2 / Figure 3 of Wang et al.: encoders of 16-30 layers over a 6-layer decoder.
+# Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).
+register_preset("transformer_dlcl", "transformer_dlcl_big_12l",
+                "Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).",
+                dlcl_big_architecture, depth=(12, None))
+# Table 1 / Table 2 / Figure 3 of Wang et al.: encoders of 12-30 layers over a 6-layer decoder.
 for _depth in (12, 16, 20, 25, 30):
-    _register_depth(f"transformer_dlcl_{_depth}l", _depth, dlcl_base_architecture)
-    _register_depth(f"transformer_dlcl_postnorm_{_depth}l", _depth, dlcl_postnorm_architecture)
-    _register_depth(f"transformer_prenorm_{_depth}l", _depth, prenorm_architecture)
-    _register_depth(f"transformer_postnorm_{_depth}l", _depth, postnorm_architecture)
+    for _name, _parent in (("transformer_dlcl", dlcl_base_architecture),
+                           ("transformer_dlcl_postnorm", dlcl_postnorm_architecture),
+                           ("transformer_prenorm", prenorm_architecture),
+                           ("transformer_postnorm", postnorm_architecture)):
+        register_preset("transformer_dlcl", f"{_name}_{_depth}l",
+                        f"{first_line(_parent)}, with a {_depth}-layer encoder.", _parent, depth=(_depth, None))

@@ -29,7 +29,7 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
 from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
-from .presets import fill_defaults, fix_depth, set_default
+from .presets import PRENORM, fill_defaults, first_line, register_preset, set_default
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 MEMORY_KEY = "transparent_memory"
@@ -190,22 +190,15 @@ def ta_nores_architecture(args):
 def ta_prenorm_architecture(args):
     """Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize,
     transform, dropout, residual-add; the final encoder norm applies to each memory)."""
-    set_default(args, "encoder_normalize_before", True)
-    set_default(args, "decoder_normalize_before", True)
+    for name, value in PRENORM.items():
+        set_default(args, name, value)
     ta_base_architecture(args)
-
-
-def _register_depth(name: str, depth: int, parent):
-    def preset(args):
-        fix_depth(name, args, depth, decoder_layers=6)
-        parent(args)
-
-    preset.__doc__ = f"{parent.__doc__.splitlines()[0].rstrip('.')}, with a {depth}-layer encoder."
-    register_model_architecture("transformer_ta", name)(preset)
 
 
 # Tables 1-2 of Bapna et al.: 12, 16 and 20 encoder layers over a 6-layer decoder.
 for _depth in (12, 16, 20):
-    _register_depth(f"transformer_ta_{_depth}l", _depth, ta_base_architecture)
-    _register_depth(f"transformer_ta_baseline_{_depth}l", _depth, ta_baseline_architecture)
-    _register_depth(f"transformer_ta_nores_{_depth}l", _depth, ta_nores_architecture)
+    for _name, _parent in (("transformer_ta", ta_base_architecture),
+                           ("transformer_ta_baseline", ta_baseline_architecture),
+                           ("transformer_ta_nores", ta_nores_architecture)):
+        register_preset("transformer_ta", f"{_name}_{_depth}l",
+                        f"{first_line(_parent)}, with a {_depth}-layer encoder.", _parent, depth=(_depth, 6))

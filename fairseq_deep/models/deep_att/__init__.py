@@ -1,6 +1,7 @@
 """Deep-Att / Deep-ED with fast-forward connections (Zhou et al., TACL 2016)."""
 
-from . import presets  # noqa: F401  (registers the named architectures)
-from .model import DeepAttConfig, DeepAttModel
+from .config import DeepAttConfig
+from .model import DeepAttModel  # registers the model ...
+from . import presets  # noqa: F401,E402  (... then its named architectures)
 
 __all__ = ["DeepAttConfig", "DeepAttModel"]

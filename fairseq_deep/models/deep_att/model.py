@@ -2,52 +2,17 @@
 fast-forward connections and an interleaved bi-directional encoder.  One model, ``deep_att``;
 ``--ff-interface att|ed`` chooses Deep-Att or Deep-ED (Eq. 7, 8)."""
 
-from dataclasses import dataclass, field
-
 import torch
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import FairseqEncoderDecoderModel, register_model
+from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from torch import nn
 
 from ...modules.fast_forward_lstm import RECURRENT, mark
+from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
 from .encoder import DeepAttEncoder
 
 EMBEDDING = "embedding"
-
-
-def _opt(default, help_text):
-    return field(default=default, metadata={"help": help_text})
-
-
-@dataclass
-class DeepAttConfig(FairseqDataclass):
-    encoder_embed_dim: int = _opt(256, "source word embedding size (Sec. 4.2: 256)")
-    decoder_embed_dim: int = _opt(256, "target word embedding size (Sec. 4.2: 256)")
-    encoder_hidden_size: int = _opt(512, "LSTM cells per encoder layer (Sec. 4.2: 512)")
-    decoder_hidden_size: int = _opt(512, "LSTM cells per decoder layer (Sec. 4.2: 512)")
-    encoder_layers: int = _opt(9, "n_e: layers per encoder column")
-    decoder_layers: int = _opt(7, "n_d: decoder layers")
-    dropout: float = _opt(0.1, "p_d: dropout on the LSTM outputs h (Sec. 3.2)")
-    ff_mode: ChoiceEnum(["half", "whole", "none"]) = _opt(
-        "half", "fast-forward input of layer k>1: [Half(f), Dr(h)] (Eq. 6), [f, Dr(h)] (Eq. 5), "
-        "or none = the standard stacked LSTM (Table 2, no F-F)")
-    ff_encoder_columns: int = _opt(2, "encoder columns a1, a2 (Sec. 3.1; Table 5: 1)")
-    ff_encoder_directions: ChoiceEnum(["interleaved", "forward"]) = _opt(
-        "interleaved", "interleaved bi-directional encoder (Eq. 3) or every layer forward "
-        "('Uni', Table 4)")
-    ff_interface: ChoiceEnum(["att", "ed"]) = _opt(
-        "att", "att = Deep-Att (attention over W_p e_t), ed = Deep-ED (static e, Eq. 7)")
-    ff_proj_ratio: int = _opt(
-        4, "Deep-Att: W_p projects e_t to 1/ratio of its size (Eq. 8: 4); 1 = no W_p")
-    ff_attention_dim: int = _opt(
-        0, "size of the alignment model a() of Eq. 9; 0 = the decoder hidden size")
-    ff_init_std: float = _opt(
-        0.07, "non-recurrent parameters ~ N(0, std^2), recurrent ones zero (Sec. 4.3); "
-        "<= 0 keeps PyTorch's initialisation")
-    max_source_positions: int = _opt(100000, "longest source")
-    max_target_positions: int = _opt(100000, "longest target")
 
 
 @register_model("deep_att")
@@ -60,9 +25,7 @@ class DeepAttModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .presets import deep_att_architecture
-
-        deep_att_architecture(args)
+        ARCH_CONFIG_REGISTRY["deep_att"](args)  # the defaults of options added since a checkpoint
         enc_embed = build_embedding(task.source_dictionary, args.encoder_embed_dim)
         dec_embed = build_embedding(task.target_dictionary, args.decoder_embed_dim)
         encoder = DeepAttEncoder(args, task.source_dictionary, enc_embed)

@@ -4,8 +4,9 @@ what a preset's name states (depth, columns, width, no F-F, Uni, Deep-ED) is fix
 conflicting flag is an error naming it.  Optimisation settings live in the recipes."""
 
 from fairseq.models import register_model_architecture
-from ..presets import fill_defaults, fix_option, set_default
-from .model import DeepAttConfig
+
+from ..presets import fill_defaults, register_preset
+from .config import DeepAttConfig
 
 
 @register_model_architecture("deep_att", "deep_att")
@@ -20,38 +21,17 @@ def deep_att_ff(args):
     deep_att_architecture(args)
 
 
-@register_model_architecture("deep_att", "deep_ed_ff")
-def deep_ed_ff(args):
-    """Deep-ED: the static interface of Eq. 7 instead of attention (Table 1: 36.3)."""
-    fix_option("deep_ed_ff", args, "ff_interface", "ed", "deep_att")
-    deep_att_architecture(args)
-
-
-@register_model_architecture("deep_att", "deep_att_ff_uni")
-def deep_att_ff_uni(args):
-    """Table 4 'Uni': two columns, every encoder layer forward."""
-    fix_option("deep_att_ff_uni", args, "ff_encoder_directions", "forward", "deep_att")
-    deep_att_architecture(args)
-
-
-@register_model_architecture("deep_att", "deep_ed_ff_uni")
-def deep_ed_ff_uni(args):
-    """Table 4 'Uni' for Deep-ED."""
-    fix_option("deep_ed_ff_uni", args, "ff_encoder_directions", "forward", "deep_att")
-    deep_ed_ff(args)
+deep_ed_ff = register_preset("deep_att", "deep_ed_ff",
+                             "Deep-ED: the static interface of Eq. 7 instead of attention (Table 1: 36.3).",
+                             deep_att_architecture, fixed={"ff_interface": "ed"})
+register_preset("deep_att", "deep_att_ff_uni", "Table 4 'Uni': two columns, every encoder layer forward.",
+                deep_att_architecture, fixed={"ff_encoder_directions": "forward"})
+register_preset("deep_att", "deep_ed_ff_uni", "Table 4 'Uni' for Deep-ED.",
+                deep_ed_ff, fixed={"ff_encoder_directions": "forward"})
 
 
 def _register(name: str, doc: str, fixed: dict, defaults: dict = None):
-    def preset(args):
-        for key, value in fixed.items():
-            fix_option(name, args, key, value, "deep_att")
-        for key, value in (defaults or {}).items():
-            set_default(args, key, value)
-        deep_att_architecture(args)
-
-    preset.__doc__ = doc
-    register_model_architecture("deep_att", name)(preset)
-    return preset
+    return register_preset("deep_att", name, doc, deep_att_architecture, fixed=fixed, defaults=defaults)
 
 
 def _depth(n_e, n_d):

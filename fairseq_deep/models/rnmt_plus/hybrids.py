@@ -41,7 +41,7 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.utils import safe_getattr
 
-from ..presets import fill_defaults, fix_option, set_default, transformer_big
+from ..presets import PRENORM, fill_defaults, register_preset, set_default, transformer_big
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
 from ...modules.reorder import reorder_encoder_out
@@ -259,16 +259,6 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _hybrid(name: str, args, encoder: str, decoder: str):
-    """A named hybrid owns its encoder and decoder kinds; its Transformer parts are Transformer Big
-    as in Chen et al. App. A.2 (model 1024, hidden 8192, 16 heads), pre-norm."""
-    fix_option(name, args, "hybrid_encoder", encoder, "rnmt_hybrid")
-    fix_option(name, args, "hybrid_decoder", decoder, "rnmt_hybrid")
-    transformer_big(args, ffn_dim=8192)
-    set_default(args, "encoder_normalize_before", True)
-    set_default(args, "decoder_normalize_before", True)
-
-
 @register_model_architecture("rnmt_hybrid", "rnmt_hybrid")
 def hybrid_base_architecture(args):
     fill_defaults(args, HybridConfig())
@@ -278,38 +268,35 @@ def hybrid_base_architecture(args):
     fill_defaults(args, RNMTConfig())
     set_default(args, "decoder_hidden_size", safe_getattr(args, "decoder_embed_dim", 1024))
     set_default(args, "encoder_hidden_size", safe_getattr(args, "encoder_embed_dim", 1024))
-    set_default(args, "encoder_normalize_before", True)
-    set_default(args, "decoder_normalize_before", True)
+    for name, value in PRENORM.items():
+        set_default(args, name, value)
     set_default(args, "max_source_positions", 1024)
     set_default(args, "max_target_positions", 1024)
     fairseq_transformer_base(args)
 
 
-@register_model_architecture("rnmt_hybrid", "hybrid_transformer_rnmt")
-def hybrid_transformer_rnmt(args):
-    """Table 5: Transformer Big encoder + RNMT+ decoder."""
-    _hybrid("hybrid_transformer_rnmt", args, "transformer", "rnmt")
+def hybrid_big_architecture(args):
+    """The Transformer parts of the named hybrids are Transformer Big as in Chen et al. App. A.2
+    (model 1024, hidden 8192, 16 heads), pre-norm."""
+    transformer_big(args, ffn_dim=8192)
+    for name, value in PRENORM.items():
+        set_default(args, name, value)
     hybrid_base_architecture(args)
 
 
-@register_model_architecture("rnmt_hybrid", "hybrid_rnmt_transformer")
-def hybrid_rnmt_transformer(args):
-    """Table 5: RNMT+ encoder + Transformer Big decoder."""
-    _hybrid("hybrid_rnmt_transformer", args, "rnmt", "transformer")
-    hybrid_base_architecture(args)
+def _hybrid(name: str, doc: str, encoder: str, decoder: str, defaults=None):
+    """A named hybrid owns its encoder and decoder kinds."""
+    return register_preset("rnmt_hybrid", name, doc, hybrid_big_architecture, defaults=defaults,
+                           fixed={"hybrid_encoder": encoder, "hybrid_decoder": decoder})
 
 
-@register_model_architecture("rnmt_hybrid", "hybrid_cascaded")
-def hybrid_cascaded(args):
-    """Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder."""
-    _hybrid("hybrid_cascaded", args, "cascaded", "rnmt")
-    set_default(args, "encoder_layers", 4)
-    set_default(args, "no_token_positional_embeddings", True)
-    hybrid_base_architecture(args)
-
-
-@register_model_architecture("rnmt_hybrid", "hybrid_multicolumn")
-def hybrid_multicolumn(args):
-    """Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder."""
-    _hybrid("hybrid_multicolumn", args, "multicolumn", "rnmt")
-    hybrid_base_architecture(args)
+hybrid_transformer_rnmt = _hybrid("hybrid_transformer_rnmt", "Table 5: Transformer Big encoder + RNMT+ decoder.",
+                                  "transformer", "rnmt")
+hybrid_rnmt_transformer = _hybrid("hybrid_rnmt_transformer", "Table 5: RNMT+ encoder + Transformer Big decoder.",
+                                  "rnmt", "transformer")
+hybrid_cascaded = _hybrid(
+    "hybrid_cascaded", "Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder.",
+    "cascaded", "rnmt", defaults={"encoder_layers": 4, "no_token_positional_embeddings": True})
+hybrid_multicolumn = _hybrid("hybrid_multicolumn",
+                             "Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder.",
+                             "multicolumn", "rnmt")

@@ -5,7 +5,7 @@ layer-normalized LSTM encoder and a unidirectional LSTM decoder with multi-head 
 from torch import nn
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import FairseqEncoderDecoderModel, register_model
+from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
@@ -40,9 +40,7 @@ class RNMTPlusModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .presets import rnmt_plus_architecture
-
-        rnmt_plus_architecture(args)
+        ARCH_CONFIG_REGISTRY["rnmt_plus"](args)  # the defaults of options added since a checkpoint
         enc_emb, dec_emb = shared_embeddings(args, task.source_dictionary, task.target_dictionary)
         encoder = RNMTPlusEncoder(args, task.source_dictionary, enc_emb, output_dim=args.decoder_hidden_size)
         decoder = RNMTPlusDecoder(args, task.target_dictionary, dec_emb, encoder_output_dim=encoder.output_dim)

@@ -14,7 +14,7 @@ residuals) is fixed, and a conflicting flag is an error that names it.  Optimisa
 """
 
 from fairseq.models import register_model_architecture
-from ..presets import fill_defaults, fix_option, set_default
+from ..presets import fill_defaults, register_preset, set_default
 from .config import RNMTPlusConfig
 
 
@@ -36,23 +36,17 @@ def rnmt_plus_512(args):
     rnmt_plus_architecture(args)
 
 
-def _register(name: str, depth: int, transparent: bool, residuals: bool):
-    def preset(args):
-        fix_option(name, args, "encoder_layers", depth, "rnmt_plus_512")
-        if transparent:
-            fix_option(name, args, "rnmt_transparent", True, "rnmt_plus_512")
-        if not residuals:
-            fix_option(name, args, "rnmt_encoder_residual_start", 0, "rnmt_plus_512")
-        rnmt_plus_512(args)
-
-    what = "transparent attention" if transparent else ("no encoder residuals" if not residuals else "baseline")
-    preset.__doc__ = f"RNMT+ (512) of Bapna et al. (2018), {depth}-layer encoder, {what} (Tables 3-4)."
-    register_model_architecture("rnmt_plus", name)(preset)
-
+VARIANTS = {  # name part: (what, the options it owns)
+    "": ("baseline", {}),
+    "_ta": ("transparent attention", {"rnmt_transparent": True}),
+    "_nores": ("no encoder residuals", {"rnmt_encoder_residual_start": 0}),
+}
 
 for _depth in (6, 12, 16, 20):
     _suffix = "" if _depth == 6 else f"_{_depth}l"
-    if _depth != 6:
-        _register(f"rnmt_plus_512{_suffix}", _depth, transparent=False, residuals=True)
-    _register(f"rnmt_plus_512_ta{_suffix}", _depth, transparent=True, residuals=True)
-    _register(f"rnmt_plus_512_nores{_suffix}", _depth, transparent=False, residuals=False)
+    for _part, (_what, _fixed) in VARIANTS.items():
+        if _part or _depth != 6:  # rnmt_plus_512 itself is registered above
+            register_preset(
+                "rnmt_plus", f"rnmt_plus_512{_part}{_suffix}",
+                f"RNMT+ (512) of Bapna et al. (2018), {_depth}-layer encoder, {_what} (Tables 3-4).",
+                rnmt_plus_512, fixed={"encoder_layers": _depth, **_fixed}, instead="rnmt_plus_512")

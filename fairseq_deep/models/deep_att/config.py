@@ -1,0 +1,39 @@
+"""Options of Deep-Att / Deep-ED (Zhou et al. 2016): sizes of Sec. 4.2, fast-forward connections
+(Sec. 3.1, Eq. 5-6), the interleaved encoder (Eq. 3) and the interface (Eq. 7-8)."""
+
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+
+def _opt(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class DeepAttConfig(FairseqDataclass):
+    encoder_embed_dim: int = _opt(256, "source word embedding size (Sec. 4.2: 256)")
+    decoder_embed_dim: int = _opt(256, "target word embedding size (Sec. 4.2: 256)")
+    encoder_hidden_size: int = _opt(512, "LSTM cells per encoder layer (Sec. 4.2: 512)")
+    decoder_hidden_size: int = _opt(512, "LSTM cells per decoder layer (Sec. 4.2: 512)")
+    encoder_layers: int = _opt(9, "n_e: layers per encoder column")
+    decoder_layers: int = _opt(7, "n_d: decoder layers")
+    dropout: float = _opt(0.1, "p_d: dropout on the LSTM outputs h (Sec. 3.2)")
+    ff_mode: ChoiceEnum(["half", "whole", "none"]) = _opt(
+        "half", "fast-forward input of layer k>1: [Half(f), Dr(h)] (Eq. 6), [f, Dr(h)] (Eq. 5), "
+        "or none = the standard stacked LSTM (Table 2, no F-F)")
+    ff_encoder_columns: int = _opt(2, "encoder columns a1, a2 (Sec. 3.1; Table 5: 1)")
+    ff_encoder_directions: ChoiceEnum(["interleaved", "forward"]) = _opt(
+        "interleaved", "interleaved bi-directional encoder (Eq. 3) or every layer forward "
+        "('Uni', Table 4)")
+    ff_interface: ChoiceEnum(["att", "ed"]) = _opt(
+        "att", "att = Deep-Att (attention over W_p e_t), ed = Deep-ED (static e, Eq. 7)")
+    ff_proj_ratio: int = _opt(
+        4, "Deep-Att: W_p projects e_t to 1/ratio of its size (Eq. 8: 4); 1 = no W_p")
+    ff_attention_dim: int = _opt(
+        0, "size of the alignment model a() of Eq. 9; 0 = the decoder hidden size")
+    ff_init_std: float = _opt(
+        0.07, "non-recurrent parameters ~ N(0, std^2), recurrent ones zero (Sec. 4.3); "
+        "<= 0 keeps PyTorch's initialisation")
+    max_source_positions: int = _opt(100000, "longest source")
+    max_target_positions: int = _opt(100000, "longest target")
