@@ -9,6 +9,11 @@ Because c_t depends on h^1_{t-1}, layer 1 runs step by step (its y-part of W_f f
 once); layers 2..n_d then run over the whole sequence.  Incremental decoding keeps (h, s) of every
 layer and the attention's key projection (computed once per sentence) in the incremental state;
 the f of each layer is recomputed from the step's input, so a step equals the full pass.
+
+Precision: with float16/bfloat16 parameters or under autocast, everything up to the top h (the
+stack, c_t and the attention, which read the float32 interface) runs in float32, as explained in
+:mod:`fairseq_deep.modules.fast_forward_lstm`; the top h, in [-1, 1], returns to the embeddings'
+dtype for the output projection.  The incremental state is float32 then.
 """
 
 from typing import Dict, List, Optional
@@ -19,7 +24,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
-from ...modules.fast_forward_lstm import FFLSTMStack
+from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
 from ...modules.reorder import reorder_batch
 
 
@@ -61,12 +66,13 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
         attn = None
         new_cache: Dict[str, Optional[Tensor]] = {}
         if self.attention is None:  # Deep-ED: c_t = e, constant
-            x = torch.cat([context.expand(y.size(0), -1, -1), y], dim=-1)
+            x = torch.cat([context.expand(y.size(0), -1, -1), y.to(context.dtype)], dim=-1)
             f, h, states, _ = self.stack(x, None, states)
         else:
             mask = encoder_out["encoder_padding_mask"]
             mask = mask[0] if len(mask) > 0 else None
-            keys = cache["keys"] if cache is not None else self.attention.precompute(context)[0]
+            # keys = precompute(context)[0] (values are not projected), in float32 under --fp16
+            keys = cache["keys"] if cache is not None else wide_linear(self.attention.key_proj, context)
             new_cache["keys"] = keys
             first, attn = self._first_layer(y, context, keys, mask, states)
             f, h, states, _ = self.stack(None, None, states, first=first)
@@ -74,22 +80,27 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
             new_cache[f"h{k}"], new_cache[f"s{k}"] = hk, sk
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", new_cache)
-        h = F.dropout(h, p=self.dropout, training=self.training)
+        h = F.dropout(h.to(y.dtype), p=self.dropout, training=self.training)
         return h.transpose(0, 1), {"attn": [attn], "inner_states": [h]}
 
     def _first_layer(self, y: Tensor, values: Tensor, keys: Tensor, mask: Optional[Tensor],
                      states):
         """Layer 1 of Deep-Att, step by step: c_t from h^1_{t-1} (Eq. 9), f^1_t = W_f^1 [c_t, y_t]."""
         layer = self.stack.layers[0]
-        w_c, w_y = layer.proj.weight.split([self.context_dim, y.size(-1)], dim=1)
-        pre = F.linear(y, w_y, layer.proj.bias)  # the y-part of f^1 for all steps at once
+        dt = wide_dtype(y)  # float32 for float16/bfloat16 or under autocast
+        w_c, w_y = layer.proj.weight.to(dt).split([self.context_dim, y.size(-1)], dim=1)
+        with no_autocast(y):
+            pre = F.linear(y.to(dt), w_y, layer.proj.bias.to(dt))  # the y-part of f^1, all steps
         h, s = states[0] if states is not None else layer.cell.zero_state(y.size(1), y)
+        h, s = h.to(dt), s.to(dt)
+        attention = with_dtype(self.attention, dt)
         fs: List[Tensor] = []
         hs: List[Tensor] = []
         attns: List[Tensor] = []
         for t in range(y.size(0)):
-            c, a = self.attention(h, keys, values, mask)  # B x C, B x 1 x S
-            f_t = pre[t] + F.linear(c, w_c)
+            with no_autocast(y):
+                c, a = attention(h, keys, values, mask)  # B x C, B x 1 x S
+                f_t = pre[t] + F.linear(c, w_c)
             out, (h, s) = layer.cell(f_t[None], (h, s))
             fs.append(f_t)
             hs.append(out[0])

@@ -17,6 +17,9 @@ Interface (Eq. 7, 8), computed once per sentence and returned in ``encoder_out["
 Without F-F (``--ff-mode none``) the f parts are left out.  fairseq left-pads the source: the
 encoder moves each sentence to the front (right padding), reverses backward layers within each
 sentence's length, and hands the interface back in the layout of ``src_tokens``.
+
+The interface holds f, which does not fit float16 (see :mod:`fairseq_deep.modules.fast_forward_lstm`):
+with float16/bfloat16 parameters or under autocast it is computed and returned in float32.
 """
 
 from typing import Dict, List, Optional
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from ...modules.fast_forward_lstm import FFLSTMStack, gather_time
+from ...modules.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
 from ...modules.reorder import reorder_encoder_out
 
 
@@ -96,7 +99,7 @@ class DeepAttEncoder(FairseqEncoder):
         fs = [f for f, _, _, _ in outs] if self.ff_mode != "none" else []
         e = torch.cat(hs + fs, dim=-1)
         if self.proj is not None:
-            e = self.proj(e)
+            e = wide_linear(self.proj, e)  # e holds f: float32 under --fp16/--amp (fast_forward_lstm)
         if has_pads:  # back to the layout of src_tokens
             e = gather_time(e, front.argsort(dim=0))
         return self._out(e, [pad_mask] if has_pads else [])
