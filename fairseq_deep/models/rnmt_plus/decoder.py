@@ -7,7 +7,7 @@ the previous step's context (input feeding) and its output at step t gives the c
 which every upper layer and the softmax read at step t.  Residual connections from the third layer
 up; dropout on the embeddings, on each layer output before it is added, and on the attention.
 With ``--dlcl-stacks decoder|both`` layers 2..L and the softmax read a dynamic linear combination
-of the layer outputs below them, as in the encoder (``encoder.build_history``); it is position-wise,
+of the layer outputs below them, as in the encoder (the loop of ``stack.py``); it is position-wise,
 so incremental decoding needs no extra state.
 
 Incremental decoding keeps each layer's (h, c), the last context and the projected encoder keys
@@ -25,7 +25,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_batch
-from .encoder import build_history, has_residual
+from .stack import build_history, layer_output, run_stack
 
 CACHE = "rnmt_state"
 
@@ -137,24 +137,19 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
             contexts.append(context)
             attns.append(attn)
         new_h, new_c = [h], [c]
-        y = torch.stack(outs)  # T x B x H
         ctx = torch.stack(contexts)  # T x B x C
-        inner_states: List[Optional[Tensor]] = [x]
-        y = F.dropout(y, p=self.dropout, training=self.training)
-        x = x + y if has_residual(0, self.residual_start) else y
-        inner_states.append(x)
-        history = self.history.start(x)
 
-        for i in range(1, self.num_layers):
-            x = history.next_input()
+        def run_layer(i: int, x: Tensor) -> Tensor:  # layers 2..L read the context of their step
             y, (h, c) = self.layers[i](torch.cat([x, ctx], dim=-1), state=(hiddens[i:i + 1], cells[i:i + 1]))
             new_h.append(h)
             new_c.append(c)
-            y = F.dropout(y, p=self.dropout, training=self.training)
-            x = x + y if has_residual(i, self.residual_start) else y
-            history.push(x)
-            inner_states.append(x)
-        x = history.readout()
+            return layer_output(i, x, y, self.residual_start, self.dropout, self.training)
+
+        outputs: List[Tensor] = []
+        first = layer_output(0, x, torch.stack(outs), self.residual_start, self.dropout, self.training)
+        inner_states: List[Optional[Tensor]] = [x]
+        x = run_stack(self.history, first, self.num_layers, run_layer, outputs).readout()
+        inner_states.extend(outputs)
 
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, CACHE, {

@@ -12,7 +12,8 @@ below them (Wang et al. 2019, pre-norm Eq. 8, all ``--dlcl-*`` options apply) in
 previous layer's output, and the projection reads the combination's last row.  The embedding has
 another width (E, not 2H), so y_0 of Eq. 8 is the *first layer's* output: layer 1 reads the
 embedding, layer l >= 2 reads sum_{k<l} W[l-1, k] LN(y_k) over the layer outputs y_1..y_{l-1}
-(each the residual sum where the layer has a residual connection).
+(each the residual sum where the layer has a residual connection).  The loop is the decoder's too
+(:mod:`.stack`).
 """
 
 from typing import Dict, List, Optional
@@ -23,22 +24,11 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqEncoder
 
-from ...modules.layer_history import LayerHistory, build_dlcl
+from ...modules.layer_history import LayerHistory
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_encoder_out
 from ...modules.transparent_attention import TransparentReadout
-
-
-def has_residual(layer_index: int, residual_start: int) -> bool:
-    """Layer ``layer_index`` (0-based) adds its input to its output (``residual_start`` is 1-based,
-    0 = never)."""
-    return residual_start > 0 and layer_index + 1 >= residual_start
-
-
-def build_history(args, stack: str, num_layers: int, dim: int) -> LayerHistory:
-    """How layers 2..L of a recurrent stack read the layers below (``--dlcl-stacks``): the previous
-    layer (residual history), or DLCL with the first layer's output as its entry 0."""
-    return build_dlcl(args, stack, num_layers - 1, dim, normalize_before=True)
+from .stack import build_history, layer_output, run_stack
 
 
 class RNMTPlusEncoder(FairseqEncoder):
@@ -83,27 +73,19 @@ class RNMTPlusEncoder(FairseqEncoder):
         x = F.dropout(embedding, p=self.dropout, training=self.training).transpose(0, 1)
         time_mask = padding_mask.t() if padding_mask.any() else None  # T x B
 
-        encoder_states = [x] if return_all_hiddens else []
-        layer_outputs: List[Tensor] = []
-        history = None
-        for i, layer in enumerate(self.layers):
-            if history is not None:
-                x = history.next_input()
-            y, _ = layer(x, time_mask)
-            y = F.dropout(y, p=self.dropout, training=self.training)
-            x = x + y if has_residual(i, self.residual_start) else y
-            layer_outputs.append(x)
-            if history is None:
-                history = self.history.start(x)
-            else:
-                history.push(x)
-            if return_all_hiddens:
-                encoder_states.append(x)
-        if self.transparent_attention is not None:
-            x = self.transparent_attention(layer_outputs)[0]
+        def run_layer(i: int, x: Tensor) -> Tensor:
+            y, _ = self.layers[i](x, time_mask)
+            return layer_output(i, x, y, self.residual_start, self.dropout, self.training)
+
+        keep = return_all_hiddens or self.transparent_attention is not None
+        outputs: Optional[List[Tensor]] = [] if keep else None  # y_1..y_L
+        states = run_stack(self.history, run_layer(0, x), self.num_layers, run_layer, outputs)
+        if self.transparent_attention is not None:  # the readout of Bapna et al. Eq. 1-2, M = 1
+            readout = self.transparent_attention(outputs)[0]
         else:
-            x = history.readout()
-        x = self.output_projection(x)
+            readout = states.readout()
+        encoder_states = [x, *outputs] if return_all_hiddens else []
+        x = self.output_projection(readout)
         if time_mask is not None:
             x = x.masked_fill(time_mask.unsqueeze(-1), 0.0)
         return {
