@@ -47,9 +47,10 @@ def tiny_dictionary(n_symbols: int = 20) -> Dictionary:
 
 
 def parse_model_args(arch: str, extra=()):
-    """fairseq-train's own parser and --arch presets applied to a tiny model's flags."""
+    """fairseq-train's own parser and --arch presets applied to a tiny model's flags (the tiny
+    sizes of the arch's family)."""
     parser = options.get_training_parser()
-    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *TINY, *extra]
+    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *tiny_flags(arch), *extra]
     return options.parse_args_and_arch(parser, argv)
 
 

@@ -1,6 +1,8 @@
 """Issue 7.6: deep stacks stay finite, and padding never leaks into real positions.
 
-Property tests (hypothesis) on every deep architecture at depth 30 (dimension 8): for random
+Property tests (hypothesis) on every deep architecture family at depth 30 (dimension 8): DLCL and
+the plain pre-/post-norm Transformers, transparent attention, every layer aggregation and
+multi-layer attention, RNMT+ (plain, DLCL, transparent) and Deep-Att/Deep-ED.  For random
 initialisation seeds, batch sizes, sentence lengths (1 included) and heavy padding,
 
 * the forward pass and the gradients of all parameters are finite at initialisation;
@@ -10,7 +12,8 @@ initialisation seeds, batch sizes, sentence lengths (1 included) and heavy paddi
 Also a property of the batching shim: ``fairseq.data.data_utils.batch_by_size`` (patched by
 fairseq_deep) returns every index exactly once, for any batch settings.
 
-To add a family: append its depth-30 arch (and the flags it needs) to DEEP_ARCHS.
+To add a family: append its depth-30 arch (and the flags it needs) to DEEP_ARCHS, and its sizes
+to ``dims8`` when it is not a Transformer.
 """
 
 import numpy as np
@@ -23,16 +26,52 @@ from fairseq.data import data_utils
 
 from helpers import build_model, tiny_dictionary
 
+DEPTH30 = ["--encoder-layers", "30"]
+
 DEEP_ARCHS = [
     ("transformer_dlcl_30l", []),
     ("transformer_dlcl_postnorm_30l", []),
     ("transformer_prenorm_30l", []),
     ("transformer_postnorm_30l", []),
+    ("transformer_ta", DEPTH30),
+    ("transformer_ta_prenorm", DEPTH30),
+    ("transformer_dense", DEPTH30),
+    ("transformer_linear_agg", DEPTH30),
+    ("transformer_iterative_agg", DEPTH30),
+    ("transformer_hier_agg", DEPTH30),
+    ("transformer_mla2", DEPTH30),
+    ("rnmt_plus", DEPTH30),
+    ("rnmt_plus", [*DEPTH30, "--dlcl-stacks", "both"]),
+    ("rnmt_plus", [*DEPTH30, "--rnmt-transparent"]),
+    ("deep_att_ff", DEPTH30),
+    ("deep_ed_ff", DEPTH30),
 ]
 
 DIM8 = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
         "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
         "--decoder-attention-heads", "2", "--decoder-layers", "6"]
+
+
+def dims8(arch):
+    """Dimension-8 sizes of the arch's family (6 decoder layers)."""
+    if arch.startswith("rnmt_plus"):
+        return ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
+                "--decoder-hidden-size", "8", "--rnmt-attention-heads", "2", "--decoder-layers", "6"]
+    if arch.startswith(("deep_att", "deep_ed")):
+        return ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
+                "--decoder-hidden-size", "8", "--decoder-layers", "6"]
+    return DIM8
+
+
+def encoder_layers(model):
+    """The encoder's layers (Deep-Att: those of its first column)."""
+    if hasattr(model.encoder, "columns"):
+        return model.encoder.columns[0].layers
+    return model.encoder.layers
+
+
+def arch_id(arch, flags):
+    return "-".join([arch, *(f.lstrip("-") for f in flags if f.startswith("--") and f != "--encoder-layers")])
 
 DICT = tiny_dictionary(12)
 
@@ -76,7 +115,7 @@ def collate(srcs, prevs):
     return src, torch.tensor([len(s) for s in srcs]), prev
 
 
-@pytest.mark.parametrize("arch,flags", DEEP_ARCHS, ids=[a for a, _ in DEEP_ARCHS])
+@pytest.mark.parametrize("arch,flags", DEEP_ARCHS, ids=[arch_id(a, f) for a, f in DEEP_ARCHS])
 def test_depth_30_is_finite_and_padding_free(arch, flags):
     @settings(max_examples=8, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
@@ -85,8 +124,8 @@ def test_depth_30_is_finite_and_padding_free(arch, flags):
     @example(make_batch(2, [1, 10, 3], [8, 1, 2]))  # heavy padding on both sides
     def check(example):
         seed, srcs, prevs = example
-        model, _ = build_model(arch, [*DIM8, *flags], dictionary=DICT, seed=seed)
-        assert len(model.encoder.layers) == 30
+        model, _ = build_model(arch, [*dims8(arch), *flags], dictionary=DICT, seed=seed)
+        assert len(encoder_layers(model)) == 30
         src, lengths, prev = collate(srcs, prevs)
         logits, _ = model(src, lengths, prev)
         assert torch.isfinite(logits).all()
@@ -95,7 +134,7 @@ def test_depth_30_is_finite_and_padding_free(arch, flags):
         for name, p in model.named_parameters():
             if p.grad is not None:
                 assert torch.isfinite(p.grad).all(), name
-        assert all(p.grad is not None for p in model.encoder.layers[0].parameters())
+        assert all(p.grad is not None for p in encoder_layers(model)[0].parameters())
 
         with torch.no_grad():
             for i, (s, p) in enumerate(zip(srcs, prevs)):
