@@ -27,6 +27,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..modules.layer_history import LayerHistory
+from .flags import add_new_flag_names
 
 
 class TechniqueTransformerModel(TransformerModel):
@@ -36,6 +37,8 @@ class TechniqueTransformerModel(TransformerModel):
 
     options = None
     base_arch = ""
+    #: flags renamed to carry their technique's prefix: {old: new}; the old flag still works
+    renamed_flags: Dict[str, str] = {}
 
     @classmethod
     def hub_models(cls):
@@ -45,6 +48,7 @@ class TechniqueTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, cls.options(), delete_default=True, with_prefix="")
+        add_new_flag_names(parser, cls.renamed_flags)
 
     @classmethod
     def build_model(cls, args, task):

@@ -7,7 +7,7 @@ top layer only.  The same model class gives the rows of Tables 1-2 by --arch:
 
 * ``transformer_ta[_12l|_16l|_20l]``: "Transparent";
 * ``transformer_ta_baseline[...]``: "Baseline" (``--ta-disable``: the decoder reads the top layer);
-* ``transformer_ta_nores[...]``: "Baseline - residuals" (``--encoder-no-residual`` as well).
+* ``transformer_ta_nores[...]``: "Baseline - residuals" (``--ta-no-encoder-residual`` as well).
 
 The M combinations are computed once per source sentence, in the encoder's forward (which beam
 search runs once per batch), and travel in ``encoder_out["transparent_memory"]``, which
@@ -44,7 +44,7 @@ class TransparentAttentionConfig(TransparentReadoutConfig):
         metadata={"help": "no transparent attention: every decoder layer attends to the top encoder "
                   "layer (the 'Baseline' rows of Bapna et al. 2018, Tables 1-2)"},
     )
-    encoder_no_residual: bool = field(
+    encoder_no_residual: bool = field(  # --ta-no-encoder-residual (TransformerTAModel.renamed_flags)
         default=False,
         metadata={"help": "remove the residual connections of the encoder layers (Bapna et al. "
                   "Sec. 2.3, the 'Baseline - residuals' rows)"},
@@ -132,6 +132,7 @@ class TransformerTAModel(TechniqueTransformerModel):
 
     options = TransparentAttentionConfig
     base_arch = "transformer_ta"
+    renamed_flags = {"--encoder-no-residual": "--ta-no-encoder-residual"}
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
