@@ -1,0 +1,136 @@
+"""Mixed precision through fairseq's own trainer and the real CLI, on CPU (issue 12).
+
+fairseq's ``--fp16`` (FP16Optimizer, dynamic loss scale) and ``--bf16`` run on CPU with the shims of
+``fairseq_deep.compat``, so CI drives the same code paths a GPU run takes: every family trains a few
+updates and decodes every test sentence in both precisions; ``--optimizer deep_att`` keeps its three
+parameter groups under ``--fp16``; ``--memory-efficient-fp16`` trains where fairseq's wrapper allows
+and stops with a message naming the alternative where it does not; adaptive gradient clipping
+sees only unscaled norms of updates that did not overflow.
+"""
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+from helpers import PLUGIN_DIR, python_module, run_cli
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import precision_matrix  # noqa: E402
+
+from fairseq_deep.optim.adaptive_clip import STATE_KEY  # noqa: E402
+
+
+# bf16 through the CLI for one family of each kind of model (the in-process tests of
+# test_precision.py cast every family to bfloat16): about 10 s of CPU per run
+BF16_FAMILIES = ["transformer_dlcl", "rnmt_plus+clip+sent_ce", "hybrid_cascaded", "deep_att_ff+deep_att_optim"]
+
+
+@pytest.mark.parametrize("precision,families", [("fp16", list(precision_matrix.FAMILIES)),
+                                                ("bf16", BF16_FAMILIES)], ids=["fp16", "bf16"])
+def test_every_family_trains_and_decodes_every_sentence(synthetic_bin, tmp_path, precision, families):
+    args = precision_matrix.parse_args([
+        "--data", str(synthetic_bin), "--work-dir", str(tmp_path), "--scale", "tiny", "--device", "cpu",
+        "--precisions", precision, "--updates", "3", "--max-tokens", "1000", "--jobs", "2",
+        "--batch-size", "64", "--beam", "2", "--families", *families,
+    ])
+    rows = precision_matrix.run_matrix(args)
+    bad = [r for r in rows if not r["trained"] or r.get("decoded") != r["test_size"] or "error" in r]
+    assert not bad, precision_matrix.table(bad)
+    assert [r["family"] for r in rows] == families
+    if precision == "fp16":
+        assert all("loss_scale" in r for r in rows)  # fairseq's FP16Optimizer ran
+
+
+def _train(data, save, *extra):
+    return run_cli(*python_module("fairseq_cli.train"), str(data), "--user-dir", PLUGIN_DIR,
+                   "--max-tokens", "500", "--max-update", "3", "--lr", "1e-3", "--save-dir", str(save),
+                   "--no-epoch-checkpoints", "--cpu", "--seed", "1", "--log-format", "simple",
+                   "--log-interval", "1", "--disable-validation", *extra, check=False)
+
+
+def test_deep_att_optimizer_keeps_its_groups_under_fp16(synthetic_bin, tmp_path):
+    proc = _train(synthetic_bin, tmp_path, "--arch", "deep_att_ff", *precision_matrix._DEEP_ATT_TINY,
+                  "--optimizer", "deep_att", "--lr-recurrent", "5e-4", "--fp16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(tmp_path / "checkpoint_last.pt")["last_optimizer_state"]
+    lrs = {g["name"]: g["lr"] for g in state["param_groups"]}
+    assert set(lrs) == {"feedforward", "embedding", "recurrent"}
+    assert lrs["recurrent"] / lrs["feedforward"] == pytest.approx(0.5)  # 5e-4 / 1e-3, kept by the scheduler
+    assert "loss_scale" in state
+
+
+def test_memory_efficient_fp16_trains_or_names_the_alternative(synthetic_bin, tmp_path):
+    ok = _train(synthetic_bin, tmp_path / "a", "--arch", "transformer_dlcl",
+                *precision_matrix._TRANSFORMER_TINY, "--optimizer", "adam", "--memory-efficient-fp16")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    refused = _train(synthetic_bin, tmp_path / "b", "--arch", "deep_att_ff", *precision_matrix._DEEP_ATT_TINY,
+                     "--optimizer", "deep_att", "--memory-efficient-fp16")
+    assert refused.returncode != 0
+    assert "--memory-efficient-fp16" in refused.stderr and "Use --fp16" in refused.stderr
+
+
+# -- adaptive gradient clipping under fp16 ---------------------------------------------------------
+
+
+def _fp16_trainer(data, init_scale):
+    from fairseq.trainer import Trainer
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--user-dir", PLUGIN_DIR, "--task", "translation_deep", "--arch", "rnmt_plus",
+        *precision_matrix._RNMT_TINY, "--source-lang", "src", "--target-lang", "tgt", "--cpu",
+        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--dropout", "0", "--seed", "1",
+        "--adaptive-clip", "--adaptive-clip-warmup", "100", "--fp16", "--fp16-init-scale", str(init_scale),
+        "--fp16-scale-window", "1000",
+    ])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    torch.manual_seed(1)
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=400, seed=1).next_epoch_itr(shuffle=False)
+    return trainer, itr
+
+
+def _observed_norms(trainer):
+    """Record the norms the tracker takes into its statistics."""
+    tracker = trainer.task._adaptive_clip_tracker()
+    seen = []
+    update = tracker.update
+
+    def recording_update(norm):
+        seen.append(norm)
+        update(norm)
+
+    tracker.update = recording_update
+    return tracker, seen
+
+
+def test_adaptive_clip_statistics_skip_overflows_and_use_unscaled_norms(synthetic_bin):
+    # 2^22: the first steps overflow float16 and fairseq halves the scale until they do not
+    trainer, itr = _fp16_trainer(synthetic_bin, 2 ** 22)
+    tracker, seen = _observed_norms(trainer)
+    batches = [next(itr) for _ in range(20)]
+    for batch in batches:
+        trainer.train_step([batch])
+    updates = trainer.get_num_updates()
+    overflows = len(batches) - updates
+    assert overflows > 0 and updates > 5  # both kinds of step happened
+    assert tracker.observed == len(seen) == updates  # no overflowed step entered the statistics
+    assert all(math.isfinite(n) for n in seen)
+    state = trainer.optimizer.optimizer.param_groups[0][STATE_KEY]
+    assert state["observed"] == updates
+
+    # the same batches at a scale that never overflows give the same norms: they are unscaled
+    low, itr_low = _fp16_trainer(synthetic_bin, 2 ** 4)
+    _, seen_low = _observed_norms(low)
+    for batch in batches[overflows:]:
+        low.train_step([batch])
+    assert low.get_num_updates() == updates
+    # the first update of each run sees the same parameters: norms agree to fp16 rounding
+    assert seen_low[0] == pytest.approx(seen[0], rel=2e-2)
