@@ -252,3 +252,15 @@ def test_family_trains_on_cuda(family, mode):
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_bf16_decoding_casts_the_model_and_fp32_does_not():
+    """fairseq-generate/-interactive and the hub call ``prepare_for_inference_``; fairseq casts to
+    half for --fp16 only, the compat shim casts to bfloat16 for --bf16."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    for flags, dtype in (([], torch.float32), (["--bf16"], torch.bfloat16)):
+        model, _ = build("transformer_dlcl")
+        args = options.parse_args_and_arch(options.get_generation_parser(), ["dummy", "--cpu", *flags])
+        model.prepare_for_inference_(convert_namespace_to_omegaconf(args))
+        assert {p.dtype for p in model.parameters()} == {dtype}
