@@ -58,6 +58,7 @@ setup(
             "fairseq-deep-generate = fairseq_deep.cli:generate",
             "fairseq-deep-interactive = fairseq_deep.cli:interactive",
             "fairseq-deep-average-checkpoints = fairseq_deep.cli:average_checkpoints_main",
+            "fairseq-deep-prepare = fairseq_deep.prepare:cli_main",
             "fairseq-deep-layer-weights = fairseq_deep.diagnostics.layer_weights:cli_main",
             "fairseq-deep-plot-training = fairseq_deep.diagnostics.plot_training:cli_main",
         ],

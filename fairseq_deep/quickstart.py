@@ -78,25 +78,13 @@ def prepare(args, env):
     prefixes = write_corpus(raw, train=args.train, valid=args.valid, test=args.test, seed=args.seed)
     logger.info("synthetic corpus: %d / %d / %d pairs in %s", args.train, args.valid, args.test, raw)
 
-    import sentencepiece as spm
+    from fairseq_deep.prepare import encode_lines, read_lines, train_sentencepiece
 
-    os.makedirs(spm_dir, exist_ok=True)
     model_prefix = os.path.join(spm_dir, "spm")
-    spm.SentencePieceTrainer.train(
-        input=",".join(f"{prefixes['train']}.{lang}" for lang in LANGS),
-        model_prefix=model_prefix, vocab_size=args.vocab_size, model_type="bpe",
-        character_coverage=1.0, num_threads=1, shuffle_input_sentence=False,
-        input_sentence_size=0, minloglevel=2,
-        # fairseq adds its own <s>, <pad>, </s>, <unk>: keep sentencepiece's out of the vocabulary
-        bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
-    )
-    sp = spm.SentencePieceProcessor(model_file=model_prefix + ".model")
+    sp = train_sentencepiece([f"{prefixes['train']}.{lang}" for lang in LANGS], model_prefix, args.vocab_size)
     for split in SPLITS:
         for lang in LANGS:
-            with open(f"{prefixes[split]}.{lang}", encoding="utf-8") as f:
-                lines = [line.rstrip("\n") for line in f]
-            with open(os.path.join(spm_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
-                f.writelines(" ".join(p) + "\n" for p in sp.encode(lines, out_type=str))
+            encode_lines(sp, read_lines(f"{prefixes[split]}.{lang}"), os.path.join(spm_dir, f"{split}.{lang}"))
     logger.info("sentencepiece: joint BPE vocabulary of %d pieces, %s.model", args.vocab_size, model_prefix)
 
     if os.path.exists(data_bin):
