@@ -210,12 +210,14 @@ def _pyplot():
 
 
 def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
-                 path: str, mask=None, annotate: Optional[bool] = None) -> str:
+                 path: str, mask=None, annotate: Optional[bool] = None, empty=None) -> str:
     """Draw ``matrix`` as a heatmap (rows top to bottom, columns left to right) into ``path`` (PNG).
 
-    ``mask``: a bool matrix, True where an entry is hidden (drawn blank).  Values are annotated in
-    the cells when ``annotate`` (default: matrices of at most 12 columns and rows).  Signed
-    matrices get a diverging colour map centred at 0.
+    ``mask``: a bool matrix, True where an entry is hidden.  ``empty``: True where no entry exists
+    (e.g. the upper triangle of a layer-combination matrix): drawn white; hidden entries that do
+    exist are drawn light grey and hatched, so that the two cannot be mistaken for each other.
+    Values are annotated in the cells when ``annotate`` (default: matrices of at most 12 columns
+    and rows).  Signed matrices get a diverging colour map centred at 0.
     """
     plt = _pyplot()
     import numpy as np
@@ -253,6 +255,13 @@ def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], t
                 if not hidden[r, c]:
                     ax.text(c, r, f"{m[r, c]:.2f}", ha="center", va="center", fontsize=6,
                             color="white" if cmap.name == "viridis" and m[r, c] < (vmin + vmax) / 2 else "black")
+    if empty is not None:
+        from matplotlib.patches import Rectangle
+
+        absent = np.asarray(empty.cpu() if isinstance(empty, Tensor) else empty, dtype=bool)
+        for r, c in zip(*np.nonzero(hidden & ~absent)):
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor="0.88", edgecolor="0.55",
+                                   hatch="///", linewidth=0))
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -288,7 +297,7 @@ def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = 
     if plot:
         title = f"{record['key']} ({record['kind']})" + (f"\n{note}" if note else "")
         paths["png"] = plot_heatmap(m, record["row_labels"], record["col_labels"], title,
-                                    base + ".png", mask=mask)
+                                    base + ".png", mask=mask, empty=~record["valid"])
     return paths
 
 
@@ -358,7 +367,8 @@ def main(argv=None) -> int:
         else:
             mask = small_weight_mask(record["matrix"], args.mask_below, args.mask_row_fraction,
                                      record["valid"])
-            note = (f"blank: |w| < {args.mask_below:g} or < {args.mask_row_fraction:g} x row max |w|")
+            note = (f"hatched: |w| < {args.mask_below:g} or < {args.mask_row_fraction:g} x row max |w|; "
+                    "white: no such connection")
         paths = write_record(record, args.out_dir, mask=mask, plot=not args.no_plot, note=note)
         shape = "x".join(map(str, record["matrix"].shape))
         print(f"{record['key']} ({record['kind']}, {shape}): " + ", ".join(paths.values()))

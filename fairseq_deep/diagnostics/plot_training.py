@@ -10,7 +10,8 @@ or ``simple``) or a ``--tensorboard-logdir`` directory.  The run must have been 
   20-layer model);
 * ``ta_weights[_LABEL].png``: s_{i,J} over training, one curve per encoder layer i (Fig. 4; J is
   the decoder attention module, the last one logged by default);
-* ``loss.png``: the train loss, one curve per run;
+* ``loss.png``: the train loss (solid) and, where the log has validation records, the valid loss
+  (dashed, markers), one colour per run;
 * ``training_series.json``: every series read, ``{label: {metric: [[update, value], ...]}}``.
 
 The final s matrix of a checkpoint is drawn by the layer-weight exporter
@@ -30,6 +31,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 Series = Dict[str, List[Tuple[float, float]]]
 
 _TRAIN_INNER = re.compile(r"\|\s*train_inner\s*\|\s*(.*)$")
+_VALID = re.compile(r"\|\s*valid\s*\|\s*(.*)$")
+# "epoch 001 | valid on 'valid' subset | loss 8.308 | nll_loss 8.302 | ... | num_updates 20"
+_SIMPLE_VALID_FIELD = re.compile(r"\|\s*([A-Za-z_]\w*) ([-+0-9.eEinfa]+)\s*(?=\||$)")
 _SIMPLE_INNER = re.compile(r"^\s*epoch \d+:\s+\d+\s*/\s*\d+\s")
 _KEY_VALUE = re.compile(r"([A-Za-z_][\w.]*)=([-+0-9.eEinfa]+)")
 _TA_KEY = re.compile(r"^ta\d*_s(\d+)_(\d+)$")
@@ -42,10 +46,32 @@ def _number(value) -> Optional[float]:
         return None
 
 
+def _valid_record(body: str) -> Optional[Dict[str, float]]:
+    """A ``valid`` record (json or simple) as {"valid_loss": ..., "num_updates": ...}."""
+    if body.startswith("{"):
+        try:
+            record = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        record = {k: _number(v) for k, v in record.items()}
+    else:
+        record = {f"valid_{k}": _number(v) for k, v in _SIMPLE_VALID_FIELD.findall("| " + body)}
+    record["num_updates"] = record.pop("valid_num_updates", None)
+    return record if record.get("num_updates") is not None else None
+
+
 def parse_log_lines(lines: Sequence[str]) -> Series:
-    """The ``train_inner`` records of a fairseq-train log, keyed by metric, x = num_updates."""
+    """The ``train_inner`` records of a fairseq-train log, keyed by metric, and the ``valid``
+    records' metrics as ``valid_*`` (valid_loss, ...); x = num_updates."""
     series: Series = defaultdict(list)
     for line in lines:
+        v = _VALID.search(line)
+        if v:
+            record = _valid_record(v.group(1).strip())
+            for key, value in (record or {}).items():
+                if key.startswith("valid_") and key != "valid_epoch" and value is not None:
+                    series[key].append((record["num_updates"], value))
+            continue
         m = _TRAIN_INNER.search(line)
         if m:  # a console line: "... | INFO | train_inner | <record>"
             body = m.group(1).strip()
@@ -87,7 +113,14 @@ def read_tensorboard(logdir: str) -> Series:
         raise FileNotFoundError(f"no tensorboard events under {path} (expected {logdir}/train_inner)")
     acc = EventAccumulator(path, size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(float(e.step), float(e.value)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    series = {tag: [(float(e.step), float(e.value)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    valid = os.path.join(logdir, "valid")
+    if path == sub and glob.glob(os.path.join(valid, "events.out.tfevents.*")):
+        acc = EventAccumulator(valid, size_guidance={"scalars": 0})
+        acc.Reload()
+        series.update({f"valid_{tag}": [(float(e.step), float(e.value)) for e in acc.Scalars(tag)]
+                       for tag in acc.Tags()["scalars"]})
+    return series
 
 
 def read_run(path: str) -> Series:
@@ -128,19 +161,31 @@ def _safe(label: str) -> str:
     return re.sub(r"[^\w.-]+", "_", label)
 
 
+def series_styles(n: int) -> List[Dict[str, object]]:
+    """n distinct (colour, line style) pairs: the 10 colours of matplotlib's qualitative tab10
+    palette, then the same with dashed, dotted and dash-dotted lines."""
+    colours = [f"C{i}" for i in range(10)]
+    styles = ["-", "--", ":", "-."]
+    return [{"color": colours[i % 10], "linestyle": styles[(i // 10) % len(styles)]} for i in range(n)]
+
+
 def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = None,
               log_y: bool = False) -> List[str]:
     plt = _pyplot()
     os.makedirs(out_dir, exist_ok=True)
     written = []
 
-    def curves(metric, ylabel, title, name, log_scale=False):
+    def curves(metric, ylabel, title, name, log_scale=False, dashed_metric=None):
         have = {label: s[metric] for label, s in runs.items() if s.get(metric)}
         if not have:
             return
         fig, ax = plt.subplots(figsize=(6, 4))
-        for label, values in have.items():
-            ax.plot([x for x, _ in values], [y for _, y in values], label=label)
+        for (label, values), style in zip(have.items(), series_styles(len(have))):
+            ax.plot([x for x, _ in values], [y for _, y in values], label=label, color=style["color"])
+            extra = runs[label].get(dashed_metric) if dashed_metric else None
+            if extra:
+                ax.plot([x for x, _ in extra], [y for _, y in extra], label=f"{label} (valid)",
+                        color=style["color"], linestyle="--", marker="o", markersize=3)
         ax.set_xlabel("update t")
         ax.set_ylabel(ylabel)
         if log_scale:
@@ -155,16 +200,14 @@ def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = Non
 
     curves("gnorm_ratio", "r_t = |dL/dh_1| / |dL/dh_N|", "grad-norm ratio (Bapna et al. 2018, Fig. 1-3)",
            "grad_norm_ratio.png", log_y)
-    curves("loss", "train loss", "train loss", "loss.png")
+    curves("loss", "loss", "train loss (solid) and valid loss (dashed)", "loss.png", dashed_metric="valid_loss")
 
     with_ta = {label: ta_weight_series(s, column) for label, s in runs.items()}
     with_ta = {label: v for label, v in with_ta.items() if v[1]}
     for label, (j, by_layer) in with_ta.items():
         fig, ax = plt.subplots(figsize=(6, 4))
-        cmap = plt.get_cmap("viridis")
-        n = max(len(by_layer) - 1, 1)
-        for i, values in by_layer.items():
-            ax.plot([x for x, _ in values], [y for _, y in values], color=cmap(i / n),
+        for (i, values), style in zip(by_layer.items(), series_styles(len(by_layer))):
+            ax.plot([x for x, _ in values], [y for _, y in values], **style,
                     label="emb." if i == 0 else f"layer {i}")
         ax.set_xlabel("update t")
         ax.set_ylabel(f"s_(i,{j})")

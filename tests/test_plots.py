@@ -1,0 +1,44 @@
+"""Plots a person reads: validation beside training loss, distinct series, masked vs absent cells."""
+
+import pytest
+import torch
+
+from fairseq_deep.diagnostics.layer_weights import plot_heatmap
+from fairseq_deep.diagnostics.plot_training import parse_log_lines, plot_runs, series_styles
+
+JSON_LOG = [
+    '2026-11-23 04:15:21 | INFO | train_inner | {"epoch": 1, "update": 0.1, "loss": "9.9", "num_updates": "2"}',
+    '2026-11-23 04:15:22 | INFO | valid | {"epoch": 1, "valid_loss": "9.815", "valid_ppl": "900.7", "valid_num_updates": "2"}',
+    '2026-11-23 04:15:23 | INFO | valid | {"epoch": 1, "valid_loss": "9.776", "valid_num_updates": "4"}',
+]
+SIMPLE_LOG = [
+    "2026-11-23 04:13:37 | INFO | train_inner | epoch 001:     10 / 63 loss=8.455, nll_loss=8.173, num_updates=10",
+    "2026-11-23 04:13:37 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.308 | nll_loss 8.302 "
+    "| ppl 315.6 | wps 77108.5 | num_updates 20",
+]
+
+
+def test_validation_records_are_read_from_json_and_simple_logs():
+    json_series = parse_log_lines(JSON_LOG)
+    assert json_series["valid_loss"] == [(2.0, 9.815), (4.0, 9.776)]
+    assert json_series["loss"] == [(2.0, 9.9)]
+    simple = parse_log_lines(SIMPLE_LOG)
+    assert simple["valid_loss"] == [(20.0, 8.308)] and simple["valid_nll_loss"] == [(20.0, 8.302)]
+    assert simple["loss"] == [(10.0, 8.455)] and "valid_epoch" not in simple
+
+
+def test_every_series_gets_its_own_colour_and_line_style():
+    styles = series_styles(31)  # a 30-layer encoder's s_(i,j) plus the embedding
+    assert len({(s["color"], s["linestyle"]) for s in styles}) == 31
+    assert styles[0]["color"] != styles[1]["color"]  # "emb." and "layer 1"
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    written = plot_runs({"a": parse_log_lines(JSON_LOG), "b": parse_log_lines(SIMPLE_LOG)}, str(tmp_path))
+    assert str(tmp_path / "loss.png") in written
+    m = torch.tril(torch.rand(4, 4))
+    empty = torch.ones(4, 4).triu(1).bool()
+    hidden = empty | (m < 0.3)
+    path = plot_heatmap(m, list("abcd"), list("abcd"), "t", str(tmp_path / "h.png"), mask=hidden, empty=empty)
+    assert (tmp_path / "h.png").stat().st_size > 0 and path.endswith("h.png")
