@@ -2,10 +2,19 @@
 average and a moving standard deviation of the log of the gradient norm values, and we abort a step
 if the norm of the gradient exceeds four standard deviations of the moving average".
 
-``GradNormTracker`` is the statistic (as lingvo's ``GradNormTracker``): exponentially weighted sums
-with decay ``d`` of 1, log g and (log g)^2, where g = max(norm, min_norm); mean and standard
-deviation follow from them; an update is an outlier when, after ``warmup`` observed updates,
-log g > mean + threshold * std.  Outliers do not enter the statistics.
+``GradNormTracker`` is the statistic, in one of two variants (``--adaptive-clip-variant``):
+
+* ``paper`` (the default; the paper's sentence read literally): exponentially weighted sums with
+  decay ``d`` of 1, x and x^2, where x = log g and g = max(norm, min_norm); mean and standard
+  deviation follow from them; an update is an outlier when, after ``--adaptive-clip-warmup``
+  observed updates, x > mean + threshold * std.  Outliers do not enter the statistics.
+* ``lingvo``: exactly lingvo's ``GradNormTracker`` (``lingvo/core/layers.py``), which the authors'
+  framework runs: x = log(g + 1); the std has a floor of 1e-3 (variance floor 1e-6); a step is
+  aborted only once the statistics' total weight 1 - d^n exceeds 0.75 (n > 277 updates at
+  d = 0.995; ``--adaptive-clip-warmup`` is not used); and every step, outlier or not, enters the
+  statistics with x capped at mean + threshold * std.
+
+Both keep the same state (decayed weight, sums of x and x^2), so checkpoints hold the same fields.
 
 ``AdaptiveClipTaskMixin`` applies it to any fairseq task (``--adaptive-clip``):
 
@@ -31,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
 STATE_KEY = "adaptive_clip"
@@ -57,16 +67,28 @@ class AdaptiveClipConfig:
     adaptive_clip_min_norm: float = field(
         default=1e-2, metadata={"help": "norms below this enter the statistics as this (lingvo: 1e-2)"}
     )
+    adaptive_clip_variant: ChoiceEnum(["paper", "lingvo"]) = field(
+        default="paper",
+        metadata={"help": "paper: log g, outliers left out of the statistics, skipping after "
+                  "--adaptive-clip-warmup updates; lingvo: lingvo's GradNormTracker exactly "
+                  "(log(g + 1), std floor 1e-3, outliers enter capped, skipping once 1 - d^n > 0.75)"},
+    )
+
+
+VARIANTS = ("paper", "lingvo")
 
 
 class GradNormTracker:
     def __init__(self, threshold: float = 4.0, decay: float = 0.995, warmup: int = 100,
-                 min_norm: float = 1e-2):
+                 min_norm: float = 1e-2, variant: str = "paper"):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"--adaptive-clip-decay must be in (0, 1), got {decay}")
         if threshold <= 0:
             raise ValueError(f"--adaptive-clip-threshold must be positive, got {threshold}")
+        if variant not in VARIANTS:
+            raise ValueError(f"--adaptive-clip-variant must be one of {VARIANTS}, got {variant!r}")
         self.threshold, self.decay, self.warmup, self.min_norm = threshold, decay, warmup, min_norm
+        self.variant = variant
         self.weight = 0.0  # sum of decay^k
         self.sum = 0.0  # of log norms, decayed
         self.sum_sq = 0.0
@@ -74,20 +96,35 @@ class GradNormTracker:
         self.skipped = 0
 
     def mean_std(self):
+        if self.variant == "lingvo":  # lingvo divides by max(total weight, 1e-6), floors the variance
+            w = max(self.weight * (1.0 - self.decay), 1e-6) / (1.0 - self.decay)
+            mean = self.sum / w
+            return mean, math.sqrt(max(self.sum_sq / w - mean * mean, 1e-6))
         if self.weight <= 0:
             return 0.0, 0.0
         mean = self.sum / self.weight
         var = max(self.sum_sq / self.weight - mean * mean, 0.0)
         return mean, math.sqrt(var)
 
+    def log_norm(self, norm: float) -> float:
+        g = max(norm, self.min_norm)
+        return math.log(g + 1.0) if self.variant == "lingvo" else math.log(g)
+
+    def cap(self) -> float:
+        mean, std = self.mean_std()
+        return mean + self.threshold * std
+
     def is_outlier(self, norm: float) -> bool:
+        if self.variant == "lingvo":  # lingvo: once the total weight 1 - d^n exceeds 0.75
+            return self.weight * (1.0 - self.decay) > 0.75 and self.log_norm(norm) > self.cap()
         if self.observed < self.warmup:
             return False
-        mean, std = self.mean_std()
-        return math.log(max(norm, self.min_norm)) > mean + self.threshold * std
+        return self.log_norm(norm) > self.cap()
 
     def update(self, norm: float):
-        x = math.log(max(norm, self.min_norm))
+        x = self.log_norm(norm)
+        if self.variant == "lingvo":
+            x = min(x, self.cap())
         d = self.decay
         self.weight = d * self.weight + 1.0
         self.sum = d * self.sum + x
@@ -96,11 +133,12 @@ class GradNormTracker:
 
     def step(self, norm: float) -> bool:
         """Observe one update's gradient norm; True when the update must be skipped."""
-        if self.is_outlier(norm):
+        outlier = self.is_outlier(norm)
+        if outlier:
             self.skipped += 1
-            return True
-        self.update(norm)
-        return False
+        if not outlier or self.variant == "lingvo":  # lingvo: outliers enter, capped
+            self.update(norm)
+        return outlier
 
     def state_dict(self) -> Dict[str, float]:
         return {"weight": self.weight, "sum": self.sum, "sum_sq": self.sum_sq,
@@ -128,7 +166,8 @@ class AdaptiveClipTaskMixin:
         if self._grad_tracker is None:
             c = self.cfg
             self._grad_tracker = GradNormTracker(c.adaptive_clip_threshold, c.adaptive_clip_decay,
-                                                 c.adaptive_clip_warmup, c.adaptive_clip_min_norm)
+                                                 c.adaptive_clip_warmup, c.adaptive_clip_min_norm,
+                                                 getattr(c, "adaptive_clip_variant", "paper"))
         return self._grad_tracker
 
     @staticmethod
