@@ -43,7 +43,9 @@ import numpy as np
 import torch
 
 from fairseq import checkpoint_utils
-from fairseq.data import data_utils
+from fairseq.data import Dictionary, data_utils
+
+from .errors import MissingFileError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ def batch_by_size_all(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=No
 # -- 3. clear checkpoint errors --------------------------------------------------------------------
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names the file, the cause and the fix."""
 
 
@@ -127,8 +129,21 @@ def _raised_by_torch_load(exc: BaseException) -> bool:
 
 def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
     """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file raises CheckpointError."""
+    return _checked_load(_fairseq_load_checkpoint_to_cpu, path, *args, **kwargs)
+
+
+def torch_load_checked(path):
+    """``torch.load(path, map_location="cpu")`` (weights_only at torch's default) with the errors of
+    :func:`load_checkpoint_to_cpu_checked`: for tools that read a checkpoint as it is saved
+    (checkpoint averaging, layer-weight export)."""
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{path}: no such checkpoint file")
+    return _checked_load(torch.load, path, map_location="cpu")
+
+
+def _checked_load(load, path, *args, **kwargs):
     try:
-        return _fairseq_load_checkpoint_to_cpu(path, *args, **kwargs)
+        return load(path, *args, **kwargs)
     except pickle.UnpicklingError as e:
         found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", str(e))
         what = f"a reference to {found.group(1)}" if found else "an object"
@@ -141,6 +156,12 @@ def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
         ) from e
     except FileNotFoundError:
         raise
+    except KeyError as e:  # fairseq's upgrade of a dict that is not one of its checkpoints
+        raise CheckpointError(
+            f"{path} is not a fairseq checkpoint: it has no {e.args[0]!r} entry. Use a checkpoint "
+            f"written by fairseq-train (checkpoint_best.pt, checkpoint_last.pt) or by "
+            f"fairseq-deep-average-checkpoints"
+        ) from e
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
         if not _raised_by_torch_load(e):
             raise
@@ -185,6 +206,40 @@ def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
             + (f": {' '.join(cause[:2])[:400]}" if cause else "")
             + ". Fix: train with the checkpoint's --arch and layer/dimension options, or start a new "
               "model in another --save-dir (the checkpoint was not modified)."
+        ) from e
+
+
+def infer_language_pair_checked(path):
+    """fairseq's ``infer_language_pair``; a folder without binarized data stops with what it needs
+    (fairseq: "Could not infer language pair, please provide it explicitly")."""
+    src, tgt = _fairseq_infer_language_pair(path)
+    if src is None or tgt is None:
+        dicts = sorted(f for f in os.listdir(path) if re.fullmatch(r"dict\..+\.txt", f)) if os.path.isdir(path) else []
+        raise MissingFileError(
+            f"{path}: cannot tell the language pair: no binarized data (<split>.<src>-<tgt>.<lang>.idx) "
+            f"in it{'' if os.path.isdir(path) else ' (no such directory)'}"
+            + (f"; dictionaries found: {', '.join(dicts)}" if dicts else "")
+            + ". Pass --source-lang and --target-lang (hub: source_lang=, target_lang=) and a data "
+              "directory holding dict.<src>.txt and dict.<tgt>.txt (the --destdir of fairseq-preprocess)"
+        )
+    return src, tgt
+
+
+def load_dictionary_checked(cls, f):
+    """fairseq's ``Dictionary.load``; a missing dictionary file names itself and where it comes from."""
+    try:
+        return _fairseq_dictionary_load.__func__(cls, f)
+    except FileNotFoundError as e:
+        if not isinstance(f, str) or isinstance(e, MissingFileError):
+            raise
+        folder = os.path.dirname(f) or "."
+        found = sorted(x for x in os.listdir(folder) if re.fullmatch(r"dict\..+\.txt", x)) if os.path.isdir(folder) else []
+        raise MissingFileError(
+            f"{f}: no such dictionary"
+            + (f" (found in {folder}: {', '.join(found)}; check --source-lang/--target-lang)" if found
+               else f" ({folder} has no dict.<lang>.txt{'' if os.path.isdir(folder) else ': no such directory'})")
+            + ". Pass the data directory written by fairseq-preprocess (--destdir), which holds "
+              "dict.<src>.txt and dict.<tgt>.txt of the model's training data"
         ) from e
 
 
@@ -310,12 +365,13 @@ def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
 
 _fairseq_batch_by_size = data_utils.batch_by_size
 _fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
+_fairseq_infer_language_pair = data_utils.infer_language_pair
 
 
 def apply():
     global _fairseq_trainer_load_checkpoint, _fairseq_infer_init_method, _fairseq_torch_launch_init
     global _fairseq_call_main, _fairseq_prepare_for_inference, _fairseq_fp16_build_optimizer
-    global _fairseq_mefp16_build_optimizer, _fairseq_trainer_train_step
+    global _fairseq_mefp16_build_optimizer, _fairseq_trainer_train_step, _fairseq_dictionary_load
     from fairseq import trainer
     from fairseq.distributed import utils as distributed_utils
     from fairseq.models import BaseFairseqModel, distributed_fairseq_model
@@ -326,6 +382,12 @@ def apply():
         data_utils.batch_by_size = batch_by_size_all
     if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu_checked:
         checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu_checked
+    if data_utils.infer_language_pair is not infer_language_pair_checked:
+        data_utils.infer_language_pair = infer_language_pair_checked
+    if not getattr(Dictionary.load, "_fairseq_deep", False):
+        _fairseq_dictionary_load = Dictionary.load
+        Dictionary.load = classmethod(load_dictionary_checked)
+        Dictionary.load.__func__._fairseq_deep = True
     if trainer.Trainer.load_checkpoint is not trainer_load_checkpoint_checked:
         _fairseq_trainer_load_checkpoint = trainer.Trainer.load_checkpoint
         trainer.Trainer.load_checkpoint = trainer_load_checkpoint_checked
