@@ -61,6 +61,7 @@ setup(
             "fairseq-deep-prepare = fairseq_deep.prepare:cli_main",
             "fairseq-deep-layer-weights = fairseq_deep.diagnostics.layer_weights:cli_main",
             "fairseq-deep-plot-training = fairseq_deep.diagnostics.plot_training:cli_main",
+            "fairseq-deep-list-archs = fairseq_deep.cli:list_archs_main",
         ],
     },
     classifiers=[

@@ -9,16 +9,27 @@ with a misleading error; these scripts are the fix (the other one is to pass ``-
 
 ``fairseq-deep-average-checkpoints`` averages the parameters of several checkpoints (fairseq's
 ``scripts/average_checkpoints.py``, which is not part of the fairseq wheel), loading them with
-``torch.load``'s default ``weights_only=True``.
+``torch.load``'s default ``weights_only=True``.  ``fairseq-deep-list-archs`` lists the
+architectures of the package by family.
+
+Every script of ours ends a person's mistake (:mod:`fairseq_deep.errors`) with one line
+``<prog>: error: ...`` and exit status 2 instead of a traceback (``FAIRSEQ_DEEP_TRACEBACK=1`` shows
+it), answers ``--help`` with the options of the ``--arch`` given, suggests the nearest names for a
+mistyped ``--arch``, and filters fairseq's and torch's warnings that say nothing to the user.
 """
 
 import argparse
 import collections
+import difflib
 import logging
 import os
 import re
+import signal
 import sys
+import warnings
 from typing import List, Optional
+
+from .errors import UserError, report_user_errors
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,18 +56,129 @@ def _fairseq_logging(stream=sys.stdout):
                             datefmt="%Y-%m-%d %H:%M:%S", level=root.level, stream=stream)
 
 
-def _run(main, log_stream=sys.stdout):
+#: (category, message regex) of warnings that fairseq, hydra and torch print on every run and that
+#: say nothing a user of these scripts can act on (deprecations inside fairseq and its pins).
+QUIET_WARNINGS = [
+    (UserWarning, r"\s*hydra\.experimental\.\w+\(\) is no longer experimental"),
+    (UserWarning, r"\s*The version_base parameter is not specified"),
+    (UserWarning, r"\s*In '\w+': Usage of deprecated keyword in package header"),
+    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema"),
+    (UserWarning, r"\s*The strict flag in the compose API is deprecated"),
+    (FutureWarning, r"\s*`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated"),
+    (Warning, r"\s*`?torch\.jit\.(script|trace|_overload)\w*`? is deprecated"),
+    (UserWarning, r"\s*Support for mismatched key_padding_mask and attn_mask is deprecated"),
+    (UserWarning, r"\s*'pin_memory' argument is set as true but no accelerator is found"),
+]
+
+
+def quiet_warnings():
+    """Filter :data:`QUIET_WARNINGS` (``PYTHONWARNINGS`` or ``-W`` given by the user still apply first)."""
+    for category, pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
+
+
+def _option_value(argv: List[str], *names: str) -> Optional[str]:
+    """The value of the last ``--name VALUE`` / ``--name=VALUE`` in ``argv`` (None when absent)."""
+    value = None
+    for i, a in enumerate(argv):
+        for name in names:
+            if a == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif a.startswith(name + "=") and name.startswith("--"):
+                value = a.split("=", 1)[1]
+    return value
+
+
+def check_user_dir(argv: List[str]):
+    user_dir = _option_value(argv[1:], "--user-dir")
+    if user_dir is not None and not os.path.isdir(user_dir):
+        raise UserError(
+            f"--user-dir {user_dir}: no such directory. The fairseq-deep-* commands load the plugin "
+            f"themselves: drop --user-dir (plain fairseq-* commands need --user-dir {PLUGIN_DIR})"
+        )
+
+
+def check_arch(argv: List[str]):
+    """A mistyped ``--arch`` stops with the nearest names (argparse would list all ~240)."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = _option_value(argv[1:], "--arch", "-a")
+    if arch is None or arch in ARCH_MODEL_REGISTRY:
+        return
+    user_dir = _option_value(argv[1:], "--user-dir")
+    if user_dir is not None and os.path.abspath(user_dir) != PLUGIN_DIR:
+        return  # another plugin registers its architectures later
+    close = difflib.get_close_matches(arch, list(ARCH_MODEL_REGISTRY), n=5, cutoff=0.6)
+    raise UserError(
+        f"--arch {arch}: no such architecture"
+        + (f"; did you mean {', '.join(close)}?" if close else ".")
+        + " fairseq-deep-list-archs lists the architectures of fairseq_deep"
+    )
+
+
+def parse_args_and_arch_with_help(parse_args_and_arch):
+    """fairseq's ``parse_args_and_arch``, whose ``--help`` also lists the options of the ``--arch``
+    (and criterion, optimizer, ...) given: fairseq adds them only after a first parse, which
+    ``--help`` ends before they are added."""
+
+    def parse(parser, input_args=None, *args, **kwargs):
+        argv = sys.argv[1:] if input_args is None else list(input_args)
+        if not any(a in ("-h", "--help") for a in argv):
+            return parse_args_and_arch(parser, input_args, *args, **kwargs)
+        original = parser.parse_known_args
+        first = [True]
+
+        def parse_known_args(args=None, namespace=None):
+            if not first[0]:
+                return original(args, namespace)
+            first[0] = False  # the first parse: without --help, and without required arguments
+            args = [a for a in (sys.argv[1:] if args is None else args) if a not in ("-h", "--help")]
+            required = [a for a in parser._actions if a.required]
+            for action in required:
+                action.required = False
+            try:
+                return original(args, namespace)
+            finally:
+                for action in required:
+                    action.required = True
+
+        parser.parse_known_args = parse_known_args
+        try:
+            return parse_args_and_arch(parser, input_args, *args, **kwargs)
+        finally:
+            parser.parse_known_args = original
+
+    parse._fairseq_deep = True
+    return parse
+
+
+def _run(main, log_stream=sys.stdout, needs_arch=False):
+    quiet_warnings()
     _fairseq_logging(log_stream)
+    from fairseq import options
+
+    if not getattr(options.parse_args_and_arch, "_fairseq_deep", False):
+        options.parse_args_and_arch = parse_args_and_arch_with_help(options.parse_args_and_arch)
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types
     # allow-listed) is already imported; fairseq's import of the --user-dir finds it loaded.
     sys.argv = with_user_dir(sys.argv)
-    main()
+
+    def checked_main():
+        check_user_dir(sys.argv)
+        check_arch(sys.argv)
+        if needs_arch and _option_value(sys.argv[1:], "--arch", "-a") is None and not (
+                {"-h", "--help"} & set(sys.argv[1:])):
+            raise UserError("--arch ARCH is required (e.g. --arch transformer_dlcl); "
+                            "fairseq-deep-list-archs lists the architectures of fairseq_deep")
+        return main()
+
+    report_user_errors(checked_main)
 
 
 def train():
     from fairseq_cli.train import cli_main
 
-    _run(cli_main)
+    _run(cli_main, needs_arch=True)
 
 
 def generate():
@@ -66,9 +188,82 @@ def generate():
 
 
 def interactive():
-    from fairseq_cli.interactive import cli_main
+    from fairseq_cli import interactive as fairseq_interactive
 
-    _run(cli_main)
+    from .interactive import make_batches_kept_going
+
+    if not getattr(fairseq_interactive.make_batches, "_fairseq_deep", False):
+        fairseq_interactive.make_batches = make_batches_kept_going(fairseq_interactive.make_batches)
+    _run(fairseq_interactive.cli_main)
+
+
+# ---------------------------------------------------------------------------------------------
+# Architectures
+# ---------------------------------------------------------------------------------------------
+
+
+def _one_line(doc: Optional[str], width: int = 100) -> str:
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def our_architectures():
+    """``{family (model name): [(arch, one-line description), ...]}`` of fairseq_deep, in
+    registration order."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
+
+    families = collections.OrderedDict()
+    for arch, cls in ARCH_MODEL_REGISTRY.items():
+        if cls.__module__.split(".")[0] != "fairseq_deep":
+            continue
+        doc = ARCH_CONFIG_REGISTRY[arch].__doc__ if arch in ARCH_CONFIG_REGISTRY else None
+        family = ARCH_MODEL_NAME_REGISTRY[arch]
+        if not doc and arch == family:
+            doc = "the family's defaults"
+        families.setdefault(family, []).append((arch, _one_line(doc)))
+    return families
+
+
+def family_description(model_cls) -> str:
+    """The first sentence of the model class's docstring, or of its module's."""
+    return _one_line(model_cls.__doc__ or sys.modules[model_cls.__module__].__doc__)
+
+
+def list_archs_main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="fairseq-deep-list-archs",
+        description="List the architectures (--arch) of fairseq_deep by family, one line each. "
+                    "`fairseq-deep-train --arch ARCH --help` lists an architecture's options.",
+    )
+    parser.add_argument("family", nargs="?", help="only this family (a model name, e.g. transformer_dlcl) "
+                        "or the architectures whose name contains this word")
+    args = parser.parse_args(argv)
+    if hasattr(signal, "SIGPIPE"):  # `fairseq-deep-list-archs | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+    def run():
+        from fairseq.models import MODEL_REGISTRY
+
+        families = our_architectures()
+        if args.family:
+            chosen = {f: a for f, a in families.items() if f == args.family}
+            if not chosen:
+                chosen = {f: [x for x in a if args.family in x[0]] for f, a in families.items()}
+                chosen = {f: a for f, a in chosen.items() if a}
+            if not chosen:
+                close = difflib.get_close_matches(args.family, list(families), n=3, cutoff=0.5)
+                raise UserError(f"no family or architecture matches {args.family!r}"
+                                + (f"; did you mean {', '.join(close)}?" if close else ".")
+                                + f" Families: {', '.join(families)}")
+            families = chosen
+        width = max(len(a) for archs in families.values() for a, _ in archs)
+        for family, archs in families.items():
+            print(f"{family}: {family_description(MODEL_REGISTRY[family])}")
+            for arch, doc in archs:
+                print(f"  {arch:<{width}}  {doc}")
+            print()
+
+    report_user_errors(run, "fairseq-deep-list-archs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,8 +283,8 @@ def last_n_checkpoints(path: str, n: int, update_based: bool = False, upper_boun
                 found.append((number, name))
     if len(found) < n:
         kind = "update" if update_based else "epoch"
-        raise SystemExit(
-            f"fairseq-deep-average-checkpoints: found {len(found)} {kind} checkpoints in {path}, "
+        raise UserError(
+            f"found {len(found)} {kind} checkpoints in {path}, "
             f"need {n} (train with --save-interval 1 and without --no-epoch-checkpoints / "
             f"--keep-last-epochs < {n})"
         )
@@ -102,18 +297,21 @@ def average_checkpoints(inputs: List[str]):
     point (flags, counters) are the newest checkpoint's, not averaged."""
     import torch
 
-    import fairseq_deep  # noqa: F401  (allow-lists the types fairseq checkpoints hold)
+    from .compat import torch_load_checked  # (allow-lists the types fairseq checkpoints hold)
 
     params_dict = collections.OrderedDict()
     new_state = None
     for fpath in inputs:
-        state = torch.load(fpath, map_location="cpu")  # weights_only stays at torch's default
+        state = torch_load_checked(fpath)  # weights_only stays at torch's default
+        if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+            raise UserError(f"{fpath} is not a fairseq checkpoint (it has no 'model' entry); "
+                            "average checkpoints written by fairseq-train")
         if new_state is None:
             new_state = state
         model = state["model"]
         if params_dict and set(model) != set(params_dict):
-            raise SystemExit(
-                f"fairseq-deep-average-checkpoints: {fpath} has other parameters than {inputs[0]}; "
+            raise UserError(
+                f"{fpath} has other parameters than {inputs[0]}; "
                 "only checkpoints of one model can be averaged"
             )
         for k, p in model.items():
@@ -148,8 +346,12 @@ def average_checkpoints_main(argv=None):
     parser.add_argument("--checkpoint-upper-bound", type=int,
                         help="ignore checkpoints of a later epoch (or update) than this")
     args = parser.parse_args(argv)
+    quiet_warnings()
     _fairseq_logging(sys.stderr)
+    report_user_errors(lambda: _average_checkpoints_main(parser, args), parser.prog)
 
+
+def _average_checkpoints_main(parser, args):
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is not None:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):

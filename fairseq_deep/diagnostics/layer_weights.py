@@ -24,6 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import UserError, report_user_errors
+
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
 
@@ -308,18 +310,10 @@ def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = 
 
 def load_checkpoint(path: str):
     """``(state_dict, model_cfg)`` of a fairseq checkpoint, loaded with torch's safe unpickler."""
-    import fairseq_deep  # noqa: F401  (allow-lists the types fairseq checkpoints hold)
+    from ..compat import torch_load_checked  # (allow-lists the types fairseq checkpoints hold)
 
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu")
-    except Exception as e:
-        raise RuntimeError(
-            f"could not load {path} with torch.load(weights_only=True): {e}\n"
-            "fairseq_deep allow-lists the types fairseq checkpoints hold; a checkpoint carrying "
-            "anything else is refused on purpose"
-        ) from e
+    # a missing, truncated or refused file: the CheckpointError of generate/interactive/hub
+    ckpt = torch_load_checked(path)
     if isinstance(ckpt, dict) and "model" in ckpt and isinstance(ckpt["model"], dict):
         cfg = ckpt.get("cfg") or {}
         model_cfg = cfg_value(cfg, "model", None) if cfg else None
@@ -328,7 +322,7 @@ def load_checkpoint(path: str):
         return ckpt["model"], model_cfg
     if isinstance(ckpt, dict) and all(isinstance(v, Tensor) for v in ckpt.values()):
         return ckpt, None  # a bare state dict
-    raise ValueError(f"{path} is neither a fairseq checkpoint (a dict with 'model') nor a state dict")
+    raise UserError(f"{path} is neither a fairseq checkpoint (a dict with 'model') nor a state dict")
 
 
 def get_parser():
@@ -376,7 +370,10 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    sys.exit(main())
+    from ..cli import quiet_warnings
+
+    quiet_warnings()
+    sys.exit(report_user_errors(main, "fairseq-deep-layer-weights"))
 
 
 if __name__ == "__main__":

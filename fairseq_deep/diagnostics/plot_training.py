@@ -28,6 +28,8 @@ import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..errors import report_user_errors
+
 Series = Dict[str, List[Tuple[float, float]]]
 
 _TRAIN_INNER = re.compile(r"\|\s*train_inner\s*\|\s*(.*)$")
@@ -262,7 +264,10 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    sys.exit(main())
+    from ..cli import quiet_warnings
+
+    quiet_warnings()
+    sys.exit(report_user_errors(main, "fairseq-deep-plot-training"))
 
 
 if __name__ == "__main__":
