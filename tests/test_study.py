@@ -1,0 +1,158 @@
+"""fairseq-deep-study: system parsing, the built-in groups, ordering of the hypotheses, and one
+end-to-end run of two tiny systems (real fairseq-train / fairseq-generate subprocesses) that a
+second invocation does not retrain."""
+
+import json
+import os
+
+import pytest
+
+from fairseq_deep import study
+from fairseq_deep.study import UserError
+
+
+def test_parse_system_splits_with_shlex():
+    s = study.parse_system("dlcl=transformer_dlcl --encoder-layers 12 --adam-betas '(0.9, 0.98)'")
+    assert (s.name, s.arch, s.group) == ("dlcl", "transformer_dlcl", study.CUSTOM)
+    assert s.flags == ["--encoder-layers", "12", "--adam-betas", "(0.9, 0.98)"]
+    assert s.depth == 12 and s.key == "custom/dlcl"
+    assert study.parse_system("deep=transformer_dlcl_30l").depth == 30
+    assert study.parse_system("x=transformer_dlcl --encoder-layers=8").depth == 8
+    assert study.parse_system("x=rnmt_plus").depth is None
+    for bad in ("transformer_dlcl", "=transformer", "a b=transformer", "x=transformer --arch y"):
+        with pytest.raises(UserError):
+            study.parse_system(bad)
+
+
+def test_groups_use_registered_archs_and_name_their_baseline():
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    for name in study.GROUPS:
+        baseline, systems = study.expand_group(name)
+        names = [s.name for s in systems]
+        assert baseline in names and len(set(names)) == len(names), name
+        assert all(s.arch in ARCH_MODEL_REGISTRY and s.group == name for s in systems), name
+    _, wang = study.expand_group("wang")
+    assert {s.arch for s in wang if s.depth == 6} == {"transformer_postnorm", "transformer_prenorm",
+                                                      "transformer_dlcl", "transformer_dlcl_postnorm"}
+    assert {s.depth for s in wang} == {6, 12, 16, 20, 25, 30} and len(wang) == 24
+    assert any(s.arch == "transformer_ta_nores_16l" for s in study.expand_group("bapna")[1])
+    assert any("label_smoothed_cross_entropy_with_diversity" in s.flags for s in study.expand_group("dou")[1])
+
+
+def test_group_subsets_and_depths_keep_the_baseline():
+    baseline, systems = study.expand_group("wang", depths=[20])
+    assert baseline == "postnorm_6"
+    assert [s.name for s in systems] == ["postnorm_6", "postnorm_20", "prenorm_20", "dlcl_20", "dlcl_postnorm_20"]
+    baseline, systems = study.expand_group("dou:hierarchical,mla2")
+    assert [s.name for s in systems] == ["baseline", "hierarchical", "mla2"]
+    assert [s.name for s in study.expand_group("zhou", depths=[5])[1]] == ["noff_2x2", "noff_5x3", "ff_5x3"]
+    with pytest.raises(UserError, match="no system nope"):
+        study.expand_group("dou:nope")
+    with pytest.raises(UserError, match="unknown group"):
+        study.expand_group("vaswani")
+
+
+def test_width_flags_per_family():
+    assert study.width_flags("transformer_dlcl_20l", 256)[study.width_flags("transformer_dlcl_20l", 256)
+                                                          .index("--encoder-ffn-embed-dim") + 1] == "1024"
+    assert "--encoder-attention-heads" in study.width_flags("transformer_dlcl", 512)
+    assert study.width_flags("rnmt_plus_512", 64) == ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+                                                      "--encoder-hidden-size", "64", "--decoder-hidden-size", "64"]
+    assert study.width_flags("deep_att_ff_5x3", 64)[:2] == ["--encoder-embed-dim", "32"]
+    assert study.width_flags("transformer_dlcl", None) == []
+
+
+def test_train_command_leaves_groups_a_system_names_to_it():
+    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "10", "--cpu",
+                                          "--train-args", "--clip-norm 1"])
+    args.train_args_list, args.gen_args_list = ["--clip-norm", "1"], []
+    plain = study.train_command(args, study.parse_system("a=transformer_dlcl"), 3, "S")
+    assert plain[plain.index("--optimizer") + 1] == "adam" and plain[plain.index("--seed") + 1] == "3"
+    assert plain[plain.index("--criterion") + 1] == "label_smoothed_cross_entropy"
+    assert plain[-2:] == ["--clip-norm", "1"] and "--cpu" in plain and "--stop-time-hours" not in plain
+    own = study.train_command(args, study.parse_system("b=deep_att_ff --optimizer deep_att --criterion "
+                                                       "sentence_cross_entropy"), 1, "S")
+    assert "--adam-betas" not in own and "--label-smoothing" not in own
+    assert own[-4:] == ["--optimizer", "deep_att", "--criterion", "sentence_cross_entropy"]
+
+
+GENERATE_OUTPUT = """S-2\tc d
+T-2\tref two
+H-2\t-0.5\thyp two
+D-2\t-0.5\tHyp two
+P-2\t-0.1 -0.2
+S-0\ta b
+T-0\tref zero
+H-0\t-0.1\thyp zero
+D-0\t-0.1\tHyp zero
+S-1\tb c
+T-1\tref one
+H-1\t-0.3\thyp one
+D-1\t-0.3\tHyp one
+Generate test with beam=5: BLEU4 = 1.00
+"""
+
+
+def test_generate_output_is_put_back_in_input_order():
+    hyps, refs = study.parse_generate(GENERATE_OUTPUT, 3)
+    assert hyps == ["Hyp zero", "Hyp one", "Hyp two"]  # D- (detokenized) lines, by id
+    assert refs == ["ref zero", "ref one", "ref two"]
+    h_only = "\n".join(line for line in GENERATE_OUTPUT.splitlines() if not line.startswith("D-"))
+    assert study.parse_generate(h_only, 3)[0] == ["hyp zero", "hyp one", "hyp two"]
+    with pytest.raises(ValueError, match="2 hypotheses for a test set of 3"):
+        study.parse_generate(GENERATE_OUTPUT.replace("D-1\t", "X-1\t").replace("H-1\t", "X-1\t"), 3)
+    with pytest.raises(ValueError, match="unexpected ids"):
+        study.parse_generate(GENERATE_OUTPUT, 2)
+
+
+def test_scores_and_paired_bootstrap():
+    refs = [f"the cat sat on mat number {i}" for i in range(20)]
+    good = list(refs)
+    bad = [r.replace("cat", "dog").replace("mat", "rug") for r in refs]
+    assert study.score(good, refs)["bleu"] == pytest.approx(100.0)
+    assert study.score(bad, refs)["bleu"] < 50
+    p = study.paired_bootstrap(bad, {"good": good}, refs, n_samples=100)
+    assert set(p["good"]) == {"bleu_p", "chrf_p"} and p["good"]["bleu_p"] < 0.05
+
+
+def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "study"
+    argv = ["--data", str(synthetic_bin), "--out", str(out), "--cpu", "--width", "16", "--max-update", "4",
+            "--valid-interval", "2", "--log-interval", "1", "--warmup", "2", "--jobs", "2", "--seeds", "1",
+            "--beam", "2", "--gen-args", "--max-len-a 0 --max-len-b 12", "--bootstrap-samples", "100",
+            "--progress-every", "5",
+            "--system", "pre=transformer_prenorm --encoder-layers 2 --decoder-layers 1",
+            "--system", "ta=transformer_ta --encoder-layers 3 --decoder-layers 1 --task translation_deep "
+                        "--log-grad-norm-ratio"]
+    assert study.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    group = results["groups"]["custom"]
+    assert group["baseline"] == "pre" and set(group["systems"]) == {"pre", "ta"}
+    n_test = results["settings"]["test_size"]
+    assert n_test == 101
+    for name, row in group["systems"].items():
+        seed = row["seeds"]["1"]
+        assert seed["sentences"] == n_test and seed["updates"] == 4, name
+        assert 0 <= seed["bleu"] <= 100 and row["bleu_mean"] == seed["bleu"]
+        hyp = (out / "runs" / "custom" / name / "seed1" / "hyp.txt").read_text().splitlines()
+        assert len(hyp) == n_test
+    assert set(group["systems"]["ta"]["paired_bs"]["1"]) == {"bleu_p", "chrf_p"}
+    assert group["systems"]["ta"]["depth"] == 3
+    md = (out / "results.md").read_text()
+    assert "| pre | `transformer_prenorm` |" in md and "| ta | `transformer_ta` |" in md
+    plots = sorted(os.listdir(out / "plots"))
+    assert {"bleu_depth_custom.png", "valid_loss_custom.png", "grad_norm_ratio_custom.png"} <= set(plots)
+
+    logs = {n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns for n in ("pre", "ta")}
+    assert study.main(argv) == 0  # resumes: nothing is trained or decoded again
+    assert {n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns
+            for n in ("pre", "ta")} == logs
+    assert json.loads((out / "results.json").read_text())["groups"] == results["groups"]
+
+
+def test_custom_systems_named_by_depth_share_a_technique():
+    assert study.parse_system("dlcl_20=transformer_dlcl_20l").technique == "dlcl"
+    assert study.parse_system("dlcl-12=transformer_dlcl --encoder-layers 12").technique == "dlcl"
+    assert study.parse_system("mla2=transformer_mla2").technique == "mla2"
