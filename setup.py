@@ -62,6 +62,7 @@ setup(
             "fairseq-deep-layer-weights = fairseq_deep.diagnostics.layer_weights:cli_main",
             "fairseq-deep-plot-training = fairseq_deep.diagnostics.plot_training:cli_main",
             "fairseq-deep-list-archs = fairseq_deep.cli:list_archs_main",
+            "fairseq-deep-study = fairseq_deep.study:cli_main",
         ],
     },
     classifiers=[
