@@ -7,6 +7,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from torch import nn
 
+from ...errors import refuse_options
 from ...modules.fast_forward_lstm import RECURRENT, mark
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
@@ -22,10 +23,15 @@ class DeepAttModel(FairseqEncoderDecoderModel):
     @classmethod
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, DeepAttConfig(), delete_default=True, with_prefix="")
+        # fairseq's Transformer options that a user tries here: known, so that they are refused with a reason
+        parser.add_argument("--checkpoint-activations", action="store_true",
+                            help="not supported by Deep-Att (refused): lower --max-tokens, raise --update-freq")
+        parser.add_argument("--encoder-layerdrop", type=float, metavar="D", help="not supported by Deep-Att (refused)")
 
     @classmethod
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["deep_att"](args)  # the defaults of options added since a checkpoint
+        refuse_options(args, "deep_att")  # --checkpoint-activations, --encoder-layerdrop
         enc_embed = build_embedding(task.source_dictionary, args.encoder_embed_dim)
         dec_embed = build_embedding(task.target_dictionary, args.decoder_embed_dim)
         encoder = DeepAttEncoder(args, task.source_dictionary, enc_embed)

@@ -78,3 +78,8 @@ class RNMTPlusConfig(RNMTConfig, DLCLConfig):
     )
     max_source_positions: int = field(default=1024, metadata={"help": "longest source sentence"})
     max_target_positions: int = field(default=1024, metadata={"help": "longest target sentence"})
+    # fairseq's Transformer options that a user tries here: known, so that they are refused with a reason
+    checkpoint_activations: bool = field(
+        default=False, metadata={"help": "not supported by RNMT+ (refused): lower --max-tokens, raise --update-freq"}
+    )
+    encoder_layerdrop: float = field(default=0.0, metadata={"help": "not supported by RNMT+ (refused)"})

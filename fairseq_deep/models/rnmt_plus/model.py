@@ -7,6 +7,7 @@ from torch import nn
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 
+from ...errors import refuse_options
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder
@@ -41,6 +42,7 @@ class RNMTPlusModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["rnmt_plus"](args)  # the defaults of options added since a checkpoint
+        refuse_options(args, "rnmt_plus")  # --checkpoint-activations, --encoder-layerdrop
         enc_emb, dec_emb = shared_embeddings(args, task.source_dictionary, task.target_dictionary)
         encoder = RNMTPlusEncoder(args, task.source_dictionary, enc_emb, output_dim=args.decoder_hidden_size)
         decoder = RNMTPlusDecoder(args, task.target_dictionary, dec_emb, encoder_output_dim=encoder.output_dim)
