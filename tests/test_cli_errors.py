@@ -1,0 +1,225 @@
+"""One kind of error for one kind of mistake (issue 14, items 2, 3, 6), through the real console
+scripts: a person's mistake ends with one line ``<prog>: error: ...`` naming the file or option
+and the fix, exit status 2, no traceback; ``--arch ARCH --help`` shows the architecture's options;
+a mistyped ``--arch`` gets the nearest names; fairseq's and torch's noise is filtered."""
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from helpers import TINY, build_model, run_cli
+
+from fairseq_deep.errors import UserError, is_user_error
+
+
+def run(*argv, cwd=None, env=None, input=None):
+    base = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
+    env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(list(argv), capture_output=True, text=True, cwd=cwd, env=env, input=input,
+                          timeout=300)
+
+
+def assert_user_error(proc, prog, *fragments):
+    """Exit status 2, no traceback, and the last line of stderr is ``prog: error: ...`` with fragments."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{prog}: error: "), last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+    return last
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic_bin, tmp_path_factory):
+    """A tiny transformer_dlcl after one epoch (and the stderr of its fairseq-deep-train)."""
+    save = tmp_path_factory.mktemp("cli_errors") / "checkpoints"
+    proc = run_cli("fairseq-deep-train", str(synthetic_bin), "--arch", "transformer_dlcl", *TINY,
+                   "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings",
+                   "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "3000", "--max-epoch", "1",
+                   "--seed", "1", "--cpu", "--num-workers", "0", "--save-dir", str(save),
+                   "--no-progress-bar")
+    return save, proc.stderr
+
+
+# -- options: discoverable -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch,flag", [("transformer_dlcl", "--dlcl-stacks"), ("rnmt_plus", "--encoder-hidden-size")])
+def test_help_of_an_arch_lists_its_options(arch, flag):
+    proc = run("fairseq-deep-train", "--arch", arch, "--help")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert flag in proc.stdout and "Model-specific configuration" in proc.stdout
+
+
+def test_mistyped_arch_gets_the_nearest_names(tmp_path):
+    proc = run("fairseq-deep-train", str(tmp_path), "--arch", "transformer_dlc")
+    assert_user_error(proc, "fairseq-deep-train", "--arch transformer_dlc: no such architecture",
+                             "did you mean transformer_dlcl", "fairseq-deep-list-archs")
+    assert len(proc.stderr) < 600  # not argparse's line of every registered name
+
+
+def in_process(entry_point, argv, capsys, monkeypatch):
+    """Run a console script's entry point in this process (fairseq is imported once): (exit status, out, err)."""
+    monkeypatch.setattr(sys, "argv", [entry_point.__name__, *map(str, argv)])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with warnings.catch_warnings():  # the scripts filter warnings and set up logging: undone here
+            entry_point()
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def assert_in_process_user_error(result, prog, *fragments):
+    status, out, err = result
+    proc = subprocess.CompletedProcess([], status, out, err)
+    return assert_user_error(proc, prog, *fragments)
+
+
+def test_list_archs_by_family(capsys, monkeypatch):
+    from fairseq_deep.cli import list_archs_main
+
+    status, out, _ = in_process(list_archs_main, [], capsys, monkeypatch)
+    assert status == 0
+    lines = out.splitlines()
+    families = [line.split(":")[0] for line in lines if line and not line.startswith(" ")]
+    assert {"transformer_dlcl", "transformer_ta", "transformer_agg", "rnmt_plus", "deep_att"} <= set(families)
+    assert "transformer" not in families  # fairseq's own are not ours
+    entry = next(line for line in lines if line.split()[:1] == ["transformer_dlcl_30l"])
+    assert "30-layer encoder" in entry
+    _, one, _ = in_process(list_archs_main, ["rnmt_plus"], capsys, monkeypatch)
+    assert "rnmt_plus_512_ta" in one and "transformer_dlcl" not in one
+    assert_in_process_user_error(in_process(list_archs_main, ["dlcx"], capsys, monkeypatch),
+                                 "fairseq-deep-list-archs", "Families: ")
+
+
+# -- mistakes: one line, exit 2 --------------------------------------------------------------------
+
+
+def test_preset_conflict(tmp_path):
+    proc = run("fairseq-deep-train", str(tmp_path), "--arch", "transformer_dlcl_30l", "--encoder-layers", "12")
+    assert_user_error(proc, "fairseq-deep-train", "drop --encoder-layers, or use --arch transformer_dlcl")
+
+
+def test_traceback_on_request(monkeypatch, capsys):
+    from fairseq_deep.errors import TRACEBACK_ENV, report_user_errors
+
+    def mistake():
+        raise ValueError("--encoder-layers 12 was given: drop --encoder-layers")
+
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    with pytest.raises(SystemExit) as e:
+        report_user_errors(mistake, "prog")
+    assert e.value.code == 2 and capsys.readouterr().err == "prog: error: --encoder-layers 12 was given: drop --encoder-layers\n"
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    with pytest.raises(ValueError):
+        report_user_errors(mistake, "prog")
+
+    def bug():
+        raise ValueError("shapes do not match")
+
+    monkeypatch.delenv(TRACEBACK_ENV)
+    with pytest.raises(ValueError):  # a bug keeps its traceback
+        report_user_errors(bug, "prog")
+
+
+def test_missing_arch_and_user_dir(tmp_path):
+    assert_user_error(run("fairseq-deep-train", str(tmp_path)), "fairseq-deep-train", "--arch ARCH is required")
+    proc = run("fairseq-deep-generate", str(tmp_path), "--user-dir", str(tmp_path / "nope"), "--path", "x.pt")
+    assert_user_error(proc, "fairseq-deep-generate", "--user-dir", "no such directory", "drop --user-dir")
+
+
+@pytest.mark.parametrize("arch", ["rnmt_plus", "deep_att"])
+@pytest.mark.parametrize("flag", [["--checkpoint-activations"], ["--encoder-layerdrop", "0.1"]])
+def test_recurrent_families_refuse_transformer_options(arch, flag):
+    with pytest.raises(UserError, match=rf"{flag[0]} is not supported by --arch {arch}.*Drop it"):
+        build_model(arch, ["--encoder-layers", "2", "--decoder-layers", "2", *flag])
+    build_model(arch, ["--encoder-layers", "2", "--decoder-layers", "2"])  # and nothing else changed
+
+
+def test_recurrent_refusal_through_the_cli(synthetic_bin, tmp_path):
+    proc = run("fairseq-deep-train", str(synthetic_bin), "--arch", "rnmt_plus", "--checkpoint-activations",
+               "--max-tokens", "1000", "--cpu", "--save-dir", str(tmp_path))
+    assert_user_error(proc, "fairseq-deep-train", "--checkpoint-activations is not supported by --arch rnmt_plus")
+
+
+def test_truncated_checkpoint_in_every_tool(trained, synthetic_bin, tmp_path, capsys, monkeypatch):
+    from fairseq_deep.cli import average_checkpoints_main
+    from fairseq_deep.diagnostics.layer_weights import cli_main as layer_weights_main
+
+    save, _ = trained
+    data = open(save / "checkpoint_last.pt", "rb").read()
+    cut = tmp_path / "checkpoint_cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    expected = [str(cut), "is not a complete checkpoint", "truncated"]
+    result = in_process(average_checkpoints_main, ["--inputs", save / "checkpoint_last.pt", cut,
+                                                   "--output", tmp_path / "avg.pt"], capsys, monkeypatch)
+    assert_in_process_user_error(result, "fairseq-deep-average-checkpoints", *expected)
+    assert not (tmp_path / "avg.pt").exists()
+    result = in_process(layer_weights_main, [cut, "--out-dir", tmp_path / "lw"], capsys, monkeypatch)
+    assert_in_process_user_error(result, "fairseq-deep-layer-weights", *expected)
+    assert_user_error(run("fairseq-deep-generate", str(synthetic_bin), "--path", str(cut), "--cpu",
+                          "--gen-subset", "test"), "fairseq-deep-generate", *expected)
+
+
+def test_foreign_and_missing_checkpoint(synthetic_bin, tmp_path, capsys, monkeypatch):
+    import torch
+
+    from fairseq_deep.cli import average_checkpoints_main
+    from fairseq_deep.diagnostics.layer_weights import cli_main as layer_weights_main
+    from fairseq_deep.diagnostics.plot_training import cli_main as plot_training_main
+
+    foreign = tmp_path / "weights.pt"
+    torch.save({"encoder.weight": torch.zeros(2)}, foreign)
+    assert_user_error(run("fairseq-deep-generate", str(synthetic_bin), "--path", str(foreign), "--cpu",
+                          "--gen-subset", "test"), "fairseq-deep-generate", str(foreign), "is not a fairseq checkpoint")
+    result = in_process(average_checkpoints_main, ["--inputs", foreign, foreign, "--output", tmp_path / "a.pt"],
+                        capsys, monkeypatch)
+    assert_in_process_user_error(result, "fairseq-deep-average-checkpoints", "is not a fairseq checkpoint")
+    result = in_process(layer_weights_main, [tmp_path / "none.pt", "--out-dir", tmp_path], capsys, monkeypatch)
+    assert_in_process_user_error(result, "fairseq-deep-layer-weights", "none.pt: no such checkpoint file")
+    result = in_process(plot_training_main, [tmp_path / "none.log", "--out-dir", tmp_path], capsys, monkeypatch)
+    assert_in_process_user_error(result, "fairseq-deep-plot-training", "none.log")
+
+
+def test_missing_dictionary_names_the_data_dir(trained, tmp_path):
+    save, _ = trained
+    empty = tmp_path / "data"
+    empty.mkdir()
+    argv = ["fairseq-deep-interactive", str(empty), "--path", str(save / "checkpoint_last.pt"), "--cpu"]
+    assert_user_error(run(*argv, input="a b\n"), "fairseq-deep-interactive", str(empty),
+                      "cannot tell the language pair", "--source-lang and --target-lang", "dict.<src>.txt")
+    assert_user_error(run(*argv, "--source-lang", "src", "--target-lang", "tgt", input="a b\n"),
+                      "fairseq-deep-interactive", os.path.join(str(empty), "dict.src.txt"), "no such dictionary")
+
+
+def test_no_noise(trained):
+    """fairseq-deep-train prints none of hydra's and torch's deprecation warnings."""
+    _, stderr = trained
+    assert "Warning" not in stderr and "deprecat" not in stderr.lower(), stderr[-3000:]
+
+
+def test_what_counts_as_a_user_error():
+    assert is_user_error(ValueError("--ta-dropout must be in [0, 1), got 2"))
+    assert not is_user_error(ValueError("shapes do not match"))  # a bug keeps its traceback
+    assert not is_user_error(KeyError("--x"))
+    from fairseq_deep.compat import CheckpointError
+
+    assert is_user_error(CheckpointError("x.pt is not a complete checkpoint")) and issubclass(CheckpointError, RuntimeError)
+
