@@ -125,6 +125,8 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
         argv = sys.argv[1:] if input_args is None else list(input_args)
         if not any(a in ("-h", "--help") for a in argv):
             return parse_args_and_arch(parser, input_args, *args, **kwargs)
+        if _option_value(argv, "--arch", "-a") is None and any(a.dest == "arch" for a in parser._actions):
+            return parse_args_and_arch(parser, input_args, *args, **kwargs)  # fairseq's own --help
         original = parser.parse_known_args
         first = [True]
 

@@ -49,11 +49,13 @@ def trained(synthetic_bin, tmp_path_factory):
 # -- options: discoverable -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch,flag", [("transformer_dlcl", "--dlcl-stacks"), ("rnmt_plus", "--encoder-hidden-size")])
+@pytest.mark.parametrize("arch,flag", [("transformer_dlcl", "--dlcl-stacks"), ("rnmt_plus", "--encoder-hidden-size"),
+                                       (None, "--save-dir")])
 def test_help_of_an_arch_lists_its_options(arch, flag):
-    proc = run("fairseq-deep-train", "--arch", arch, "--help")
+    proc = run("fairseq-deep-train", *(["--arch", arch] if arch else []), "--help")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert flag in proc.stdout and "Model-specific configuration" in proc.stdout
+    assert flag in proc.stdout
+    assert ("Model-specific configuration" in proc.stdout) == (arch is not None)  # without --arch: fairseq's help
 
 
 def test_mistyped_arch_gets_the_nearest_names(tmp_path):
