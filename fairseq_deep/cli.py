@@ -167,7 +167,8 @@ def _run(main, log_stream=sys.stdout, needs_arch=False):
 
     def checked_main():
         check_user_dir(sys.argv)
-        check_arch(sys.argv)
+        if needs_arch:  # fairseq-train's parser (the only one with --arch/-a)
+            check_arch(sys.argv)
         if needs_arch and _option_value(sys.argv[1:], "--arch", "-a") is None and not (
                 {"-h", "--help"} & set(sys.argv[1:])):
             raise UserError("--arch ARCH is required (e.g. --arch transformer_dlcl); "
