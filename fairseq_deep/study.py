@@ -39,14 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-try:  # the package's user errors (``<prog>: error: <message>``, exit status 2) where it has them
-    from .errors import UserError as _UserErrorBase
-except ImportError:  # pragma: no cover
-    _UserErrorBase = ValueError
-
-
-class UserError(_UserErrorBase):
-    """A mistake in the command line of fairseq-deep-study; the message names the option."""
+from .errors import UserError, report_user_errors
 
 logger = logging.getLogger("fairseq_deep.study")
 
@@ -440,6 +433,14 @@ class Study:
 
     def run_one(self, run: RunState):
         result_path = os.path.join(run.run_dir, "result.json")
+        cmd = train_command(self.args, run.system, run.seed, run.run_dir)
+        cmd_path = os.path.join(run.run_dir, "train_command.json")
+        if os.path.exists(cmd_path):
+            with open(cmd_path) as f:
+                if json.load(f) != cmd[1:]:
+                    logger.warning("%s: the fairseq-train command differs from the one saved in %s; a finished "
+                                   "run keeps its scores, an unfinished one resumes from its checkpoint_last.pt "
+                                   "with the new command (delete the folder to start again)", run.label, cmd_path)
         if os.path.exists(result_path):
             with open(result_path) as f:
                 run.result = json.load(f)
@@ -449,13 +450,6 @@ class Study:
         log_path = os.path.join(run.run_dir, "train.log")
         done_marker = os.path.join(run.run_dir, "train.done")
         if not os.path.exists(done_marker):
-            cmd = train_command(self.args, run.system, run.seed, run.run_dir)
-            cmd_path = os.path.join(run.run_dir, "train_command.json")
-            if os.path.exists(cmd_path):
-                with open(cmd_path) as f:
-                    if json.load(f) != cmd[1:]:
-                        logger.warning("%s: the training command changed since the interrupted run; "
-                                       "fairseq resumes from checkpoint_last.pt of the old one", run.label)
             with open(cmd_path, "w") as f:
                 json.dump(cmd[1:], f, indent=0)
             run.status, run.started = "training", time.time()
@@ -861,14 +855,12 @@ def main(argv=None) -> int:
 
 
 def cli_main():
+    from .cli import quiet_warnings
+
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr, force=True)
-    try:
-        code = main()
-    except UserError as e:
-        print(f"fairseq-deep-study: error: {e}", file=sys.stderr)
-        code = 2
-    sys.exit(code)
+    quiet_warnings()
+    sys.exit(report_user_errors(main, "fairseq-deep-study"))
 
 
 if __name__ == "__main__":

@@ -156,3 +156,25 @@ def test_custom_systems_named_by_depth_share_a_technique():
     assert study.parse_system("dlcl_20=transformer_dlcl_20l").technique == "dlcl"
     assert study.parse_system("dlcl-12=transformer_dlcl --encoder-layers 12").technique == "dlcl"
     assert study.parse_system("mla2=transformer_mla2").technique == "mla2"
+
+
+def test_markdown_table_shows_means_p_values_and_failures():
+    results = {
+        "settings": {"data": "D", "test_size": 3, "width": 16, "max_update": 5, "minutes": 0, "seeds": 2,
+                     "lr": 1e-3, "warmup": 2, "max_tokens": 100, "beam": 2, "checkpoint": "best"},
+        "groups": {"wang": {"baseline": "postnorm_6", "systems": {
+            "postnorm_6": {"arch": "transformer_postnorm", "flags": [], "depth": 6, "seeds_done": 2,
+                           "bleu_mean": 20.0, "bleu_std": 1.0, "chrf_mean": 40.0, "chrf_std": 2.0,
+                           "seeds": {"1": {"bleu": 19.0, "updates": 5, "best_valid_loss": 3.0},
+                                     "2": {"bleu": 21.0, "updates": 5, "best_valid_loss": 3.5}}},
+            "dlcl_20": {"arch": "transformer_dlcl_20l", "flags": [], "depth": 20, "seeds_done": 1,
+                        "bleu_mean": 25.0, "bleu_std": 0.0, "chrf_mean": 45.0, "chrf_std": 0.0,
+                        "paired_bs": {"1": {"bleu_p": 0.001, "chrf_p": 0.002}},
+                        "seeds": {"1": {"bleu": 25.0, "updates": 5, "best_valid_loss": 2.0},
+                                  "2": {"status": "failed", "error": "fairseq-train: RuntimeError: boom"}}},
+        }}},
+    }
+    md = study.markdown(results)
+    assert "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 3.000/3.500 |" in md
+    assert "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | 2.000 | seed 2: failed " \
+           "fairseq-train: RuntimeError: boom |" in md
