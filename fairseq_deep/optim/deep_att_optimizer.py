@@ -69,6 +69,16 @@ class DeepAttOptimizer(FairseqOptimizer):
     # --fp16-no-flatten-grads), which fairseq_deep.compat sets for an optimizer that says so.
     needs_param_groups = True
 
+    @classmethod
+    def add_args(cls, parser):
+        """The dataclass's options, and technique-prefixed names for the two whose names say
+        nothing of Deep-Att (the old ones still work, marked deprecated in --help)."""
+        super().add_args(parser)
+        from ..models.flags import add_new_flag_names
+
+        add_new_flag_names(parser, {"--lr-recurrent": "--deep-att-lr-recurrent",
+                                    "--update-rule": "--deep-att-update-rule"})
+
     def __init__(self, cfg: DeepAttOptimizerConfig, params):
         super().__init__(cfg)
         base_lr = float(cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr)
