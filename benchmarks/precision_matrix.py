@@ -89,7 +89,7 @@ FAMILIES = {
     "hybrid_cascaded": ("hybrid_cascaded", "hybrid_cascaded", _HYBRID_TINY, [], []),
     "hybrid_multicolumn": ("hybrid_multicolumn", "hybrid_multicolumn", _HYBRID_TINY, [], []),
     "deep_att_ff+deep_att_optim": ("deep_att_ff_5x3", "deep_att_ff", _DEEP_ATT_TINY, [],
-                                   ["--optimizer", "deep_att", "--lr-recurrent", "5e-4"]),
+                                   ["--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"]),
     "deep_ed_ff": ("deep_ed_ff", "deep_ed_ff", _DEEP_ATT_TINY, [], []),
 }
 

@@ -13,7 +13,7 @@
 # "--max-epoch 10 --max-tokens 8000"), GEN_FLAGS, BEAM (3).
 # Smoke test on a laptop: VOCAB=200 TRAIN_FLAGS="--encoder-layers 2 --decoder-layers 2
 #   --encoder-hidden-size 32 --decoder-hidden-size 32 --encoder-embed-dim 16
-#   --decoder-embed-dim 16 --max-update 20 --lr 1e-3 --lr-recurrent 1e-2" bash run.sh ...
+#   --decoder-embed-dim 16 --max-update 20 --lr 1e-3 --deep-att-lr-recurrent 1e-2" bash run.sh ...
 set -euo pipefail
 
 if [ $# -lt 4 ]; then
@@ -65,7 +65,7 @@ for SEED in $SEEDS; do
     # shellcheck disable=SC2086
     fairseq-deep-train "$WORK/bin" "${DEVICE_ARGS[@]}" --task translation \
         --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" --dropout 0.1 \
-        --optimizer deep_att --update-rule adam --lr 4e-5 --lr-recurrent 5e-4 --l2-strength 2 \
+        --optimizer deep_att --deep-att-update-rule adam --lr 4e-5 --deep-att-lr-recurrent 5e-4 --l2-strength 2 \
         --lr-scheduler fixed --criterion cross_entropy --max-tokens 8000 --seed "$SEED" \
         --save-dir "$WORK/ckpt.seed$SEED" --no-epoch-checkpoints \
         --log-format simple --log-interval 50 $TRAIN_FLAGS

@@ -36,7 +36,7 @@ fi
 fairseq-deep-train "$DATA_BIN" "${DEVICE_ARGS[@]}" \
     --task translation --source-lang en --target-lang fr \
     --arch "$ARCH" --dropout 0.1 \
-    --optimizer deep_att --update-rule adam --lr 4e-5 --lr-recurrent 5e-4 --l2-strength 2 \
+    --optimizer deep_att --deep-att-update-rule adam --lr 4e-5 --deep-att-lr-recurrent 5e-4 --l2-strength 2 \
     --lr-scheduler fixed --clip-norm 0 \
     --criterion cross_entropy \
     --batch-size 640 --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" \

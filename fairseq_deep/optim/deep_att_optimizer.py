@@ -9,12 +9,12 @@ group          parameters                           learning rate L2 strength
 =============  ===================================  ============  ============
 feedforward    W_f, W_p, attention, softmax, biases --lr (l_f)     --l2-strength (r)
 embedding      source and target embeddings         --lr (l_f)     0
-recurrent      W_r and the theta vectors (Eq. 4)    --lr-recurrent --l2-strength (r)
+recurrent      W_r and the theta vectors (Eq. 4)    --deep-att-lr-recurrent --l2-strength (r)
 =============  ===================================  ============  ============
 
 Each update is Eq. 12 with the group's learning rate l:  v <- v - l * (d + r * v), where d is the
-gradient g (``--update-rule sgd``, exactly Eq. 12) or Adam's step m_hat / (sqrt(v_hat) + eps)
-(``--update-rule adam``, the default: Sec. 3.2 says the models were trained with Adam; the decay
+gradient g (``--deep-att-update-rule sgd``, exactly Eq. 12) or Adam's step m_hat / (sqrt(v_hat) + eps)
+(``--deep-att-update-rule adam``, the default: Sec. 3.2 says the models were trained with Adam; the decay
 term stays outside Adam's normalisation, i.e. torch's AdamW with weight_decay = r).  With the
 paper's numbers every non-embedding weight is multiplied by (1 - l * r) per update: 1 - 8e-5 for
 l_f = 4e-5 and 1 - 1e-3 for l_r = 5e-4, on top of the gradient step.
@@ -52,9 +52,9 @@ class DeepAttOptimizerConfig(FairseqDataclass):
         default="adam",
         metadata={"help": "d of Eq. 12: Adam's step (Sec. 3.2) or the gradient (plain Eq. 12)"},
     )
-    adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for --update-rule adam"})
-    adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for --update-rule adam"})
-    momentum: float = field(default=0.0, metadata={"help": "momentum for --update-rule sgd"})
+    adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for --deep-att-update-rule adam"})
+    adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for --deep-att-update-rule adam"})
+    momentum: float = field(default=0.0, metadata={"help": "momentum for --deep-att-update-rule sgd"})
     lr: List[float] = II("optimization.lr")
 
 
