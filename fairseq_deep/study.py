@@ -498,7 +498,9 @@ class Study:
         with open(done_marker) as f:
             train_s = float(f.read().strip() or "nan")
         result = {**score(hyps, refs), "sentences": len(hyps), "test_size": self.n_test,
-                  "updates": last_update(log_path), "best_valid_loss": min(valid) if valid else None,
+                  # the last validation comes after the last train_inner record (a --minutes stop)
+                  "updates": max([last_update(log_path) or 0] + [int(x) for x, _ in series.get("valid_loss", [])]),
+                  "best_valid_loss": min(valid) if valid else None,
                   "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
                   "checkpoint": os.path.basename(checkpoint)}
         with open(result_path, "w") as f:
@@ -811,6 +813,11 @@ def select_groups(args) -> Dict[str, Tuple[str, List[System]]]:
         groups[CUSTOM] = (baseline, systems)
     if not groups:
         raise UserError("nothing to run: give --group NAME and/or --system NAME=ARCH")
+    common_depth = infer_depth("", getattr(args, "train_args_list", []))
+    for _, systems in groups.values():
+        for s in systems:
+            if s.depth is None:  # --train-args "--encoder-layers N" sets it for every system
+                s.depth = common_depth
     for _, systems in groups.values():
         for s in systems:
             model_kind(s.arch)  # unknown --arch: stop before anything runs

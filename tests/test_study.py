@@ -178,3 +178,11 @@ def test_markdown_table_shows_means_p_values_and_failures():
     assert "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 3.000/3.500 |" in md
     assert "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | 2.000 | seed 2: failed " \
            "fairseq-train: RuntimeError: boom |" in md
+
+
+def test_train_args_depth_counts_for_systems_without_their_own():
+    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "1",
+                                          "--system", "a=transformer_dlcl", "--system", "b=transformer_dlcl_20l"])
+    args.train_args_list = ["--encoder-layers", "3"]
+    systems = study.select_groups(args)[study.CUSTOM][1]
+    assert [s.depth for s in systems] == [3, 20]
