@@ -36,31 +36,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .precision import REDUCED, autocast_enabled
+
 FF_MODES = ("half", "whole", "none")
 RECURRENT = "recurrent"
-
-
-REDUCED = (torch.float16, torch.bfloat16)
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4
-        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
 def wide_dtype(x: Tensor) -> torch.dtype:
     """The dtype the F-F path computes in: float32 for a float16/bfloat16 ``x`` or under autocast
     (see the module docstring), ``x``'s own dtype otherwise."""
-    if x.dtype in REDUCED or (x.dtype == torch.float32 and _autocast_enabled(x.device.type)):
+    if x.dtype in REDUCED or (x.dtype == torch.float32 and autocast_enabled(x.device.type)):
         return torch.float32
     return x.dtype
 
 
 def no_autocast(x: Tensor):
     """Autocast off for ``x``'s device while it is on; a no-op context otherwise."""
-    if _autocast_enabled(x.device.type):
+    if autocast_enabled(x.device.type):
         return torch.autocast(device_type=x.device.type, enabled=False)
     return nullcontext()
 

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .precision import REDUCED, autocast_enabled
+
 
 def _cell_output(i: Tensor, f: Tensor, o: Tensor, j: Tensor, h: Tensor, c: Tensor, p: Optional[Tensor],
                  cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor]:
@@ -251,16 +253,6 @@ class LNLSTMRecurrence(torch.autograd.Function):
         return das.transpose(0, 1), dh0, dc0, d_w_hh, d_gamma, d_beta, None, None, None, None
 
 
-_REDUCED = (torch.float16, torch.bfloat16)
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # pragma: no cover - torch < 2.4
-        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
-
-
 def _loop(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
           pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
           eps: float) -> Tuple[Tensor, Tensor, Tensor]:
@@ -285,8 +277,8 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
     and float64 inputs run as they are."""
     tensors = (xw, h, c, w_hh, gamma, beta)
     device_type = xw.device.type
-    autocast = _autocast_enabled(device_type)
-    if not autocast and all(t.dtype not in _REDUCED for t in tensors):
+    autocast = autocast_enabled(device_type)
+    if not autocast and all(t.dtype not in REDUCED for t in tensors):
         return _loop(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
     with torch.autocast(device_type=device_type, enabled=False):
         out, h_n, c_n = _loop(*(t.float() for t in tensors), pad, cell_clip, output_tanh, eps)
