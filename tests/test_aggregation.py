@@ -304,11 +304,13 @@ def test_parameters_of_the_presets():
     """Rows 2-7 of Table 1 add what the paper says: nothing (dense), L matrices (linear), L-1
     two-input nodes (iterative), L/2 nodes (hierarchical), 1 or 2 attentions per layer (MLA)."""
     def count(arch):
-        m, _ = build_model(arch, ["--encoder-layers", "6", "--decoder-layers", "6"])
+        # AGG width d (--agg-ffn-dim 0, the default before issue 15); the default width (the
+        # stack's FFN width) is counted in test_audit_aggregation.py
+        m, _ = build_model(arch, ["--encoder-layers", "6", "--decoder-layers", "6", "--agg-ffn-dim", "0"])
         return sum(p.numel() for p in m.parameters())
 
     base = count("transformer_agg_baseline")
-    d, h = 16, 16  # TINY embed dim; AGG hidden = d by default
+    d, h = 16, 16  # TINY embed dim; AGG hidden = d with --agg-ffn-dim 0
     node = lambda n: n * d * h + h + h * d + d + 2 * d  # noqa: E731
     attn = 4 * (d * d + d)
     assert count("transformer_dense") == base

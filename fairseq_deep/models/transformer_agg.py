@@ -94,14 +94,14 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         history = build_aggregation(cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim,
-                                    cfg.encoder.attention_heads)
+                                    cfg.encoder.attention_heads, cfg.encoder.ffn_embed_dim)
         return AggTransformerEncoder(cfg, src_dict, embed_tokens, history)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         history = build_aggregation(cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim,
-                                    cfg.decoder.attention_heads)
+                                    cfg.decoder.attention_heads, cfg.decoder.ffn_embed_dim)
         return AggTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
                                      no_encoder_attn=cfg.no_cross_attention)
 

@@ -50,7 +50,11 @@ class AggregationConfig(FairseqDataclass):
         default="all", metadata={"help": "residual inputs of an AGG node (Table 4): all inputs, the "
                                  "top-level one, or none"})
     agg_ffn_dim: int = field(
-        default=0, metadata={"help": "hidden size of the AGG feed-forward (0: the stack's embedding dim)"})
+        default=-1, metadata={"help": "hidden size of the AGG feed-forward: -1 (default) the stack's FFN "
+                              "width (--encoder/decoder-ffn-embed-dim) for iterative/hierarchical "
+                              "nodes and d for --mla-layers' nodes (Dou et al. Sec. 4.2's parameter "
+                              "counts), 0 the stack's embedding dim d (the default before issue 15: "
+                              "older checkpoints saved 0)"})
     agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
         default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
                                  "initialised from), or W_l = I/L"})
@@ -329,8 +333,30 @@ class HierarchicalAggregationHistory(LayerHistory):
         return _HierarchicalState(self, embedding)
 
 
-def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int) -> LayerHistory:
-    """The history of the `prefix` ("encoder"/"decoder") stack under the ``--agg-*`` options."""
+def agg_hidden_dim(agg_ffn_dim: int, embed_dim: int, ffn_dim: Optional[int]) -> int:
+    """The hidden size of an AGG node's F: ``--agg-ffn-dim`` when positive, d when 0 (the old
+    default, kept by checkpoints that saved it); when negative (the default) the stack's FFN width
+    for an aggregation history's nodes (`ffn_dim` given) and d for multi-layer attention's
+    (`ffn_dim` None).
+
+    Dou et al. (2018) do not state the width.  Their Sec. 4.2 (Model Complexity) says the
+    strategies other than dense add "14.7M to 33.6M" parameters at Base.  New parameters at
+    Base (6+6 layers, d 512, FFN 2048), F's width d / FFN width: linear 3.15M / 3.15M (no F),
+    iterative 7.88M / 31.49M, hierarchical 5.78M / 23.09M, MLA-2 18.39M / 42.00M, MLA-3
+    28.89M / 58.79M.  The default (FFN width for aggregation, d for MLA) puts rows 4-7 in the
+    paper's range; the linear combination (Eq. 5: 12 d x d matrices) cannot reach it at any width.
+    Counted in tests/test_audit_aggregation.py."""
+    if agg_ffn_dim > 0:
+        return agg_ffn_dim
+    if agg_ffn_dim == 0 or not ffn_dim:
+        return embed_dim
+    return ffn_dim
+
+
+def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int,
+                      ffn_dim: Optional[int] = None) -> LayerHistory:
+    """The history of the `prefix` ("encoder"/"decoder") stack under the ``--agg-*`` options;
+    `ffn_dim` is the stack's FFN width (the AGG nodes' hidden size by default)."""
     opts = AggregationConfig.from_namespace(cfg)
     strategy = getattr(opts, f"agg_{prefix}") or "none"
     if strategy not in STRATEGIES:
@@ -341,20 +367,21 @@ def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_hea
         return DenseHistory(num_layers, opts.agg_dense_sum)
     if strategy == "linear":
         return LinearCombinationHistory(num_layers, embed_dim, opts.agg_linear_init)
-    factory = node_factory(cfg, embed_dim, num_heads)
+    factory = node_factory(cfg, embed_dim, num_heads, ffn_dim)
     if strategy == "iterative":
         return IterativeAggregationHistory(num_layers, factory)
     return HierarchicalAggregationHistory(num_layers, factory)
 
 
-def node_factory(cfg, embed_dim: int, num_heads: int):
+def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = None):
     """``factory(num_inputs, top) -> AggregationNode`` under the ``--agg-*`` node options (and the
-    model's ``--dropout``)."""
+    model's ``--dropout``); `ffn_dim`: the stack's FFN width (see :func:`agg_hidden_dim`)."""
     opts = AggregationConfig.from_namespace(cfg)
+    hidden_dim = agg_hidden_dim(opts.agg_ffn_dim, embed_dim, ffn_dim)
 
     def make(num_inputs: int, top: int) -> AggregationNode:
         return AggregationNode(
-            num_inputs, embed_dim, hidden_dim=opts.agg_ffn_dim or embed_dim,
+            num_inputs, embed_dim, hidden_dim=hidden_dim,
             function=opts.agg_function, residual=opts.agg_residual, top=top, num_heads=num_heads,
             dropout=getattr(cfg, "dropout", 0.0),
         )
