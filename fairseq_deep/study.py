@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -419,7 +420,8 @@ class Study:
         self.runs = [RunState(s, seed, os.path.join(args.out, "runs", s.group, s.name, f"seed{seed}"))
                      for _, systems in groups.values() for s in systems for seed in range(1, args.seeds + 1)]
         self.lock = threading.Lock()
-        self.stopping = threading.Event()  # set on Ctrl-C: queued runs do not start
+        self.stopping = threading.Event()  # set on Ctrl-C / SIGTERM: queued runs do not start
+        self.procs = set()  # the running fairseq subprocesses
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
         if "OMP_NUM_THREADS" not in os.environ:
             self.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
@@ -429,7 +431,24 @@ class Study:
         with open(log_path, mode, encoding="utf-8") as log:
             log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
             log.flush()
-            return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env).returncode
+            with self.lock:
+                if self.stopping.is_set():
+                    return -1
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                self.procs.add(proc)
+            try:
+                return proc.wait()
+            finally:
+                with self.lock:
+                    self.procs.discard(proc)
+
+    def stop(self):
+        """Start nothing more and end the running fairseq processes (fairseq resumes them from
+        checkpoint_last.pt next time)."""
+        with self.lock:
+            self.stopping.set()
+            for proc in self.procs:
+                proc.terminate()
 
     def run_one(self, run: RunState):
         result_path = os.path.join(run.run_dir, "result.json")
@@ -457,6 +476,9 @@ class Study:
             self.log_progress(only=run)
             t0 = time.time()
             rc = self._subprocess(cmd, log_path)
+            if rc != 0 and self.stopping.is_set():
+                run.error, run.status = "interrupted (resumes from checkpoint_last.pt)", "failed"
+                return
             if rc != 0:
                 with open(log_path, encoding="utf-8", errors="replace") as f:
                     run.error = "fairseq-train: " + _last_error(f.read()[-20000:])
@@ -568,8 +590,7 @@ class Study:
             for future in [pool.submit(self._guarded, r) for r in self.runs]:
                 future.result()
         except KeyboardInterrupt:
-            # the running fairseq processes got the signal too (one process group); start no more
-            self.stopping.set()
+            self.stop()
             logger.warning("interrupted: run the same command again to resume")
             raise
         finally:
@@ -867,7 +888,16 @@ def cli_main():
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr, force=True)
     quiet_warnings()
-    sys.exit(report_user_errors(main, "fairseq-deep-study"))
+
+    def terminated(signum, frame):  # SIGTERM as Ctrl-C: the running fairseq processes end too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        code = report_user_errors(main, "fairseq-deep-study")
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":
