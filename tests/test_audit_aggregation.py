@@ -57,3 +57,31 @@ def test_base_parameter_counts_fall_in_the_papers_range():
     assert round(extra["transformer_hier_agg"] / 1e6, 2) == 23.09
     assert round(extra["transformer_mla2"] / 1e6, 2) == 18.39
     assert round(extra["transformer_mla3"] / 1e6, 2) == 28.89
+
+
+# --------------------------------------------------------------------------- item 8: dropout on F
+
+
+@pytest.mark.parametrize("arch", ["transformer_iterative_agg", "transformer_hier_agg", "transformer_mla2"])
+def test_agg_dropout_defaults_to_the_models_dropout_and_zero_is_eq7(arch):
+    """Eq. 7 has no dropout on FF's output; --agg-dropout 0 is Eq. 7 as written, the default is the
+    model's --dropout."""
+    default, _ = build_model(arch, ["--dropout", "0.3"])
+    assert {n.dropout_module.p for n in _nodes(default)} == {0.3}
+    given, _ = build_model(arch, ["--dropout", "0.3", "--agg-dropout", "0.1"])
+    assert {n.dropout_module.p for n in _nodes(given)} == {0.1}
+    eq7, _ = build_model(arch, ["--dropout", "0.3", "--agg-dropout", "0"])
+    assert {n.dropout_module.p for n in _nodes(eq7)} == {0.0}
+
+
+def test_agg_dropout_zero_node_is_deterministic_in_training():
+    """With --agg-dropout 0 an AGG node in training mode computes LN(FF([x; y]) + x + y) exactly."""
+    model, _ = build_model("transformer_iterative_agg", ["--dropout", "0.5", "--agg-dropout", "0"])
+    node = _nodes(model)[0].train()
+    x, y = torch.randn(3, 16), torch.randn(3, 16)
+    expected = node.layer_norm(node.fc2(torch.sigmoid(node.fc1(torch.cat([x, y], -1)))) + x + y)
+    torch.testing.assert_close(node([x, y]), expected, rtol=0, atol=0)
+    noisy, _ = build_model("transformer_iterative_agg", ["--dropout", "0.5"])
+    node = _nodes(noisy)[0].train()
+    expected = node.layer_norm(node.fc2(torch.sigmoid(node.fc1(torch.cat([x, y], -1)))) + x + y)
+    assert not torch.equal(node([x, y]), expected)

@@ -6,7 +6,7 @@ backbone layers are fairseq's, the loop of :mod:`fairseq_deep.models.transformer
 state for each layer's input and for the stack's readout.  H^1..H^L are the layer outputs; the
 embedding output H^0 takes part in no aggregation (the paper's sums start at l = 1).
 
-* :class:`DenseHistory` (Eq. 4, Fig. 1b): each layer's input adds all previous layer outputs;
+* :class:`DenseHistory` (Eq. 3-4, Fig. 1b): each layer's input adds all previous layer outputs;
 * :class:`LinearCombinationHistory` (Eq. 5, Fig. 1c): readout sum_l W_l H^l, W_l a d x d matrix;
 * :class:`IterativeAggregationHistory` (Eq. 6-7, Fig. 1d): readout by a chain of AGG nodes;
 * :class:`HierarchicalAggregationHistory` (Fig. 2): a tree of AGG nodes fed back into the backbone.
@@ -40,7 +40,8 @@ class AggregationConfig(FairseqDataclass):
 
     agg_encoder: ChoiceEnum(list(STRATEGIES)) = field(
         default="none", metadata={"help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
-                                  "dense (Eq. 4), linear (Eq. 5), iterative (Eq. 6), hierarchical (Fig. 2)"})
+                                  "dense (Eq. 3; Eq. 4 with --agg-dense-sum states), linear (Eq. 5), "
+                                  "iterative (Eq. 6), hierarchical (Fig. 2)"})
     agg_decoder: ChoiceEnum(list(STRATEGIES)) = field(
         default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"})
     agg_function: ChoiceEnum(list(AGG_FUNCTIONS)) = field(
@@ -55,6 +56,10 @@ class AggregationConfig(FairseqDataclass):
                               "nodes and d for --mla-layers' nodes (Dou et al. Sec. 4.2's parameter "
                               "counts), 0 the stack's embedding dim d (the default before issue 15: "
                               "older checkpoints saved 0)"})
+    agg_dropout: float = field(
+        default=-1.0, metadata={"help": "dropout on the output of the AGG node's F: -1 (default) the model's "
+                                "--dropout, as on every Transformer sublayer (this package's choice); 0 "
+                                "Eq. 7 as written, which has none"})
     agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
         default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
                                  "initialised from), or W_l = I/L"})
@@ -75,7 +80,9 @@ class AggregationNode(nn.Module):
     * ``residual``: R = x_1 + ... + x_n (``all``, Eq. 7), R = the top-level input only (``top``),
       or no residual (``none``).  ``top`` is the input from the deepest layer, given by ``top``.
 
-    Dropout (the model's --dropout) is applied to F's output, as to every Transformer sublayer.
+    ``dropout`` on F's output is this package's choice, not the paper's: Eq. 7,
+    LN(FF([x; y]) + x + y), has none.  The models give it ``--agg-dropout``, by default the model's
+    ``--dropout`` as on every Transformer sublayer; ``--agg-dropout 0`` is Eq. 7 as written.
     """
 
     def __init__(self, num_inputs: int, embed_dim: int, hidden_dim: Optional[int] = None,
@@ -164,7 +171,8 @@ class _DenseState(_State):
 
 
 class DenseHistory(LayerHistory):
-    """Dense connection by addition (Dou et al. Eq. 4, Fig. 1b): H^l = Layer(H^{l-1}) + sum_{i<l} H^i.
+    """Dense connection by addition (Dou et al. Eq. 3, Fig. 1b; Eq. 4 is ``states``): by default
+    layer l+1 reads y_1 + ... + y_l; Eq. 4 as written is H^l = Layer(H^{l-1}) + sum_{i<l} H^i.
 
     Layer l+1 reads, and the stack returns, a running sum; no parameters.  ``sum_of`` says what the
     sum adds up: ``outputs`` (default) the layer outputs y_i = Layer(input_i), so that the input of
@@ -383,7 +391,7 @@ def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = N
         return AggregationNode(
             num_inputs, embed_dim, hidden_dim=hidden_dim,
             function=opts.agg_function, residual=opts.agg_residual, top=top, num_heads=num_heads,
-            dropout=getattr(cfg, "dropout", 0.0),
+            dropout=opts.agg_dropout if opts.agg_dropout >= 0 else getattr(cfg, "dropout", 0.0),
         )
 
     return make
