@@ -106,9 +106,16 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
     return System(name, arch, flags, group, technique=technique, depth=depth)
 
 
-def _depth_arch(family: str, depth: int) -> str:
-    """``family`` for 6 encoder layers (the depth-free preset), ``family_{N}l`` otherwise."""
-    return family if depth == 6 else f"{family}_{depth}l"
+def _depth_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
+    """``family`` for 6 encoder layers (the depth-free preset), ``family_{N}l`` where that preset
+    exists, else ``family --encoder-layers N``."""
+    import fairseq_deep  # noqa: F401  (registers the architectures)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    named = f"{family}_{depth}l"
+    if depth != 6 and named in ARCH_MODEL_REGISTRY:
+        return System(name, named, [], group, technique, depth)
+    return System(name, family, [] if depth == 6 else ["--encoder-layers", str(depth)], group, technique, depth)
 
 
 DIVERSITY = ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1"]
@@ -120,7 +127,7 @@ def _wang(depths):
     for technique, family in (("post-norm", "transformer_postnorm"), ("pre-norm", "transformer_prenorm"),
                               ("DLCL", "transformer_dlcl"), ("post-norm DLCL", "transformer_dlcl_postnorm")):
         short = family.replace("transformer_", "")
-        systems += [System(f"{short}_{n}", _depth_arch(family, n), [], "wang", technique, n) for n in depths]
+        systems += [_depth_system(f"{short}_{n}", family, n, "wang", technique) for n in depths]
     return "postnorm_6", systems
 
 
@@ -130,7 +137,7 @@ def _bapna(depths):
     for technique, family, short in (("baseline", "transformer_ta_baseline", "baseline"),
                                      ("no residuals", "transformer_ta_nores", "nores"),
                                      ("transparent attention", "transformer_ta", "ta")):
-        systems += [System(f"{short}_{n}", _depth_arch(family, n), [], "bapna", technique, n) for n in depths]
+        systems += [_depth_system(f"{short}_{n}", family, n, "bapna", technique) for n in depths]
     return "baseline_6", systems
 
 
@@ -170,13 +177,12 @@ GROUPS = {
 
 def expand_group(spec: str, depths: Optional[Sequence[int]] = None) -> Tuple[str, List[System]]:
     """``NAME`` or ``NAME:SYS,SYS`` (a subset; the baseline is always kept) as (baseline, systems).
-    ``depths`` picks the encoder depths of the groups that vary them (wang, bapna, zhou)."""
+    ``depths`` picks the encoder depths of wang and bapna (zhou's are the paper's 2 and 5: pick
+    its systems by name)."""
     name, _, subset = spec.partition(":")
     if name not in GROUPS:
         raise UserError(f"--group {name}: unknown group; choose from {', '.join(GROUPS)}")
     baseline, systems = GROUPS[name][1](list(depths) if depths else None)
-    if name == "zhou" and depths:
-        systems = [s for s in systems if s.depth in depths]
     if baseline not in {s.name for s in systems}:  # a --depths filter dropped it: keep it anyway
         base = GROUPS[name][1](None)[1]
         systems = [s for s in base if s.name == baseline] + systems
@@ -785,7 +791,7 @@ def get_parser():
                    help="a system of your own (split with shlex; FLAGS go to fairseq-train as they are); "
                         "repeatable")
     p.add_argument("--baseline", help="the baseline of the --system systems (default: the first)")
-    p.add_argument("--depths", help="comma-separated encoder depths for wang, bapna and zhou (e.g. 6,20)")
+    p.add_argument("--depths", help="comma-separated encoder depths for wang and bapna (e.g. 6,20)")
     p.add_argument("--max-update", type=int, default=0, help="updates per system (fairseq --max-update)")
     p.add_argument("--minutes", type=float, default=0, help="training minutes per system "
                    "(fairseq --stop-time-hours)")

@@ -46,7 +46,10 @@ def test_group_subsets_and_depths_keep_the_baseline():
     assert [s.name for s in systems] == ["postnorm_6", "postnorm_20", "prenorm_20", "dlcl_20", "dlcl_postnorm_20"]
     baseline, systems = study.expand_group("dou:hierarchical,mla2")
     assert [s.name for s in systems] == ["baseline", "hierarchical", "mla2"]
-    assert [s.name for s in study.expand_group("zhou", depths=[5])[1]] == ["noff_2x2", "noff_5x3", "ff_5x3"]
+    assert len(study.expand_group("zhou", depths=[6, 20])[1]) == 4  # its own depths, 2 and 5
+    odd = {s.name: (s.arch, s.flags) for s in study.expand_group("bapna", depths=[8])[1]}
+    assert odd["ta_8"] == ("transformer_ta", ["--encoder-layers", "8"])  # no _8l preset
+    assert [s.name for s in study.expand_group("zhou:ff_5x3")[1]] == ["noff_2x2", "ff_5x3"]
     with pytest.raises(UserError, match="no system nope"):
         study.expand_group("dou:nope")
     with pytest.raises(UserError, match="unknown group"):
