@@ -8,7 +8,8 @@
 #        hybrid_transformer_rnmt | hybrid_rnmt_transformer | hybrid_cascaded | hybrid_multicolumn
 # hybrid_cascaded needs RNMT_CKPT (a trained rnmt_plus); hybrid_multicolumn needs RNMT_CKPT and
 # TRANS_CKPT (a trained hybrid_transformer_rnmt).  The paper trains on 16-32 GPUs: the global batch
-# is kept with --update-freq (set GPUS to the number of GPUs you have).
+# is kept with --update-freq (set GPUS to the number of GPUs you have).  PAIR=en_de (default) or
+# en_fr picks the hybrids' per-pair hyper-parameters (Table 5 is En-Fr only: PAIR=en_fr).
 set -euo pipefail
 MODEL=${1:?model}; shift
 DATA=${DATA:?set DATA to a fairseq-preprocess output (joined dictionary)}
@@ -25,6 +26,17 @@ TRANS_BATCH=(--max-tokens 4096 --update-freq $(( (16 + GPUS - 1) / GPUS )))
 # Sec. 4.1: sentence-level CE, label smoothing 0.1, adaptive clipping; Eq. 1 with n = 32 replicas.
 RNMT_TRAIN=(--criterion sentence_cross_entropy --label-smoothing 0.1 --adaptive-clip
             --lr-scheduler rnmt_plus --rnmt-replicas 32 --warmup-updates 500)
+PAIR=${PAIR:-en_de}
+# Hybrids (App. A.4-A.5): each component keeps its own model's dropouts.  Transformer Big (A.2):
+# En-De residual + input 0.3, no attention/ReLU dropout; En-Fr all four 0.1.  RNMT+ (A.3): all its
+# dropouts (embeddings, layer outputs, attention) 0.3 En-De, 0.2 En-Fr.
+case "$PAIR" in
+  en_de) HYBRID_DROPOUT=(--hybrid-transformer-dropout 0.3 --attention-dropout 0 --activation-dropout 0
+                         --hybrid-rnmt-dropout 0.3 --hybrid-rnmt-attention-dropout 0.3) ;;
+  en_fr) HYBRID_DROPOUT=(--hybrid-transformer-dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1
+                         --hybrid-rnmt-dropout 0.2 --hybrid-rnmt-attention-dropout 0.2) ;;
+  *) echo "PAIR must be en_de or en_fr, got $PAIR" >&2; exit 2 ;;
+esac
 noam() {  # Eq. 2 (App. A.2): r0, p, d_model
   echo --lr-scheduler noam --noam-r0 "$1" --warmup-updates "$2" --noam-d-model "$3"
 }
@@ -53,17 +65,17 @@ case "$MODEL" in
       --label-smoothing 0.1 --max-tokens 4000 "$@" ;;
   hybrid_transformer_rnmt)  # Table 5 (App. A.4, En-Fr): Eq. 2 with r0 = 4.0, p = 50000
     fairseq-train "$DATA" --user-dir fairseq_deep "${COMMON[@]}" \
-      --arch hybrid_transformer_rnmt "${ADAM[@]}" $(noam 4.0 50000 1024) --adaptive-clip \
+      --arch hybrid_transformer_rnmt "${HYBRID_DROPOUT[@]}" "${ADAM[@]}" $(noam 4.0 50000 1024) --adaptive-clip \
       --criterion sentence_cross_entropy --label-smoothing 0.1 "${RNMT_BATCH[@]}" "$@" ;;
   hybrid_rnmt_transformer)  # Table 5 (App. A.4, En-Fr): Eq. 2 with r0 = 3.0, p = 40000
     fairseq-train "$DATA" --user-dir fairseq_deep "${COMMON[@]}" \
-      --arch hybrid_rnmt_transformer "${ADAM[@]}" $(noam 3.0 40000 1024) --adaptive-clip \
+      --arch hybrid_rnmt_transformer "${HYBRID_DROPOUT[@]}" "${ADAM[@]}" $(noam 3.0 40000 1024) --adaptive-clip \
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "${TRANS_BATCH[@]}" "$@" ;;
   hybrid_cascaded)   # Table 6 (App. A.5): 4 Transformer layers on a frozen pre-trained 6-layer RNMT+,
                      # Eq. 2 with r0 = 2.0, p = 16000, L2 1e-5 (the paper: on the decoder only)
     fairseq-train "$DATA" --user-dir fairseq_deep "${COMMON[@]}" \
       --arch hybrid_cascaded --encoder-layers 4 --rnmt-encoder-layers 6 \
-      --hybrid-pretrained "${RNMT_CKPT:?set RNMT_CKPT}" --hybrid-freeze-pretrained \
+      --hybrid-pretrained "${RNMT_CKPT:?set RNMT_CKPT}" --hybrid-freeze-pretrained "${HYBRID_DROPOUT[@]}" \
       "${ADAM[@]}" $(noam 2.0 16000 1024) --adaptive-clip --criterion sentence_cross_entropy \
       --label-smoothing 0.1 --l2-regularization 1e-5 "${RNMT_BATCH[@]}" "$@" ;;
   hybrid_multicolumn)  # Table 6 (App. A.6): pre-trained RNMT+ and Transformer columns, 16 GPUs

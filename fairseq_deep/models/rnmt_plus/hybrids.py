@@ -15,7 +15,10 @@ model ``rnmt_hybrid``:
   a ``hybrid_transformer_rnmt``/``transformer`` model) and frozen.
 
 In every hybrid ``--encoder-layers`` counts Transformer encoder layers and ``--rnmt-encoder-layers``
-RNMT+ encoder layers.  The Transformer parts are fairseq's own layers; as in Chen et al. (Sec. 2.3)
+RNMT+ encoder layers.  ``--dropout`` is both components' unless ``--hybrid-transformer-dropout`` /
+``--hybrid-rnmt-dropout`` give each its own, and ``--hybrid-rnmt-attention-dropout`` the RNMT+
+decoder's attention (App. A.4-A.6 use each model's own rates: En-Fr 0.1 for the Transformer Big,
+0.2 for RNMT+).  The Transformer parts are fairseq's own layers; as in Chen et al. (Sec. 2.3)
 they are pre-norm with a final layer norm by default.
 """
 
@@ -73,10 +76,51 @@ class HybridConfig(FairseqDataclass):
     hybrid_freeze_pretrained: bool = field(
         default=False, metadata={"help": "freeze the encoder parts loaded with --hybrid-pretrained"}
     )
+    hybrid_transformer_dropout: float = field(
+        default=-1.0, metadata={"help": "--dropout of the Transformer parts (input and residual dropout; "
+                                "Chen et al. App. A.4-A.6 give each component its own model's rates, "
+                                "e.g. En-Fr 0.1); -1: --dropout"}
+    )
+    hybrid_rnmt_dropout: float = field(
+        default=-1.0, metadata={"help": "--dropout of the RNMT+ parts (embeddings and layer outputs; "
+                                "En-Fr 0.2, En-De 0.3 in Chen et al. App. A.3); -1: --dropout"}
+    )
+    hybrid_rnmt_attention_dropout: float = field(
+        default=-1.0, metadata={"help": "--attention-dropout of the RNMT+ decoder's attention (App. A.3: "
+                                "as its other dropouts); -1: --attention-dropout"}
+    )
+
+
+def component_dropout(args, component: str, kind: str = "dropout") -> float:
+    """The `kind` ("dropout" or "attention_dropout") of a hybrid's `component` ("transformer" or
+    "rnmt"): --hybrid-<component>-<kind>, or --<kind> when that is negative (the default, and
+    checkpoints made before the option)."""
+    value = safe_getattr(args, f"hybrid_{component}_{kind}", -1.0)
+    return float(value) if value is not None and value >= 0 else float(safe_getattr(args, kind, 0.0))
 
 
 def _transformer_cfg(args) -> TransformerConfig:
-    return TransformerConfig.from_namespace(args)
+    """The Transformer parts' config, their dropout --hybrid-transformer-dropout."""
+    cfg = TransformerConfig.from_namespace(args)
+    cfg.dropout = component_dropout(args, "transformer")
+    return cfg
+
+
+class _Overridden:
+    """`base` (a namespace or a DictConfig, left unchanged) seen with some attributes replaced."""
+
+    def __init__(self, base, **values):
+        self.__dict__.update(values, _base=base)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_base"], name)
+
+
+def _rnmt_args(args):
+    """`args` as the RNMT+ parts see them: --dropout is --hybrid-rnmt-dropout, --attention-dropout
+    --hybrid-rnmt-attention-dropout."""
+    return _Overridden(args, dropout=component_dropout(args, "rnmt"),
+                       attention_dropout=component_dropout(args, "rnmt", "attention_dropout"))
 
 
 class TransformerLayers(nn.Module):
@@ -105,7 +149,7 @@ class CascadedEncoder(FairseqEncoder):
         super().__init__(dictionary)
         cfg = _transformer_cfg(args)
         dim = cfg.encoder.embed_dim
-        self.rnmt = RNMTPlusEncoder(args, dictionary, embed_tokens, output_dim=dim,
+        self.rnmt = RNMTPlusEncoder(_rnmt_args(args), dictionary, embed_tokens, output_dim=dim,
                                     num_layers=args.rnmt_encoder_layers)
         self.rnmt_layer_norm = nn.LayerNorm(dim)
         self.transformer = TransformerLayers(cfg, cfg.encoder.layers)
@@ -139,7 +183,7 @@ class MultiColumnEncoder(FairseqEncoder):
         for kind in kinds:
             if kind == "rnmt":
                 emb = build_embedding(dictionary, args.encoder_embed_dim)
-                columns.append(RNMTPlusEncoder(args, dictionary, emb, output_dim=output_dim,
+                columns.append(RNMTPlusEncoder(_rnmt_args(args), dictionary, emb, output_dim=output_dim,
                                                num_layers=args.rnmt_encoder_layers))
             elif kind == "transformer":
                 cfg = _transformer_cfg(args)
@@ -208,7 +252,7 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
                                              build_embedding(src_dict, args.encoder_embed_dim))
             encoder.output_dim = args.encoder_embed_dim
         elif kind == "rnmt":
-            encoder = RNMTPlusEncoder(args, src_dict, build_embedding(src_dict, args.encoder_embed_dim),
+            encoder = RNMTPlusEncoder(_rnmt_args(args), src_dict, build_embedding(src_dict, args.encoder_embed_dim),
                                       output_dim=decoder_width, num_layers=args.rnmt_encoder_layers)
         elif kind == "cascaded":
             encoder = CascadedEncoder(args, src_dict, build_embedding(src_dict, args.encoder_embed_dim))
@@ -219,7 +263,7 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 
         dec_emb = build_embedding(tgt_dict, args.decoder_embed_dim)
         if str(args.hybrid_decoder) == "rnmt":
-            decoder = RNMTPlusDecoder(args, tgt_dict, dec_emb, encoder_output_dim=encoder.output_dim)
+            decoder = RNMTPlusDecoder(_rnmt_args(args), tgt_dict, dec_emb, encoder_output_dim=encoder.output_dim)
         else:
             cfg = _transformer_cfg(args)
             if encoder.output_dim != cfg.decoder.embed_dim:
