@@ -287,6 +287,51 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
     return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
 
 
+def _plain_lstm_recurrence(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The time loop without layer norm (``LayerNormLSTM(layer_norm=False)``; Chen et al. Table 4,
+    "- Layer Norm"): gates = xw_t + h_{t-1} U, xw already holding W x_t + b; same gate order and
+    cell as :func:`_ln_lstm_recurrence`.  Autograd differentiates it."""
+    T = xw.size(0)
+    H = h.size(2)
+    outputs: List[Tensor] = []
+    for t in range(T):
+        gates = torch.baddbmm(xw[t], h, w_hh)
+        ifo = torch.sigmoid(gates[:, :, :3 * H])
+        i, f, o = ifo.chunk(3, 2)
+        j = torch.tanh(gates[:, :, 3 * H:])
+        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
+        outputs.append(h)
+    return torch.stack(outputs), h, c
+
+
+plain_lstm_recurrence = _script(_plain_lstm_recurrence)
+
+
+def plain_recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, pad: Optional[Tensor],
+                     cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`plain_lstm_recurrence` with :func:`recurrence`'s precision rule: in float32 for
+    float16/bfloat16 inputs and under autocast, outputs back in the input's dtype (float32 under
+    autocast)."""
+    tensors = (xw, h, c, w_hh)
+    device_type = xw.device.type
+    autocast = autocast_enabled(device_type)
+    if not autocast and all(t.dtype not in REDUCED for t in tensors):
+        return plain_lstm_recurrence(xw, h, c, w_hh, pad, cell_clip, output_tanh)
+    with torch.autocast(device_type=device_type, enabled=False):
+        out, h_n, c_n = plain_lstm_recurrence(*(t.float() for t in tensors), pad, cell_clip, output_tanh)
+    if autocast:
+        return out, h_n, c_n
+    return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
+
+
 class LayerNormLSTM(nn.Module):
     """One LSTM layer of per-gate layer-normalized cells, uni- or bidirectional (the two
     directions' cells run in the same loop).  Input T x B x I; output T x B x (D * H), the forward
@@ -296,11 +341,15 @@ class LayerNormLSTM(nn.Module):
     Parameters: ``weight_ih`` (D*4H x I), ``weight_hh`` (D x H x 4H), ``ln_weight`` (gamma, 1 at
     init) and ``bias`` (beta, 0 at init), both D x 4H; gate order (i, f, o, j): the three sigmoid
     gates first, so that one sigmoid call covers them (lingvo orders them j, i, f, o).
+
+    ``layer_norm=False`` (Chen et al. 2018, Table 4, "- Layer Norm"; ``--rnmt-no-layer-norm``):
+    the gates are W x_t + U h_{t-1} + b, no layer norm and no ``ln_weight`` (it is None); the loop
+    is :func:`plain_recurrence` (autograd's backward).  ``layer_norm=True`` is unchanged.
     """
 
     def __init__(self, input_size: int, hidden_size: int, bidirectional: bool = False,
                  cell_clip: float = 0.0, output_tanh: bool = False, eps: float = 1e-6,
-                 init_scale: Optional[float] = None):
+                 init_scale: Optional[float] = None, layer_norm: bool = True):
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -308,10 +357,14 @@ class LayerNormLSTM(nn.Module):
         self.cell_clip = float(cell_clip or 0.0)
         self.output_tanh = output_tanh
         self.eps = eps
+        self.use_layer_norm = layer_norm
         D, H = self.num_directions, hidden_size
         self.weight_ih = nn.Parameter(torch.empty(D * 4 * H, input_size))
         self.weight_hh = nn.Parameter(torch.empty(D, H, 4 * H))
-        self.ln_weight = nn.Parameter(torch.ones(D, 4 * H))
+        if layer_norm:
+            self.ln_weight = nn.Parameter(torch.ones(D, 4 * H))
+        else:
+            self.register_parameter("ln_weight", None)
         self.bias = nn.Parameter(torch.zeros(D, 4 * H))
         self.reset_parameters(init_scale)
 
@@ -320,7 +373,8 @@ class LayerNormLSTM(nn.Module):
         bound = init_scale if init_scale is not None else self.hidden_size ** -0.5
         nn.init.uniform_(self.weight_ih, -bound, bound)
         nn.init.uniform_(self.weight_hh, -bound, bound)
-        nn.init.ones_(self.ln_weight)
+        if self.ln_weight is not None:
+            nn.init.ones_(self.ln_weight)
         nn.init.zeros_(self.bias)
 
     @property
@@ -329,7 +383,8 @@ class LayerNormLSTM(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, directions={self.num_directions}, "
-                f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}")
+                f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}"
+                + ("" if self.use_layer_norm else ", layer_norm=False"))
 
     def zero_state(self, batch_size: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         z = like.new_zeros(self.num_directions, batch_size, self.hidden_size)
@@ -363,10 +418,14 @@ class LayerNormLSTM(nn.Module):
         if padding_mask is not None and bool(padding_mask.any()):
             p = padding_mask.view(T, 1, B, 1)
             pad = torch.cat([p, p.flip(0)], dim=1) if D == 2 else p
-        out, h, c = recurrence(
-            gates_in, h, c, self.weight_hh, self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1),
-            pad, self.cell_clip, self.output_tanh, self.eps,
-        )
+        if self.use_layer_norm:
+            out, h, c = recurrence(
+                gates_in, h, c, self.weight_hh, self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1),
+                pad, self.cell_clip, self.output_tanh, self.eps,
+            )
+        else:
+            out, h, c = plain_recurrence(gates_in + self.bias.unsqueeze(1), h, c, self.weight_hh, pad,
+                                         self.cell_clip, self.output_tanh)
         if D == 2:
             out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # T x B x 2H
         else:
@@ -377,6 +436,10 @@ class LayerNormLSTM(nn.Module):
 
     def step(self, gates_in: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
         """One step from precomputed input gates (D x B x 4H) and state (h, c): the new (h, c)."""
+        if not self.use_layer_norm:
+            out, h, c = plain_recurrence((gates_in + self.bias.unsqueeze(1)).unsqueeze(0), state[0],
+                                         state[1], self.weight_hh, None, self.cell_clip, self.output_tanh)
+            return h, c
         out, h, c = recurrence(
             gates_in.unsqueeze(0), state[0], state[1], self.weight_hh,
             self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1), None, self.cell_clip,

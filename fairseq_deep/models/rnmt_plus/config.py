@@ -40,6 +40,11 @@ class RNMTConfig(TransparentReadoutConfig):
         metadata={"help": "h = sigmoid(o) * tanh(c) (the classic LSTM); RNMT+ uses h = sigmoid(o) * c "
                   "('no non-linearity is applied to the LSTM output')"},
     )
+    rnmt_no_layer_norm: bool = field(
+        default=False,
+        metadata={"help": "LSTM cells without the per-gate layer norm (Chen et al. 2018, Table 4, "
+                  "'- Layer Norm'): gates W x + U h + b"},
+    )
     rnmt_init_scale: float = field(
         default=0.0,
         metadata={"help": "LSTM weights uniform in +-this (lingvo: 0.04); 0 = 1/sqrt(hidden size)"},
