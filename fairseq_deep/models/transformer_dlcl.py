@@ -9,7 +9,10 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
-from fairseq.models.transformer.transformer_legacy import transformer_wmt_en_de_big_t2t
+from fairseq.models.transformer.transformer_legacy import (
+    transformer_vaswani_wmt_en_de_big,
+    transformer_wmt_en_de_big_t2t,
+)
 
 from ..modules.layer_history import DLCLConfig, build_dlcl
 from .presets import PRENORM, fill_defaults, first_line, register_preset, set_default
@@ -103,6 +106,25 @@ def postnorm_architecture(args):
     dlcl_postnorm_architecture(args)
 
 
+def postnorm_big_architecture(args):
+    """Plain post-norm Transformer-Big (Wang et al. Table 1, post-norm "Transformer (Big)", 211M;
+    Vaswani et al.): fairseq's ``transformer_vaswani_wmt_en_de_big`` (1024/4096/16 heads, dropout
+    0.3), DLCL off."""
+    set_default(args, "encoder_normalize_before", False)
+    set_default(args, "decoder_normalize_before", False)
+    _dlcl_defaults(args, stacks="none")
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+register_preset("transformer_dlcl", "transformer_postnorm_big", first_line(postnorm_big_architecture) + ".",
+                postnorm_big_architecture)
+# Table 6 "+ big encoder": pre-norm Transformer-Base whose encoder is Transformer-Big's (1024
+# wide, FFN 4096, 16 heads); the decoder stays Base (its encoder attention reads 1024-wide keys).
+register_preset("transformer_dlcl", "transformer_prenorm_big_encoder",
+                "Wang et al. Table 6 '+ big encoder': pre-norm Transformer-Base with a Big encoder "
+                "(1024/4096/16 heads; decoder 512/2048/8 heads).", prenorm_architecture,
+                defaults={"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096, "encoder_attention_heads": 16,
+                          "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 2048, "decoder_attention_heads": 8})
 # Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).
 register_preset("transformer_dlcl", "transformer_dlcl_big_12l",
                 "Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).",

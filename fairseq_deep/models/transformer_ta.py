@@ -154,7 +154,7 @@ class TransformerTAModel(TechniqueTransformerModel):
 # Sec. 2.2: Transformer Base, 6 decoder layers, encoders of 6/12/16/20 layers.  The Transformer of
 # Chen et al. (2018) uses all four dropouts at 0.1 (App. A.2).  Post-norm (Vaswani et al.), the
 # model whose deep baselines fail to train (also Wang et al. 2019, Table 1); Chen et al.'s own
-# implementation is pre-norm: use transformer_ta_prenorm (depth-free) for that reading.
+# implementation is pre-norm: use transformer_ta_prenorm(_{12,16,20}l) for that reading.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -196,10 +196,26 @@ def ta_prenorm_architecture(args):
     ta_base_architecture(args)
 
 
-# Tables 1-2 of Bapna et al.: 12, 16 and 20 encoder layers over a 6-layer decoder.
+# Chen et al.'s (2018) Transformer Big (App. A.2), Bapna et al.'s "(Big)" column (Sec. 3: "the
+# standard Transformer Big ... as described in (Chen et al., 2018)"): pre-norm, model 1024, FFN 8192,
+# 16 heads, residual and input dropout 0.3, no attention or ReLU dropout.
+CHEN_BIG = {"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 8192, "encoder_attention_heads": 16,
+            "decoder_embed_dim": 1024, "decoder_ffn_embed_dim": 8192, "decoder_attention_heads": 16,
+            "dropout": 0.3, "attention_dropout": 0.0, "activation_dropout": 0.0, **PRENORM}
+register_preset("transformer_ta", "transformer_ta_big",
+                "Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 heads, dropout 0.3) with "
+                "transparent attention, 6+6 layers.", ta_base_architecture, defaults=CHEN_BIG)
+register_preset("transformer_ta", "transformer_ta_baseline_big",
+                "Bapna et al. Tables 1-2 '(Big)': Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 "
+                "heads, dropout 0.3), no transparent attention, 6+6 layers.", ta_baseline_architecture,
+                defaults=CHEN_BIG)
+
+# Tables 1-2 of Bapna et al.: 12, 16 and 20 encoder layers over a 6-layer decoder (and the
+# pre-norm reading at the same depths).
 for _depth in (12, 16, 20):
     for _name, _parent in (("transformer_ta", ta_base_architecture),
                            ("transformer_ta_baseline", ta_baseline_architecture),
-                           ("transformer_ta_nores", ta_nores_architecture)):
+                           ("transformer_ta_nores", ta_nores_architecture),
+                           ("transformer_ta_prenorm", ta_prenorm_architecture)):
         register_preset("transformer_ta", f"{_name}_{_depth}l",
                         f"{first_line(_parent)}, with a {_depth}-layer encoder.", _parent, depth=(_depth, 6))
