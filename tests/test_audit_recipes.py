@@ -52,3 +52,13 @@ def test_hybrids_keep_each_components_dropout(tmp_path, model):
     assert [value(de, f) for f in ("--hybrid-transformer-dropout", "--attention-dropout", "--activation-dropout",
                                    "--hybrid-rnmt-dropout", "--hybrid-rnmt-attention-dropout")] == \
         ["0.3", "0", "0", "0.3", "0.3"]
+
+
+def test_multicolumn_schedule_of_appendix_a6(tmp_path):
+    de = options.parse_args_and_arch(options.get_training_parser(), recipe(tmp_path, "hybrid_multicolumn", "en_de"))
+    assert (de.lr_scheduler, de.warmup_updates, de.rnmt_decay_start, de.rnmt_decay_end) == ("rnmt_plus", 50, 300000, 900000)
+    assert (de.dropout, de.attention_dropout, de.activation_dropout, de.l2_regularization) == (0.3, 0.3, 0.3, 1e-5)
+    fr = options.parse_args_and_arch(options.get_training_parser(), recipe(tmp_path, "hybrid_multicolumn", "en_fr"))
+    assert (fr.lr_scheduler, fr.noam_r0, fr.warmup_updates) == ("noam", 1.0, 10000)
+    assert (fr.dropout, fr.attention_dropout, fr.activation_dropout) == (0.0, 0.0, 0.0)
+    assert not getattr(fr, "l2_regularization", 0) and not fr.weight_decay

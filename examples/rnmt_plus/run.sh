@@ -78,11 +78,20 @@ case "$MODEL" in
       --hybrid-pretrained "${RNMT_CKPT:?set RNMT_CKPT}" --hybrid-freeze-pretrained "${HYBRID_DROPOUT[@]}" \
       "${ADAM[@]}" $(noam 2.0 16000 1024) --adaptive-clip --criterion sentence_cross_entropy \
       --label-smoothing 0.1 --l2-regularization 1e-5 "${RNMT_BATCH[@]}" "$@" ;;
-  hybrid_multicolumn)  # Table 6 (App. A.6): pre-trained RNMT+ and Transformer columns, 16 GPUs
+  hybrid_multicolumn)  # Table 6 (App. A.6): pre-trained RNMT+ and Transformer columns, 16 GPUs;
+    # En-De: Eq. 1 with p = 50, s = 300k, e = 900k, all dropouts 0.3, L2 1e-5;
+    # En-Fr: Eq. 2 with r0 = 1.0, p = 10000, no weight decay, no dropout.
+    if [ "$PAIR" = en_de ]; then
+      MC=(--lr-scheduler rnmt_plus --rnmt-replicas 16 --warmup-updates 50 --rnmt-decay-start 300000
+          --rnmt-decay-end 900000 --dropout 0.3 --attention-dropout 0.3 --activation-dropout 0.3
+          --l2-regularization 1e-5)
+    else
+      MC=($(noam 1.0 10000 1024) --dropout 0 --attention-dropout 0 --activation-dropout 0)
+    fi
     fairseq-train "$DATA" --user-dir fairseq_deep "${COMMON[@]}" \
       --arch hybrid_multicolumn --hybrid-columns rnmt,transformer \
       --hybrid-pretrained "${RNMT_CKPT:?set RNMT_CKPT},${TRANS_CKPT:?set TRANS_CKPT}" \
-      "${ADAM[@]}" "${RNMT_TRAIN[@]}" --rnmt-replicas 16 --rnmt-decay-start 600000 \
-      --rnmt-decay-end 1200000 "${RNMT_BATCH[@]}" "$@" ;;
+      "${ADAM[@]}" --criterion sentence_cross_entropy --label-smoothing 0.1 --adaptive-clip "${MC[@]}" \
+      "${RNMT_BATCH[@]}" "$@" ;;
   *) echo "unknown model $MODEL" >&2; exit 2 ;;
 esac
