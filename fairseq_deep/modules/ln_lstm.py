@@ -275,13 +275,19 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
     casts are autograd's own, so the gradients come back in each input's dtype.  Outputs return
     in the input's dtype, or in float32 under autocast (as autocast's float32 ops do).  Float32
     and float64 inputs run as they are."""
-    tensors = (xw, h, c, w_hh, gamma, beta)
+    return _in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
+
+
+def _in_float32_when_reduced(loop, tensors, *options) -> Tuple[Tensor, Tensor, Tensor]:
+    """``loop(*tensors, *options)`` under the precision rule of :func:`recurrence`; ``tensors``
+    starts with (xw, h, c)."""
+    xw, h, c = tensors[:3]
     device_type = xw.device.type
     autocast = autocast_enabled(device_type)
     if not autocast and all(t.dtype not in REDUCED for t in tensors):
-        return _loop(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
+        return loop(*tensors, *options)
     with torch.autocast(device_type=device_type, enabled=False):
-        out, h_n, c_n = _loop(*(t.float() for t in tensors), pad, cell_clip, output_tanh, eps)
+        out, h_n, c_n = loop(*(t.float() for t in tensors), *options)
     if autocast:
         return out, h_n, c_n
     return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
@@ -320,16 +326,7 @@ def plain_recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, pad: Option
     """:func:`plain_lstm_recurrence` with :func:`recurrence`'s precision rule: in float32 for
     float16/bfloat16 inputs and under autocast, outputs back in the input's dtype (float32 under
     autocast)."""
-    tensors = (xw, h, c, w_hh)
-    device_type = xw.device.type
-    autocast = autocast_enabled(device_type)
-    if not autocast and all(t.dtype not in REDUCED for t in tensors):
-        return plain_lstm_recurrence(xw, h, c, w_hh, pad, cell_clip, output_tanh)
-    with torch.autocast(device_type=device_type, enabled=False):
-        out, h_n, c_n = plain_lstm_recurrence(*(t.float() for t in tensors), pad, cell_clip, output_tanh)
-    if autocast:
-        return out, h_n, c_n
-    return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
+    return _in_float32_when_reduced(plain_lstm_recurrence, (xw, h, c, w_hh), pad, cell_clip, output_tanh)
 
 
 class LayerNormLSTM(nn.Module):
