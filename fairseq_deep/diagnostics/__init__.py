@@ -1,2 +1,3 @@
-"""Diagnostics: gradient-norm ratio, training plots, and export and plots of learned layer weights
-(Wang et al. 2019, Fig. 5; Bapna et al. 2018, Fig. 1-4)."""
+"""Diagnostics: gradient-norm ratio, training plots, export and plots of learned layer weights
+(Wang et al. 2019, Fig. 5; Bapna et al. 2018, Fig. 1-4), and the layer exploitation score s_j of
+aggregation models (Dou et al. 2018, Eq. 11, ``python -m fairseq_deep.diagnostics.exploitation``)."""
