@@ -44,14 +44,6 @@ FP16_MAX = torch.finfo(torch.float16).max
 OVERFLOW = ["--encoder-layers", "4", "--decoder-layers", "4", "--ff-init-std", "1.5"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def log_probs(model, src, lengths, prev):
     return model.get_normalized_probs(model(src, lengths, prev), log_probs=True)
 

@@ -38,14 +38,6 @@ LOGPROB_ATOL = {torch.float16: 0.02, torch.bfloat16: 0.1}
 INCREMENTAL_ATOL = {torch.float16: 0.02, torch.bfloat16: 0.1}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def build(family, seed=0):
     _, arch, tiny, model_flags, _ = FAMILIES[family]
     parser = options.get_training_parser()
