@@ -1,13 +1,17 @@
 """Checkpoints made by older code keep loading and computing the same thing.
 
-``data/models_before_issue13.pt`` holds the state dicts of tiny models of every family (made by
-``data/make_models_before_issue13.py`` with the code before issue 13's refactoring: options,
-layer builder, presets and the RNMT+ stack loop moved) and the logits each gave on a fixed batch.
-The current code must build the same model from the same flags, load the state dict strictly and
-give the same logits.
+``data/models_before_issue13.json`` was written by ``data/make_models_before_issue13.py`` run with
+the code before issue 13's refactoring (options, layer builder, presets and the RNMT+ stack loop
+moved): for tiny models of every family, the name, dtype and shape of every state-dict entry (the
+values of the buffers), and the logits on a fixed batch after every parameter was drawn from its
+*name* (``fill_parameters``).  The current code must build the same model from the same flags, with
+the same entries (a checkpoint of the old code then loads strictly), and, with the parameters
+drawn from the same names, give the same logits.  No checkpoint file is stored.
 """
 
+import json
 import os
+import sys
 
 import pytest
 import torch
@@ -15,8 +19,12 @@ from fairseq import options, tasks
 
 from helpers import tiny_dictionary
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "models_before_issue13.pt")
-SAVED = torch.load(DATA, weights_only=True)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
+from make_models_before_issue13 import fill_parameters  # noqa: E402
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "models_before_issue13.json")
+with open(DATA) as _f:
+    SAVED = json.load(_f)
 
 # Options whose default changed after these models were made.  A real checkpoint saves its full
 # args, so fairseq rebuilds it with the old value; a flag list must state that value.
@@ -39,11 +47,14 @@ def test_old_state_dict_loads_and_gives_the_same_logits(arch):
     args = options.parse_args_and_arch(
         parser, ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *saved["flags"], *_old_saved_args(arch)])
     model = tasks.translation.TranslationTask(args, d, d).build_model(args).eval()
-    state = dict(saved["other"])
-    for key, shape, value in zip(saved["keys"], saved["shapes"],
-                                 saved["flat"].split([torch.Size(s).numel() for s in saved["shapes"]])):
-        state[key] = value.view(shape)
-    model.load_state_dict(state, strict=True)
+    state = model.state_dict()
+    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items()} == \
+        {k: e[:2] for k, e in saved["entries"].items()}
+    fill_parameters(model)
+    buffers = {k: torch.tensor(e[2], dtype=getattr(torch, e[0].split(".")[1])).view(e[1])
+               for k, e in saved["entries"].items() if e[2] is not None}
+    model.load_state_dict({**model.state_dict(), **buffers}, strict=True)
     with torch.no_grad():
-        logits, _ = model(SAVED["src"], SAVED["lengths"], SAVED["prev"])
-    torch.testing.assert_close(logits, saved["logits"], rtol=0, atol=0)
+        logits, _ = model(torch.tensor(SAVED["src"]), torch.tensor(SAVED["lengths"]), torch.tensor(SAVED["prev"]))
+    expected = torch.tensor(saved["logits"], dtype=torch.float32).view(saved["logits_shape"])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)

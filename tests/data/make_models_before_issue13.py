@@ -1,8 +1,16 @@
-"""Makes tests/data/models_before_issue13.pt: state dicts of tiny models of every family and their
-logits on a fixed batch, saved as plain tensors and strings (weights-only loadable).  It was run
-with the code before issue 13 (usage: python make_models_before_issue13.py OUT.pt); kept for the record."""
+"""Makes tests/data/models_before_issue13.json: for tiny models of every family, built by the code
+before issue 13's refactoring, the names and shapes of every state-dict entry and the logits on a
+fixed batch after :func:`fill_parameters` (weights drawn from each parameter's *name*, so that the current
+code can rebuild the same weights without a stored checkpoint).  Run against that code, e.g.
+
+    git worktree add /tmp/old d76da91 && cd /tmp/old && \
+    PYTHONPATH=/tmp/old:/tmp/old/tests python /path/to/make_models_before_issue13.py OUT.json
+"""
+import json
 import os
 import sys
+import zlib
+
 import torch
 from fairseq import options, tasks
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,26 +45,36 @@ MODELS = {
     "deep_ed_ff": D,
 }
 
-d = tiny_dictionary()
-src, lengths, prev = random_batch(d)
-out = {"src": src, "lengths": lengths, "prev": prev, "models": {}}
-for arch, flags in MODELS.items():
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *flags])
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(3)
-    model = task.build_model(args).eval()
-    with torch.no_grad():  # random, not trained: perturb every parameter so that all of them matter
-        g = torch.Generator().manual_seed(4)
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-        logits, _ = model(src, lengths, prev)
-    state = model.state_dict()
-    floats = [k for k, v in state.items() if v.is_floating_point()]
-    out["models"][arch] = {
-        "flags": list(flags), "keys": floats, "shapes": [list(state[k].shape) for k in floats],
-        "flat": torch.cat([state[k].reshape(-1) for k in floats]),
-        "other": {k: v.clone() for k, v in state.items() if not v.is_floating_point()},
-        "logits": logits}
-torch.save(out, sys.argv[1])
-print(sum(m["flat"].numel() for m in out["models"].values()), "numbers")
+def fill_parameters(model):
+    """Every parameter drawn from N(0, 0.3^2) by a generator seeded with its name (buffers such as
+    ``version`` keep their values)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+if __name__ == "__main__":
+    d = tiny_dictionary()
+    src, lengths, prev = random_batch(d)
+    out = {"src": src.tolist(), "lengths": lengths.tolist(), "prev": prev.tolist(), "models": {}}
+    for arch, flags in MODELS.items():
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, ["dummy-data", "--task", "translation", "--arch", arch,
+                                                    "--cpu", *flags])
+        model = tasks.translation.TranslationTask(args, d, d).build_model(args).eval()
+        fill_parameters(model)
+        state = model.state_dict()
+        params = {name for name, _ in model.named_parameters()}
+        with torch.no_grad():
+            logits, _ = model(src, lengths, prev)
+        out["models"][arch] = {
+            "flags": list(flags),
+            # parameters: dtype and shape (their values come from fill_parameters); buffers: values too
+            "entries": {k: [str(v.dtype), list(v.shape), None if k in params else v.tolist()]
+                        for k, v in state.items()},
+            # float32's shortest decimal for each logit: read back as float32, exactly the value
+            "logits": [float(str(x)) for x in logits.reshape(-1).numpy()], "logits_shape": list(logits.shape)}
+    with open(sys.argv[1], "w") as f:
+        json.dump(out, f)
+    print(sum(torch.Size(e[1]).numel() for m in out["models"].values() for e in m["entries"].values()), "numbers")
