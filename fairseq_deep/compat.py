@@ -102,7 +102,7 @@ def batch_by_size_all(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=No
     """fairseq's ``batch_by_size``, with the sentences of a dropped final batch given back."""
     if not isinstance(indices, np.ndarray):  # an iterator would be consumed by fairseq's call
         indices = np.fromiter(indices, dtype=np.int64, count=-1)
-    batches = _fairseq_batch_by_size(
+    batches = fairseq_original(batch_by_size_all)(
         indices, num_tokens_fn, num_tokens_vec=num_tokens_vec, max_tokens=max_tokens,
         max_sentences=max_sentences, required_batch_size_multiple=required_batch_size_multiple,
         fixed_shapes=fixed_shapes,
@@ -129,7 +129,7 @@ def _raised_by_torch_load(exc: BaseException) -> bool:
 
 def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
     """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file raises CheckpointError."""
-    return _checked_load(_fairseq_load_checkpoint_to_cpu, path, *args, **kwargs)
+    return _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
 
 
 def torch_load_checked(path):
@@ -190,7 +190,7 @@ def _model_summary(model_cfg) -> str:
 def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
     """fairseq's ``Trainer.load_checkpoint``; parameters that do not fit name both architectures."""
     try:
-        return _fairseq_trainer_load_checkpoint(self, filename, *args, **kwargs)
+        return fairseq_original(trainer_load_checkpoint_checked)(self, filename, *args, **kwargs)
     except Exception as e:
         if not str(e).startswith("Cannot load model parameters from checkpoint"):
             raise
@@ -212,7 +212,7 @@ def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
 def infer_language_pair_checked(path):
     """fairseq's ``infer_language_pair``; a folder without binarized data stops with what it needs
     (fairseq: "Could not infer language pair, please provide it explicitly")."""
-    src, tgt = _fairseq_infer_language_pair(path)
+    src, tgt = fairseq_original(infer_language_pair_checked)(path)
     if src is None or tgt is None:
         dicts = sorted(f for f in os.listdir(path) if re.fullmatch(r"dict\..+\.txt", f)) if os.path.isdir(path) else []
         raise MissingFileError(
@@ -228,7 +228,7 @@ def infer_language_pair_checked(path):
 def load_dictionary_checked(cls, f):
     """fairseq's ``Dictionary.load``; a missing dictionary file names itself and where it comes from."""
     try:
-        return _fairseq_dictionary_load.__func__(cls, f)
+        return fairseq_original(load_dictionary_checked)(cls, f)
     except FileNotFoundError as e:
         if not isinstance(f, str) or isinstance(e, MissingFileError):
             raise
@@ -256,13 +256,13 @@ def infer_init_method_cpu(cfg, *args, **kwargs):
     if (_no_gpu() and launched and cfg.distributed_init_method is None
             and cfg.distributed_world_size == 1 and int(os.environ["WORLD_SIZE"]) > 1):
         cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
-    return _fairseq_infer_init_method(cfg, *args, **kwargs)
+    return fairseq_original(infer_init_method_cpu)(cfg, *args, **kwargs)
 
 
 def torch_launch_init_cpu(cfg):
     """fairseq's torchrun init, without the division by zero GPUs and with gloo instead of nccl."""
     if not _no_gpu():
-        return _fairseq_torch_launch_init(cfg)
+        return fairseq_original(torch_launch_init_cpu)(cfg)
     cfg.distributed_init_method = "env://"
     cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
     cfg.distributed_rank = int(os.environ["RANK"])
@@ -302,13 +302,13 @@ def call_main_bf16(cfg, main, **kwargs):
         logger.info("--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
                     "CPU" if common.cpu or _no_gpu() else "the GPU")
         common.tpu = False
-    return _fairseq_call_main(cfg, main, **kwargs)
+    return fairseq_original(call_main_bf16)(cfg, main, **kwargs)
 
 
 def prepare_for_inference_bf16(self, cfg, *args, **kwargs):
     """fairseq's ``prepare_for_inference_``, then a cast to bfloat16 under ``--bf16`` (fairseq
     casts to half under ``--fp16`` itself and ignores ``--bf16`` when decoding)."""
-    _fairseq_prepare_for_inference(self, cfg, *args, **kwargs)
+    fairseq_original(prepare_for_inference_bf16)(self, cfg, *args, **kwargs)
     common = getattr(cfg, "common", None)
     if common is not None and getattr(common, "bf16", False) and not getattr(common, "fp16", False):
         self.to(dtype=torch.bfloat16)
@@ -329,7 +329,7 @@ def fp16_build_optimizer(cls, cfg, params, **kwargs):
                         f"for --optimizer {name}, which keeps parameter groups" if needs_groups
                         else "since there is no GPU")
             common.fp16_no_flatten_grads = True
-    return _fairseq_fp16_build_optimizer.__func__(cls, cfg, params, **kwargs)
+    return fairseq_original(fp16_build_optimizer)(cls, cfg, params, **kwargs)
 
 
 def trainer_train_step_cpu_fp16(self, *args, **kwargs):
@@ -338,11 +338,11 @@ def trainer_train_step_cpu_fp16(self, *args, **kwargs):
     failing at ``torch.tensor(0.0).cuda()``: ``Tensor.cuda`` is the identity meanwhile, which
     changes nothing else where no CUDA exists (it could only raise)."""
     if torch.cuda.is_available() or not (self.cfg.common.fp16 or self.cfg.common.bf16):
-        return _fairseq_trainer_train_step(self, *args, **kwargs)
+        return fairseq_original(trainer_train_step_cpu_fp16)(self, *args, **kwargs)
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda tensor, *a, **k: tensor
     try:
-        return _fairseq_trainer_train_step(self, *args, **kwargs)
+        return fairseq_original(trainer_train_step_cpu_fp16)(self, *args, **kwargs)
     finally:
         torch.Tensor.cuda = cuda
 
@@ -350,7 +350,7 @@ def trainer_train_step_cpu_fp16(self, *args, **kwargs):
 def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
     """``MemoryEfficientFP16Optimizer.build_optimizer`` with an error that names the alternative."""
     try:
-        return _fairseq_mefp16_build_optimizer.__func__(cls, cfg, params, **kwargs)
+        return fairseq_original(memory_efficient_fp16_build_optimizer)(cls, cfg, params, **kwargs)
     except ValueError as e:
         if "Unsupported optimizer" not in str(e):
             raise
@@ -363,61 +363,49 @@ def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
 
 # -- apply -----------------------------------------------------------------------------------------
 
-_fairseq_batch_by_size = data_utils.batch_by_size
-_fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
-_fairseq_infer_language_pair = data_utils.infer_language_pair
+_ORIGINAL = {}  # each shim -> the fairseq function it stands in for
+
+
+def fairseq_original(shim):
+    """The fairseq function that ``shim`` replaced (and calls)."""
+    return _ORIGINAL[shim]
+
+
+def _install(owner, name, shim, as_classmethod=False):
+    """Put ``shim`` in place of ``owner.name``, once (importing the plugin twice changes nothing)."""
+    current = getattr(owner, name)
+    if getattr(current, "_fairseq_deep", False):
+        return
+    _ORIGINAL[shim] = current.__func__ if as_classmethod else current
+    shim._fairseq_deep = True
+    setattr(owner, name, classmethod(shim) if as_classmethod else shim)
 
 
 def apply():
-    global _fairseq_trainer_load_checkpoint, _fairseq_infer_init_method, _fairseq_torch_launch_init
-    global _fairseq_call_main, _fairseq_prepare_for_inference, _fairseq_fp16_build_optimizer
-    global _fairseq_mefp16_build_optimizer, _fairseq_trainer_train_step, _fairseq_dictionary_load
     from fairseq import trainer
     from fairseq.distributed import utils as distributed_utils
     from fairseq.models import BaseFairseqModel, distributed_fairseq_model
     from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 
     allow_fairseq_checkpoints()
-    if data_utils.batch_by_size is not batch_by_size_all:
-        data_utils.batch_by_size = batch_by_size_all
-    if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu_checked:
-        checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu_checked
-    if data_utils.infer_language_pair is not infer_language_pair_checked:
-        data_utils.infer_language_pair = infer_language_pair_checked
-    if not getattr(Dictionary.load, "_fairseq_deep", False):
-        _fairseq_dictionary_load = Dictionary.load
-        Dictionary.load = classmethod(load_dictionary_checked)
-        Dictionary.load.__func__._fairseq_deep = True
-    if trainer.Trainer.load_checkpoint is not trainer_load_checkpoint_checked:
-        _fairseq_trainer_load_checkpoint = trainer.Trainer.load_checkpoint
-        trainer.Trainer.load_checkpoint = trainer_load_checkpoint_checked
-    if distributed_utils.infer_init_method is not infer_init_method_cpu:
-        _fairseq_infer_init_method = distributed_utils.infer_init_method
-        distributed_utils.infer_init_method = infer_init_method_cpu
-    if distributed_utils._infer_torch_distributed_launch_init is not torch_launch_init_cpu:
-        _fairseq_torch_launch_init = distributed_utils._infer_torch_distributed_launch_init
-        distributed_utils._infer_torch_distributed_launch_init = torch_launch_init_cpu
-    if trainer.Trainer.train_step is not trainer_train_step_cpu_fp16:
-        _fairseq_trainer_train_step = trainer.Trainer.train_step
-        trainer.Trainer.train_step = trainer_train_step_cpu_fp16
-    if distributed_utils.call_main is not call_main_bf16:
-        _fairseq_call_main = distributed_utils.call_main
-        distributed_utils.call_main = call_main_bf16
-    if BaseFairseqModel.prepare_for_inference_ is not prepare_for_inference_bf16:
-        _fairseq_prepare_for_inference = BaseFairseqModel.prepare_for_inference_
-        BaseFairseqModel.prepare_for_inference_ = prepare_for_inference_bf16
-    if not getattr(FP16Optimizer.build_optimizer, "_fairseq_deep", False):
-        _fairseq_fp16_build_optimizer = FP16Optimizer.build_optimizer
-        FP16Optimizer.build_optimizer = classmethod(fp16_build_optimizer)
-        FP16Optimizer.build_optimizer.__func__._fairseq_deep = True
-    if not getattr(MemoryEfficientFP16Optimizer.build_optimizer, "_fairseq_deep", False):
-        _fairseq_mefp16_build_optimizer = MemoryEfficientFP16Optimizer.build_optimizer
-        MemoryEfficientFP16Optimizer.build_optimizer = classmethod(memory_efficient_fp16_build_optimizer)
-        MemoryEfficientFP16Optimizer.build_optimizer.__func__._fairseq_deep = True
+    for owner, name, shim, as_classmethod in [
+        (data_utils, "batch_by_size", batch_by_size_all, False),                          # 2
+        (checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu_checked, False),  # 3
+        (data_utils, "infer_language_pair", infer_language_pair_checked, False),
+        (Dictionary, "load", load_dictionary_checked, True),
+        (trainer.Trainer, "load_checkpoint", trainer_load_checkpoint_checked, False),
+        (distributed_utils, "infer_init_method", infer_init_method_cpu, False),             # 4
+        (distributed_utils, "_infer_torch_distributed_launch_init", torch_launch_init_cpu, False),
+        (trainer.Trainer, "train_step", trainer_train_step_cpu_fp16, False),                # 5
+        (distributed_utils, "call_main", call_main_bf16, False),
+        (BaseFairseqModel, "prepare_for_inference_", prepare_for_inference_bf16, False),
+        (FP16Optimizer, "build_optimizer", fp16_build_optimizer, True),
+        (MemoryEfficientFP16Optimizer, "build_optimizer", memory_efficient_fp16_build_optimizer, True),
+    ]:
+        _install(owner, name, shim, as_classmethod)
     if not getattr(distributed_fairseq_model.DistributedDataParallel, "_fairseq_deep_cpu", False):
         ddp = _ddp_for_cpu_modules(distributed_fairseq_model.DistributedDataParallel)
         ddp._fairseq_deep_cpu = True
         distributed_fairseq_model.DistributedDataParallel = ddp
-
 
 apply()

@@ -91,7 +91,7 @@ def test_shim_gives_back_exactly_what_fairseq_drops():
 
     sizes = np.arange(N_LINES) % 13 + 1
     kwargs = dict(max_sentences=8, required_batch_size_multiple=8)
-    theirs = compat._fairseq_batch_by_size(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
+    theirs = compat.fairseq_original(compat.batch_by_size_all)(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
     ours = compat.batch_by_size_all(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
     assert sum(map(len, theirs)) == 96
     assert [b.tolist() for b in ours[:-1]] == [b.tolist() for b in theirs]
