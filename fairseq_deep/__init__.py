@@ -9,6 +9,6 @@ __version__ = "0.1.0"
 
 from . import compat  # noqa: F401  (first: safe checkpoint loading, full evaluation batches)
 from .criterions import layer_diversity, sentence_cross_entropy  # noqa: F401
-from .models import deep_att, rnmt_plus, transformer_agg, transformer_dlcl, transformer_ta  # noqa: F401
+from .models import deep_att, rnmt_plus, transformer_agg, transformer_dlcl, transformer_schemes, transformer_ta  # noqa: F401
 from .optim import deep_att_optimizer, noam, rnmt_lr_scheduler  # noqa: F401
 from .tasks import translation_deep  # noqa: F401

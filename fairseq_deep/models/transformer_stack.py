@@ -11,7 +11,10 @@ constructor calls ``build_encoder_layer(cfg)`` once per layer, bottom first, wit
 the stacks here count the calls, hand the hook the layer's index (0-based) and the stack's depth,
 and wrap what it returns once for activation checkpointing and FSDP, as fairseq does.  A scheme
 whose layers depend on their depth (DeepNorm, DS-Init, Admin: a residual scale or an
-initialisation of layer l of N) overrides ``build_layer`` only.
+initialisation of layer l of N) is applied to what ``build_layer`` returns
+(:func:`~fairseq_deep.modules.residual_schemes.apply_schemes`), so it composes with every history
+and every layer class; a stack whose layers differ in kind (multi-layer attention) overrides
+``build_layer`` only.
 """
 
 from typing import Any, Dict, List, Optional
@@ -27,6 +30,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..modules.layer_history import LayerHistory
+from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes
 from .flags import add_new_flag_names
 
 
@@ -48,6 +52,7 @@ class TechniqueTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, cls.options(), delete_default=True, with_prefix="")
+        gen_parser_from_dataclass(parser, ResidualSchemesConfig(), delete_default=True, with_prefix="")
         add_new_flag_names(parser, cls.renamed_flags)
 
     @classmethod
@@ -91,9 +96,13 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
                 layer.final_layer_norm = nn.Identity()
 
     def build_encoder_layer(self, cfg):
-        """fairseq's hook, called once per layer: builds layer ``index`` of N and wraps it."""
+        """fairseq's hook, called once per layer: builds layer ``index`` of N, applies the residual
+        and initialisation schemes of ``cfg`` (modules/residual_schemes.py) and wraps it."""
         index, self._layers_built = self._layers_built, self._layers_built + 1
-        return wrap_layer(self.build_layer(cfg, index, cfg.encoder.layers), cfg)
+        if index == 0:
+            self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
+        layer = self.build_layer(cfg, index, cfg.encoder.layers)
+        return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
         """Layer ``index`` (0-based, bottom first) of a stack of ``num_layers``, unwrapped:
@@ -186,9 +195,13 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         return self.dropout_module(x).transpose(0, 1)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        """fairseq's hook, called once per layer: builds layer ``index`` of N and wraps it."""
+        """fairseq's hook, called once per layer: builds layer ``index`` of N, applies the residual
+        and initialisation schemes of ``cfg`` and wraps it (as the encoder's hook)."""
         index, self._layers_built = self._layers_built, self._layers_built + 1
-        return wrap_layer(self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn), cfg)
+        if index == 0:
+            self.admin_profile = AdminProfile()
+        layer = self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn)
+        return wrap_layer(apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False) -> nn.Module:
         """Decoder layer ``index`` (0-based, bottom first) of ``num_layers``, unwrapped (as the

@@ -1,0 +1,328 @@
+"""Residual and initialisation schemes for very deep Transformers, as settings of a layer of depth l.
+
+Four later answers to "why does a deep post-norm Transformer stop learning", each a change to how
+layer ``index`` of a stack of ``num_layers`` adds its sublayers to their input, or how its weights
+are drawn.  They are applied to whatever layer a stack's ``build_layer`` returns (fairseq's layer,
+a multi-layer-attention layer), once, before activation checkpointing wraps it
+(:func:`apply_schemes`, called by ``models/transformer_stack.py``), so they compose with every
+layer history (residual, DLCL, transparent attention, aggregation).
+
+* **DeepNorm** (Wang, Ma, Dong, Huang, Zhang, Wei 2022, "DeepNet: Scaling Transformers to 1,000
+  Layers", Sec. 2-3, Fig. 2): every sublayer is ``x = LN(alpha * x + G(x))`` (post-norm), and the
+  feed-forward weights and the attention value and output projections are drawn Xavier-normal with
+  gain ``beta`` (queries and keys with gain 1).  For N encoder and M decoder layers (Sec. 3,
+  "encoder-decoder"): encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder
+  alpha = (3M)^(1/4), beta = (12M)^(-1/4).  Cross-attention counts as a decoder sublayer.
+* **Admin** (Liu, Liu, Gao, Chen, Han 2020, "Understanding the Difficulty of Training
+  Transformers", Sec. 5): post-norm with ``x_i = LN(x_{i-1} * omega_i + f_i(x_{i-1}))``, one
+  learned vector omega_i (width d) per sublayer, initialised by profiling: omega_i^2 =
+  1 + sum_{j<i} Var[f_j] (Eq. 8 with the embedding's variance taken as 1).  The profile is taken
+  in the first training forward pass, sublayer by sublayer in order, as the authors' code does:
+  sublayer i takes omega_i = r, then r^2 = Var[x_{i-1} * omega_i] + Var[f_i(x_{i-1})] (variance
+  over all elements of the batch, dropout as in training; averaged over data-parallel workers so
+  that they agree).  ``admin_profiled`` (a buffer) keeps a checkpoint from being profiled again.
+* **ReZero** (Bachlechner, Majumder, Mao, Cottrell, McAuley 2020, Eq. 5): ``x = x + alpha F(x)``,
+  one scalar alpha per layer (shared by its sublayers, as in the authors' Transformer layer),
+  initialised to 0, and no layer norm: at initialisation every layer is the identity map.
+* **DS-Init** (Zhang, Titov, Sennrich 2019, "Improving Deep Transformer with Depth-Scaled
+  Initialization and Merged Attention", Eq. 9): every weight matrix of layer l (1-based, counted
+  per stack) is drawn from U(-b, b), b = sqrt(6 / (fan_in + fan_out)) * alpha / sqrt(l), so its
+  standard deviation is sqrt(2 / (fan_in + fan_out)) * alpha / sqrt(l); biases keep fairseq's
+  initialisation.  alpha defaults to 1 (the paper's alpha is in [0, 1]).  The merged attention
+  sublayer (MAtt) of the same paper is not part of this package.
+
+Combinations: DeepNorm, Admin and ReZero each replace the residual connection, so at most one
+is on; each needs a post-norm stack (ReZero: no layer norm at all); DS-Init composes with
+standard, Admin and ReZero residuals but not with DeepNorm, which sets the same weights' scale.
+A layer that has its own residual connection (``--ta-no-encoder-residual``) takes none of them.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from fairseq.dataclass import FairseqDataclass
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from ..errors import UserError
+
+
+@dataclass
+class DeepNormConfig(FairseqDataclass):
+    """The ``--deepnorm*`` options (Wang et al. 2022)."""
+
+    deepnorm: bool = field(
+        default=False,
+        metadata={"help": "DeepNorm (Wang et al. 2022): post-norm sublayers x = LN(alpha x + G(x)) and "
+                  "Xavier-normal init with gain beta of the FFN and attention value/output projections"},
+    )
+    deepnorm_alpha: Optional[str] = field(
+        default=None,
+        metadata={"help": "residual scale alpha as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
+    )
+    deepnorm_beta: Optional[str] = field(
+        default=None,
+        metadata={"help": "init gain beta as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
+    )
+
+
+@dataclass
+class AdminConfig(FairseqDataclass):
+    """The ``--admin`` option (Liu et al. 2020)."""
+
+    admin: bool = field(
+        default=False,
+        metadata={"help": "Admin (Liu et al. 2020): post-norm x = LN(x * omega + f(x)), omega learned per "
+                  "sublayer and initialised by profiling the first training batch"},
+    )
+
+
+@dataclass
+class ReZeroConfig(FairseqDataclass):
+    """The ``--rezero*`` options (Bachlechner et al. 2020)."""
+
+    rezero: bool = field(
+        default=False,
+        metadata={"help": "ReZero (Bachlechner et al. 2020): x = x + alpha F(x), one learned scalar per "
+                  "layer, no layer norm"},
+    )
+    rezero_init: float = field(
+        default=0.0, metadata={"help": "initial value of every ReZero alpha (the paper's: 0)"}
+    )
+
+
+@dataclass
+class DSInitConfig(FairseqDataclass):
+    """The ``--ds-init*`` options (Zhang et al. 2019)."""
+
+    ds_init: bool = field(
+        default=False,
+        metadata={"help": "depth-scaled initialisation (Zhang et al. 2019): the weights of layer l drawn "
+                  "from the Xavier range scaled by alpha / sqrt(l)"},
+    )
+    ds_init_alpha: float = field(
+        default=1.0, metadata={"help": "alpha of DS-Init (in [0, 1] in the paper)"}
+    )
+
+
+@dataclass
+class ResidualSchemesConfig(DeepNormConfig, AdminConfig, ReZeroConfig, DSInitConfig):
+    """Every scheme's options; composed into every Transformer family of the package."""
+
+
+RESIDUAL_SCHEMES = ("deepnorm", "admin", "rezero")
+
+
+def check_schemes(cfg) -> ResidualSchemesConfig:
+    """The schemes' options of ``cfg`` (a namespace or TransformerConfig), or a UserError for a
+    combination that makes no sense."""
+    opts = ResidualSchemesConfig.from_namespace(cfg)
+    chosen = [name for name in RESIDUAL_SCHEMES if getattr(opts, name)]
+    if len(chosen) > 1:
+        raise UserError(f"--{' and --'.join(chosen)} each replace the residual connection: choose one")
+    if opts.deepnorm and opts.ds_init:
+        raise UserError("--deepnorm and --ds-init both set the scale of the initial weights: choose one")
+    if chosen:
+        for side in ("encoder", "decoder"):
+            if _stack_options(cfg, side)[0]:
+                what = "has no layer norm" if chosen[0] == "rezero" else "is a post-norm scheme"
+                raise UserError(
+                    f"--{chosen[0]} {what}, but the {side} is pre-norm (--{side}-normalize-before): use a "
+                    f"post-norm --arch (transformer_{chosen[0].replace('_', '')}, transformer_postnorm, "
+                    f"transformer_dlcl_postnorm, transformer_ta_baseline, ...)"
+                )
+    if opts.ds_init and not opts.ds_init_alpha > 0:
+        raise UserError(f"--ds-init-alpha must be positive, got {opts.ds_init_alpha}")
+    return opts
+
+
+def _stack_options(cfg, side: str) -> Tuple[bool, int]:
+    """(normalize_before, layers) of one side of a TransformerConfig or a flat namespace."""
+    sub = getattr(cfg, side, None)
+    if sub is not None and hasattr(sub, "layers"):
+        return bool(sub.normalize_before), int(sub.layers)
+    return bool(getattr(cfg, f"{side}_normalize_before", False)), int(getattr(cfg, f"{side}_layers"))
+
+
+def deepnorm_constants(side: str, encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:
+    """(alpha, beta) of DeepNorm for one side of an encoder-decoder of N + M layers (Sec. 3)."""
+    n, m = encoder_layers, decoder_layers
+    if side == "encoder":
+        return 0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)
+    return (3 * m) ** 0.25, (12 * m) ** -0.25
+
+
+def _pair(value: Optional[str], side: str, option: str) -> Optional[float]:
+    if value is None:
+        return None
+    parts = str(value).split(",")
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (1, 2):
+        raise UserError(f"{option} takes one number or ENCODER,DECODER, got {value!r}")
+    return numbers[0] if side == "encoder" or len(numbers) == 1 else numbers[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer mixins: each overrides fairseq's ``residual_connection(x, residual)`` (= residual + x),
+# which fairseq's layers (and the multi-layer-attention layers) call once per sublayer, in order.
+# ----------------------------------------------------------------------------------------------
+
+
+class DeepNormResidual:
+    """``residual_connection``: alpha * residual + x (the layer norm after it is fairseq's post-norm)."""
+
+    deepnorm_alpha: float = 1.0
+
+    def residual_connection(self, x, residual):
+        return residual * self.deepnorm_alpha + x
+
+
+class ReZeroResidual:
+    """``residual_connection``: residual + alpha * x, alpha = ``self.rezero_alpha`` (one per layer)."""
+
+    def residual_connection(self, x, residual):
+        return residual + self.rezero_alpha * x
+
+
+class AdminProfile:
+    """The running output scale r of one stack while its first training batch profiles it."""
+
+    def __init__(self):
+        self.ratio = 1.0  # the embedding's share, taken as variance 1 (as the authors' code)
+
+
+def _mean_over_workers(value: Tensor) -> Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+        value = value / dist.get_world_size()
+    return value
+
+
+class AdminResidual:
+    """``residual_connection``: residual * omega_i + x, omega_i (width d) of the layer's sublayer i.
+
+    fairseq's layers do not say which sublayer calls ``residual_connection``: ``forward`` counts
+    the calls (it always runs the sublayers in the same order), so sublayer i uses row i of
+    ``admin_omega``.
+    """
+
+    def forward(self, *args, **kwargs):
+        self._admin_sublayer = 0
+        return super().forward(*args, **kwargs)
+
+    def _admin_needs_profile(self) -> bool:
+        if getattr(self, "_admin_done", False):  # read the buffer once, not at every step
+            return False
+        self._admin_done = bool(self.admin_profiled)
+        return not self._admin_done
+
+    def residual_connection(self, x, residual):
+        index = self._admin_sublayer
+        self._admin_sublayer += 1
+        if self.training and self._admin_needs_profile():
+            with torch.no_grad():  # through .data: the rows set earlier are saved for backward
+                omega = self.admin_omega.data[index].fill_(self.admin_profile.ratio)
+                variance = torch.stack([(residual.float() * omega.float()).var(), x.float().var()])
+                self.admin_profile.ratio = float(_mean_over_workers(variance).sum().sqrt())
+                if index == self.admin_omega.size(0) - 1:
+                    self.admin_profiled.fill_(True)
+        return residual * self.admin_omega[index] + x
+
+
+# ----------------------------------------------------------------------------------------------
+# Applying the schemes to a built layer
+# ----------------------------------------------------------------------------------------------
+
+_CLASSES: Dict[Tuple[type, type], type] = {}
+_PLAIN_RESIDUAL = (TransformerEncoderLayerBase.residual_connection, TransformerDecoderLayerBase.residual_connection)
+
+
+def _mix(layer: nn.Module, mixin: type):
+    """Make ``layer`` an instance of ``mixin`` + its own class (one class per pair, made once)."""
+    base = type(layer)
+    if base.residual_connection not in _PLAIN_RESIDUAL:
+        raise UserError(f"{base.__name__} has its own residual connection (e.g. --ta-no-encoder-residual); "
+                        "it takes no --deepnorm, --admin or --rezero")
+    key = (mixin, base)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(mixin.__name__.replace("Residual", "") + base.__name__, (mixin, base),
+                             {"__module__": __name__, "__doc__": f"{base.__name__} with {mixin.__name__}."})
+    layer.__class__ = _CLASSES[key]
+
+
+def _attentions(layer: nn.Module):
+    return [m for m in (getattr(layer, "self_attn", None), getattr(layer, "encoder_attn", None)) if m is not None]
+
+
+def _sublayers(layer: nn.Module) -> int:
+    return 2 + (getattr(layer, "encoder_attn", None) is not None)
+
+
+def _init_deepnorm(layer: nn.Module, beta: float):
+    """Fig. 2 of the paper: Xavier-normal, gain beta for the FFN and the value/output projections."""
+    for attn in _attentions(layer):
+        for proj, gain in ((attn.q_proj, 1.0), (attn.k_proj, 1.0), (attn.v_proj, beta), (attn.out_proj, beta)):
+            nn.init.xavier_normal_(proj.weight, gain=gain)
+    for fc in (layer.fc1, layer.fc2):
+        nn.init.xavier_normal_(fc.weight, gain=beta)
+
+
+def ds_init_gain(index: int, alpha: float) -> float:
+    """The gain of DS-Init for layer ``index`` (0-based): alpha / sqrt(l), l = index + 1."""
+    return alpha / math.sqrt(index + 1)
+
+
+def _init_ds(layer: nn.Module, gain: float):
+    for module in layer.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight, gain=gain)
+
+
+def apply_schemes(layer: nn.Module, cfg, side: str, index: int, num_layers: int,
+                  profile: Optional[AdminProfile] = None) -> nn.Module:
+    """Layer ``index`` of the ``side`` stack (``num_layers`` deep) under the schemes of ``cfg``,
+    changed in place and returned.  ``profile`` is the stack's shared Admin profile."""
+    opts = check_schemes(cfg)
+    if opts.ds_init:
+        _init_ds(layer, ds_init_gain(index, opts.ds_init_alpha))
+    if opts.deepnorm:
+        alpha, beta = deepnorm_constants(side, _stack_options(cfg, "encoder")[1], _stack_options(cfg, "decoder")[1])
+        given_alpha = _pair(opts.deepnorm_alpha, side, "--deepnorm-alpha")
+        given_beta = _pair(opts.deepnorm_beta, side, "--deepnorm-beta")
+        alpha = alpha if given_alpha is None else given_alpha
+        beta = beta if given_beta is None else given_beta
+        _mix(layer, DeepNormResidual)
+        layer.deepnorm_alpha = alpha
+        _init_deepnorm(layer, beta)
+    elif opts.admin:
+        _mix(layer, AdminResidual)
+        layer.admin_omega = nn.Parameter(torch.ones(_sublayers(layer), layer.embed_dim))
+        layer.register_buffer("admin_profiled", torch.tensor(False))
+        layer.admin_profile = profile if profile is not None else AdminProfile()
+    elif opts.rezero:
+        _mix(layer, ReZeroResidual)
+        layer.rezero_alpha = nn.Parameter(torch.full((1,), float(opts.rezero_init)))
+        for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
+            if getattr(layer, name, None) is not None:
+                setattr(layer, name, nn.Identity())
+    return layer
+
+
+def scheme_names(cfg) -> str:
+    """The schemes that are on, for logs (``deepnorm+ds_init``), or ``""``."""
+    opts = ResidualSchemesConfig.from_namespace(cfg)
+    return "+".join(name for name in (*RESIDUAL_SCHEMES, "ds_init") if getattr(opts, name))
+
+
+def unprofiled_admin_layers(model: nn.Module) -> int:
+    """How many Admin layers of ``model`` still wait for their profile (0 after the first training batch)."""
+    return sum(1 for m in model.modules() if isinstance(m, AdminResidual) and not bool(m.admin_profiled))
+
