@@ -25,6 +25,10 @@ loop keep the model's precision.
 
 Padding: a padded position leaves (h, c) unchanged and outputs zeros, so a left- or right-padded
 sentence gives exactly the states of the unpadded one, in both directions.
+
+``impl="triton"`` (``--rnmt-lstm-impl triton``, opt-in, unmeasured on a GPU so far; issue 16) runs the
+same loop with one fused Triton kernel per step, forward and backward (:mod:`.ln_lstm_triton`);
+the default ``"loop"`` is the TorchScript loop above.
 """
 
 import warnings
@@ -321,6 +325,22 @@ def _plain_lstm_recurrence(
 plain_lstm_recurrence = _script(_plain_lstm_recurrence)
 
 
+IMPLS = ("loop", "triton")
+
+
+def triton_recurrence():
+    """:func:`.ln_lstm_triton.recurrence`, imported on first use: the package runs without triton."""
+    try:
+        from .ln_lstm_triton import recurrence as fused
+    except ImportError as e:
+        raise ImportError(
+            f"--rnmt-lstm-impl triton (LayerNormLSTM(impl='triton')) needs the triton package, which did not "
+            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --rnmt-lstm-impl loop (the "
+            f"default; for a model saved with triton: --model-overrides \"{{'rnmt_lstm_impl': 'loop'}}\")"
+        ) from e
+    return fused
+
+
 def plain_recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, pad: Optional[Tensor],
                      cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`plain_lstm_recurrence` with :func:`recurrence`'s precision rule: in float32 for
@@ -342,12 +362,27 @@ class LayerNormLSTM(nn.Module):
     ``layer_norm=False`` (Chen et al. 2018, Table 4, "- Layer Norm"; ``--rnmt-no-layer-norm``):
     the gates are W x_t + U h_{t-1} + b, no layer norm and no ``ln_weight`` (it is None); the loop
     is :func:`plain_recurrence` (autograd's backward).  ``layer_norm=True`` is unchanged.
+
+    ``impl`` (``--rnmt-lstm-impl``): ``"loop"`` (default) the TorchScript loop, ``"triton"`` the fused
+    Triton kernels of :mod:`.ln_lstm_triton` (same arithmetic; CUDA, or Triton's CPU interpreter
+    with ``TRITON_INTERPRET=1``).  Without layer norm there is no fused kernel: ``layer_norm=False``
+    runs :func:`plain_recurrence` whatever ``impl`` says.
     """
+
+    impl = "loop"  # the class default: a module pickled before the option existed
 
     def __init__(self, input_size: int, hidden_size: int, bidirectional: bool = False,
                  cell_clip: float = 0.0, output_tanh: bool = False, eps: float = 1e-6,
-                 init_scale: Optional[float] = None, layer_norm: bool = True):
+                 init_scale: Optional[float] = None, layer_norm: bool = True, impl: str = "loop"):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"--rnmt-lstm-impl {impl!r}: choose one of {', '.join(IMPLS)}")
+        if impl == "triton" and layer_norm:
+            triton_recurrence()  # a missing triton stops here, not at the first batch
+        elif impl == "triton":
+            warnings.warn("--rnmt-lstm-impl triton has no kernel for cells without layer norm "
+                          "(--rnmt-no-layer-norm): they run the loop")
+        self.impl = impl
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_directions = 2 if bidirectional else 1
@@ -381,7 +416,12 @@ class LayerNormLSTM(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, directions={self.num_directions}, "
                 f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}"
-                + ("" if self.use_layer_norm else ", layer_norm=False"))
+                + ("" if self.use_layer_norm else ", layer_norm=False")
+                + ("" if self.impl == "loop" else f", impl={self.impl}"))
+
+    def _recurrence(self):
+        """The layer-norm loop of ``self.impl``."""
+        return recurrence if self.impl == "loop" else triton_recurrence()
 
     def zero_state(self, batch_size: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         z = like.new_zeros(self.num_directions, batch_size, self.hidden_size)
@@ -416,7 +456,7 @@ class LayerNormLSTM(nn.Module):
             p = padding_mask.view(T, 1, B, 1)
             pad = torch.cat([p, p.flip(0)], dim=1) if D == 2 else p
         if self.use_layer_norm:
-            out, h, c = recurrence(
+            out, h, c = self._recurrence()(
                 gates_in, h, c, self.weight_hh, self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1),
                 pad, self.cell_clip, self.output_tanh, self.eps,
             )
@@ -437,7 +477,7 @@ class LayerNormLSTM(nn.Module):
             out, h, c = plain_recurrence((gates_in + self.bias.unsqueeze(1)).unsqueeze(0), state[0],
                                          state[1], self.weight_hh, None, self.cell_clip, self.output_tanh)
             return h, c
-        out, h, c = recurrence(
+        out, h, c = self._recurrence()(
             gates_in.unsqueeze(0), state[0], state[1], self.weight_hh,
             self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1), None, self.cell_clip,
             self.output_tanh, self.eps,

@@ -9,6 +9,8 @@ and the ``--dlcl-*`` options the layer history's (:mod:`fairseq_deep.modules.lay
 
 from dataclasses import dataclass, field
 
+from fairseq.dataclass import ChoiceEnum
+
 from ...modules.layer_history import DLCLConfig
 from ...modules.transparent_attention import TransparentReadoutConfig
 
@@ -44,6 +46,12 @@ class RNMTConfig(TransparentReadoutConfig):
         default=False,
         metadata={"help": "LSTM cells without the per-gate layer norm (Chen et al. 2018, Table 4, "
                   "'- Layer Norm'): gates W x + U h + b"},
+    )
+    rnmt_lstm_impl: ChoiceEnum(["loop", "triton"]) = field(
+        default="loop",
+        metadata={"help": "time loop of the layer-normalized LSTM cells: 'loop' (TorchScript, every device) or "
+                  "'triton' (one fused Triton kernel per step, forward and backward; needs triton and a CUDA "
+                  "GPU; opt-in, not yet measured on a GPU; cells without layer norm run the loop)"},
     )
     rnmt_init_scale: float = field(
         default=0.0,

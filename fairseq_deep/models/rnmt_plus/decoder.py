@@ -62,7 +62,8 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         self.layers = nn.ModuleList(
             LayerNormLSTM((E if i == 0 else H) + C, H, cell_clip=args.rnmt_cell_clip,
                           output_tanh=args.rnmt_output_tanh, init_scale=init,
-                          layer_norm=not getattr(args, "rnmt_no_layer_norm", False))
+                          layer_norm=not getattr(args, "rnmt_no_layer_norm", False),
+                          impl=str(getattr(args, "rnmt_lstm_impl", "loop")))
             for i in range(self.num_layers)
         )
         self.history = build_history(args, "decoder", self.num_layers, H)
