@@ -17,6 +17,7 @@ and every layer class; a stack whose layers differ in kind (multi-layer attentio
 ``build_layer`` only.
 """
 
+import functools
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -66,8 +67,46 @@ def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
     ``build_encoder_layer``): a checkpointed layer is always FSDP-wrapped, whatever its size."""
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        layer = checkpoint_layer(layer, offload_to_cpu=cfg.offload_activations)
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+def checkpoint_layer(layer: nn.Module, offload_to_cpu: bool = False) -> nn.Module:
+    """fairseq's ``checkpoint_wrapper``, which also sees the tensors of a keyword argument that is
+    a list of tensors (the lower layers' states of multi-layer attention).
+
+    fairseq's wrapper hands autograd the tensor arguments only; a list is passed through as an
+    object, so no gradient would flow back through its tensors.  Here such a list travels as one
+    keyword argument per tensor and is put back together inside the checkpoint, where the layer's
+    own ``forward`` runs (in the forward pass and again in backward).  Partials of module-level
+    functions and bound methods, as fairseq's own, so that a deep copy of the model is its own.
+    """
+    layer.forward = functools.partial(_forward_with_lists, layer.forward)
+    checkpoint_wrapper(layer, offload_to_cpu=offload_to_cpu)
+    layer.forward = functools.partial(_forward_with_items, layer.forward)
+    return layer
+
+
+def _forward_with_items(checkpointed, *args, **kwargs):
+    """Outside the checkpoint: every list of tensors as one keyword argument per item, ``lower[i]``."""
+    flat = {}
+    for name, value in kwargs.items():
+        if isinstance(value, list) and value and all(isinstance(v, Tensor) for v in value):
+            flat.update((f"{name}[{i}]", v) for i, v in enumerate(value))
+        else:
+            flat[name] = value
+    return checkpointed(*args, **flat)
+
+
+def _forward_with_lists(forward, *args, **kwargs):
+    """Inside the checkpoint: the items put back into their lists, in order."""
+    plain: Dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name.endswith("]"):  # "lower[0]", "lower[1]", ... (keyword names no caller can write)
+            plain.setdefault(name.partition("[")[0], []).append(value)
+        else:
+            plain[name] = value
+    return forward(*args, **plain)
 
 
 def _check_history(history: LayerHistory, layerdrop: float, side: str):

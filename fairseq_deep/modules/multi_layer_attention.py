@@ -78,10 +78,6 @@ def _check_cfg(cfg):
                        ("scale_attn", "--scale-attn"), ("scale_heads", "--scale-heads")):
         if safe_getattr(cfg, name, False):
             raise ValueError(f"multi-layer attention (--mla-layers > 1) does not support {flag}: drop it")
-    if safe_getattr(cfg, "checkpoint_activations", False):
-        # fairseq's checkpoint wrapper would not see the lower-layer tensors (passed in a list):
-        # their gradients through the extra attentions would be lost
-        raise ValueError("multi-layer attention (--mla-layers > 1) does not support --checkpoint-activations: drop it")
 
 
 class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
