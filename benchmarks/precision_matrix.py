@@ -38,13 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PLUGIN = os.path.join(ROOT, "fairseq_deep")
 
-PRECISIONS = {  # training flags, decoding flags
-    "fp32": ([], []),
-    "fp16": (["--fp16"], ["--fp16"]),
-    "memory_efficient_fp16": (["--memory-efficient-fp16"], ["--fp16"]),
-    "amp": (["--amp"], ["--fp16"]),
-    "bf16": (["--bf16"], ["--bf16"]),
-}
+sys.path.insert(0, HERE)
+from _device import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags  # noqa: E402
 
 _TRANSFORMER_TINY = [
     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
@@ -91,6 +86,11 @@ FAMILIES = {
     "deep_att_ff+deep_att_optim": ("deep_att_ff_5x3", "deep_att_ff", _DEEP_ATT_TINY, [],
                                    ["--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"]),
     "deep_ed_ff": ("deep_ed_ff", "deep_ed_ff", _DEEP_ATT_TINY, [], []),
+    # issue 17: the residual and initialisation schemes (tiny: 6 + 6 layers)
+    "transformer_deepnorm": ("transformer_deepnorm_18l", "transformer_deepnorm", _TRANSFORMER_TINY, [], []),
+    "transformer_admin": ("transformer_admin_18l", "transformer_admin", _TRANSFORMER_TINY, [], []),
+    "transformer_dsinit": ("transformer_dsinit_12l", "transformer_dsinit", _TRANSFORMER_TINY, [], []),
+    "transformer_rezero": ("transformer_rezero_18l", "transformer_rezero", _TRANSFORMER_TINY, [], []),
 }
 
 
@@ -114,21 +114,20 @@ def train_command(args, family, precision, save_dir):
            *sizes, "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates),
            "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
            "--dropout", "0.1", "--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json",
-           "--log-interval", str(args.log_interval), "--disable-validation", *PRECISIONS[precision][0]]
+           "--log-interval", str(args.log_interval), "--disable-validation",
+           *train_flags(args.device, precision)]
     if "--optimizer" not in flags:
         cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
     if "--criterion" not in flags:
         cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
-    if args.device == "cpu":
-        cmd.append("--cpu")
     return cmd + model_flags + flags + args.train_args
 
 
 def generate_command(args, precision, checkpoint):
     cmd = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
            "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
-           "--batch-size", str(args.batch_size), *PRECISIONS[precision][1]]
-    return cmd + (["--cpu"] if args.device == "cpu" else [])
+           "--batch-size", str(args.batch_size)]
+    return cmd + generate_flags(args.device, precision)
 
 
 def last_error(text):
@@ -199,13 +198,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
-    try:
-        import torch
-
-        default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:  # pragma: no cover
-        default_device = "cpu"
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="fairseq-preprocess output folder with train and test")
@@ -214,7 +207,7 @@ def parse_args(argv=None):
     p.add_argument("--precisions", nargs="+", default=["fp16", "memory_efficient_fp16", "amp", "bf16"],
                    choices=list(PRECISIONS))
     p.add_argument("--scale", choices=["paper", "tiny"], default="paper")
-    p.add_argument("--device", choices=["cuda", "cpu"], default=default_device)
+    add_device_argument(p, note="amp is skipped on cpu (fairseq's --amp is CUDA autocast)")
     p.add_argument("--updates", type=int, default=40)
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -225,7 +218,12 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="everything after this goes to every fairseq-train as it is")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    args = get_parser().parse_args(argv)
+    device_from_args(args)
     args.log_interval = min(args.log_interval, args.updates)
     return args
 

@@ -27,7 +27,7 @@ from fairseq_deep.optim.adaptive_clip import STATE_KEY  # noqa: E402
 
 # bf16 through the CLI for one family of each kind of model (the in-process tests of
 # test_precision.py cast every family to bfloat16): about 10 s of CPU per run
-BF16_FAMILIES = ["transformer_dlcl", "rnmt_plus+clip+sent_ce", "hybrid_cascaded", "deep_att_ff+deep_att_optim"]
+BF16_FAMILIES = ["transformer_dlcl", "transformer_admin", "rnmt_plus+clip+sent_ce", "hybrid_cascaded", "deep_att_ff+deep_att_optim"]
 
 
 @pytest.mark.parametrize("precision,families", [("fp16", list(precision_matrix.FAMILIES)),

@@ -41,6 +41,10 @@ FAMILIES = [
     # three parameter groups with their own learning rates
     pytest.param("deep_att_ff", ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
                  id="deep_att_ff"),
+    # issue 17: a 100-layer DeepNorm encoder; a 60-layer Admin encoder, whose omegas are profiled
+    # on the first batch of the reference run and must come back from the checkpoint, not again
+    pytest.param("transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"),
+    pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
 ]
 
 MAX_UPDATE = 7
