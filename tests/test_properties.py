@@ -40,6 +40,10 @@ DEEP_ARCHS = [
     ("transformer_iterative_agg", DEPTH30),
     ("transformer_hier_agg", DEPTH30),
     ("transformer_mla2", DEPTH30),
+    ("transformer_deepnorm", DEPTH30),
+    ("transformer_admin", DEPTH30),
+    ("transformer_rezero", [*DEPTH30, "--rezero-init", "0.5"]),  # alpha = 0 would make every layer the identity
+    ("transformer_dsinit", DEPTH30),
     ("rnmt_plus", DEPTH30),
     ("rnmt_plus", [*DEPTH30, "--dlcl-stacks", "both"]),
     ("rnmt_plus", [*DEPTH30, "--rnmt-transparent"]),
