@@ -49,6 +49,9 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard"],
         "plot": ["matplotlib"],
+        # --rnmt-lstm-impl triton (a CUDA GPU; CUDA builds of torch already bring it).  Not in "test":
+        # a ~285 MB wheel, and its interpreter tests take ~10 s of CPU (tests/test_ln_lstm_triton.py)
+        "triton": ['triton; platform_system=="Linux" and platform_machine=="x86_64"'],
         # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
         "tensorboard": ["tensorboardX", "tensorboard"],
     },
