@@ -18,6 +18,7 @@ and every layer class; a stack whose layers differ in kind (multi-layer attentio
 """
 
 import functools
+import logging
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -31,8 +32,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..modules.layer_history import LayerHistory
-from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes
+from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes, scheme_names
 from .flags import add_new_flag_names
+
+logger = logging.getLogger(__name__)
 
 
 class TechniqueTransformerModel(TransformerModel):
@@ -59,7 +62,10 @@ class TechniqueTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY[cls.base_arch](args)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        if scheme_names(args):
+            logger.info(f"residual/initialisation schemes: {scheme_names(args)} (modules/residual_schemes.py)")
+        return model
 
 
 def wrap_layer(layer: nn.Module, cfg) -> nn.Module:

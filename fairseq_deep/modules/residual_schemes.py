@@ -37,6 +37,7 @@ standard, Admin and ReZero residuals but not with DeepNorm, which sets the same 
 A layer that has its own residual connection (``--ta-no-encoder-residual``) takes none of them.
 """
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
@@ -49,6 +50,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..errors import UserError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -234,6 +237,7 @@ class AdminResidual:
                 self.admin_profile.ratio = float(_mean_over_workers(variance).sum().sqrt())
                 if index == self.admin_omega.size(0) - 1:
                     self.admin_profiled.fill_(True)
+                    logger.debug(f"Admin profile: omega = {self.admin_omega.data[:, 0].tolist()}")
         return residual * self.admin_omega[index] + x
 
 
