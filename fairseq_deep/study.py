@@ -118,6 +118,32 @@ def _depth_system(name: str, family: str, depth: int, group: str, technique: str
     return System(name, family, [] if depth == 6 else ["--encoder-layers", str(depth)], group, technique, depth)
 
 
+def _preset_depths(arch: str) -> Tuple[int, int]:
+    """(encoder, decoder) layers that ``--arch arch`` gives when no flag sets them."""
+    import argparse as _argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    args = _argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return int(args.encoder_layers), int(args.decoder_layers)
+
+
+def _deep_both_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
+    """N encoder and N decoder layers: ``family_{N}l`` where that preset has N + N layers (a
+    preset of another shape, e.g. ``transformer_admin_60l``'s 60 + 12, is not used), the
+    depth-free ``family`` where it has them, else ``family --encoder-layers N --decoder-layers N``."""
+    import fairseq_deep  # noqa: F401  (registers the architectures)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    named = f"{family}_{depth}l"
+    if named in ARCH_MODEL_REGISTRY and _preset_depths(named) == (depth, depth):
+        return System(name, named, [], group, technique, depth)
+    flags = [] if _preset_depths(family) == (depth, depth) else [
+        "--encoder-layers", str(depth), "--decoder-layers", str(depth)]
+    return System(name, family, flags, group, technique, depth)
+
+
 DIVERSITY = ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1"]
 
 
@@ -165,6 +191,24 @@ def _dou(depths):
     return "baseline", [System(n, a, f, "dou", n) for n, a, f in rows]
 
 
+#: the depth group: (technique, --arch family, system name prefix)
+DEPTH_FAMILIES = (("post-norm", "transformer_postnorm", "postnorm"), ("pre-norm", "transformer_prenorm", "prenorm"),
+                  ("DLCL", "transformer_dlcl", "dlcl"), ("DeepNorm", "transformer_deepnorm", "deepnorm"),
+                  ("Admin", "transformer_admin", "admin"), ("DS-Init", "transformer_dsinit", "dsinit"),
+                  ("ReZero", "transformer_rezero", "rezero"))
+
+
+def _depth(depths):
+    """Every way of training a deep post-norm (or pre-norm) Transformer of the package at equal
+    depth: N encoder and N decoder layers, since DeepNet, Admin, DS-Init and ReZero deepen both
+    sides (Wang et al. 2019 deepen the encoder only: that is the wang group)."""
+    depths = depths or [6, 18]
+    systems = []
+    for technique, family, short in DEPTH_FAMILIES:
+        systems += [_deep_both_system(f"{short}_{n}", family, n, "depth", technique) for n in depths]
+    return "postnorm_6", systems
+
+
 #: name: (what, the function that lists (baseline, systems) for a list of depths or None)
 GROUPS = {
     "wang": ("Wang et al. 2019: post-norm / pre-norm / DLCL / post-norm DLCL against encoder depth", _wang),
@@ -172,13 +216,15 @@ GROUPS = {
     "chen": ("Chen et al. 2018: Transformer (pre-norm), RNMT+ and the four hybrids", _chen),
     "zhou": ("Zhou et al. 2016: Deep-Att with and without fast-forward connections at two depths", _zhou),
     "dou": ("Dou et al. 2018: baseline, dense, linear, iterative, hierarchical, MLA-2/3, +diversity", _dou),
+    "depth": ("N + N layers: post-norm, pre-norm, DLCL (Wang et al. 2019), DeepNorm (Wang et al. 2022), "
+              "Admin (Liu et al. 2020), DS-Init (Zhang et al. 2019), ReZero (Bachlechner et al. 2020)", _depth),
 }
 
 
 def expand_group(spec: str, depths: Optional[Sequence[int]] = None) -> Tuple[str, List[System]]:
     """``NAME`` or ``NAME:SYS,SYS`` (a subset; the baseline is always kept) as (baseline, systems).
-    ``depths`` picks the encoder depths of wang and bapna (zhou's are the paper's 2 and 5: pick
-    its systems by name)."""
+    ``depths`` picks the encoder depths of wang and bapna, and the depth N (N encoder and N decoder
+    layers) of depth (zhou's are the paper's 2 and 5: pick its systems by name)."""
     name, _, subset = spec.partition(":")
     if name not in GROUPS:
         raise UserError(f"--group {name}: unknown group; choose from {', '.join(GROUPS)}")
@@ -791,7 +837,8 @@ def get_parser():
                    help="a system of your own (split with shlex; FLAGS go to fairseq-train as they are); "
                         "repeatable")
     p.add_argument("--baseline", help="the baseline of the --system systems (default: the first)")
-    p.add_argument("--depths", help="comma-separated encoder depths for wang and bapna (e.g. 6,20)")
+    p.add_argument("--depths", help="comma-separated encoder depths for wang and bapna, and depths N "
+                   "(N encoder + N decoder layers) for depth (e.g. 6,20)")
     p.add_argument("--max-update", type=int, default=0, help="updates per system (fairseq --max-update)")
     p.add_argument("--minutes", type=float, default=0, help="training minutes per system "
                    "(fairseq --stop-time-hours)")

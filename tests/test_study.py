@@ -189,3 +189,34 @@ def test_train_args_depth_counts_for_systems_without_their_own():
     args.train_args_list = ["--encoder-layers", "3"]
     systems = study.select_groups(args)[study.CUSTOM][1]
     assert [s.depth for s in systems] == [3, 20]
+
+
+def test_depth_group_has_every_scheme_at_n_plus_n_layers():
+    """The depth group: post-norm (the baseline), pre-norm, DLCL, DeepNorm, Admin, DS-Init, ReZero,
+    each with N encoder and N decoder layers (a named preset only where it has N + N)."""
+    from helpers import parse_model_args
+
+    baseline, systems = study.expand_group("depth", depths=[6, 18, 60])
+    assert baseline == "postnorm_6"
+    prefixes = ["postnorm", "prenorm", "dlcl", "deepnorm", "admin", "dsinit", "rezero"]
+    assert [s.name for s in systems] == [f"{p}_{n}" for p in prefixes for n in (6, 18, 60)]
+    by_name = {s.name: s for s in systems}
+    assert (by_name["deepnorm_18"].arch, by_name["deepnorm_18"].flags) == ("transformer_deepnorm_18l", [])
+    assert (by_name["postnorm_6"].arch, by_name["postnorm_6"].flags) == ("transformer_postnorm", [])
+    # transformer_admin_60l is Liu et al.'s 60 + 12: not N + N, so the depth-free preset with flags
+    assert (by_name["admin_60"].arch, by_name["admin_60"].flags) == (
+        "transformer_admin", ["--encoder-layers", "60", "--decoder-layers", "60"])
+    assert {s.technique for s in systems} == {"post-norm", "pre-norm", "DLCL", "DeepNorm", "Admin", "DS-Init", "ReZero"}
+    scheme = {"deepnorm": "deepnorm", "admin": "admin", "dsinit": "ds_init", "rezero": "rezero"}
+    for s in systems:
+        args = parse_model_args(s.arch, s.flags)  # fairseq's parser and the preset, as fairseq-train
+        prefix, n = s.name.rsplit("_", 1)
+        assert (args.encoder_layers, args.decoder_layers, s.depth, s.group) == (int(n), int(n), int(n), "depth"), s.name
+        assert args.encoder_normalize_before == (prefix in ("prenorm", "dlcl")), s.name
+        assert args.dlcl_stacks == ("both" if prefix == "dlcl" else "none"), s.name
+        for name, option in scheme.items():
+            assert bool(getattr(args, option, False)) == (prefix == name), (s.name, option)
+    default = [s.name for s in study.expand_group("depth")[1]]
+    assert default == [f"{p}_{n}" for p in prefixes for n in (6, 18)]
+    assert [s.name for s in study.expand_group("depth:deepnorm_18,admin_18")[1]] == [
+        "postnorm_6", "deepnorm_18", "admin_18"]
