@@ -9,7 +9,7 @@ tests compile for CUDA.  Run them directly with
 ``TRITON_INTERPRET=1 python -m pytest tests/test_ln_lstm_triton.py``.  Tiny sizes: the interpreter
 runs every program in Python.
 
-On a GPU: ``python -m pytest -m gpu tests/test_ln_lstm_triton.py`` (H = 512, fp32 and autocast).
+On a GPU: ``python -m pytest -m gpu tests/test_ln_lstm_triton.py`` (H = 512 and 1024, fp32 and autocast).
 """
 
 import importlib.util
@@ -31,7 +31,8 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 interpreted = pytest.mark.skipif(
     not (HAVE_TRITON and INTERPRETING),
-    reason="runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
+    reason="triton is not installed" if not HAVE_TRITON else
+    "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
 not_interpreted = pytest.mark.skipif(INTERPRETING, reason="for the process without TRITON_INTERPRET")
 
 
@@ -302,13 +303,14 @@ def test_rnmt_plus_with_triton_equals_the_loop():
 @needs_triton
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])
+@pytest.mark.parametrize("H", [512, 1024])
 @not_interpreted
-def test_triton_equals_loop_on_cuda(bidirectional, autocast):
-    """The compiled kernels on CUDA at the papers' width (H = 512), fp32 and under autocast (fp16:
-    W x_t in half precision, the loop in float32 either way): outputs, states and every gradient
-    against the TorchScript loop, with padding and the RNMT+ default cell clip."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    T, B, H = 20, 16, 512
+def test_triton_equals_loop_on_cuda(H, bidirectional, autocast):
+    """The compiled kernels on CUDA at the papers' widths (H = 512; 1024: the other launch
+    configuration), fp32 and under autocast (fp16: W x_t in half precision, the loop in float32
+    either way): outputs, states, every gradient, the no-gradient forward and one step against the
+    TorchScript loop, with padding and the RNMT+ default cell clip."""
+    T, B = 20, 16
     torch.manual_seed(0)
     loop = LayerNormLSTM(H, H, bidirectional=bidirectional, cell_clip=10.0).cuda()
     with torch.no_grad():
@@ -335,6 +337,9 @@ def test_triton_equals_loop_on_cuda(bidirectional, autocast):
     for name, a, b in (("out", out_a, out_b), ("h", h_a, h_b), ("c", c_a, c_b), ("inference", inf_a, inf_b),
                        ("step h", step_a[0], step_b[0]), ("step c", step_a[1], step_b[1])):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=name)
+    # relative to each gradient's largest entry; under autocast W x_t and its gradients run in
+    # float16 for both (a float32 difference of the loops can round to the next float16 there)
+    bound = 1e-2 if autocast else 1e-3
     for name in g_a:
         scale = g_a[name].abs().max().clamp_min(1e-6)
-        assert ((g_b[name] - g_a[name]).abs().max() / scale).item() < 1e-4, name
+        assert ((g_b[name] - g_a[name]).abs().max() / scale).item() < bound, name

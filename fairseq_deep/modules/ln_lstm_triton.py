@@ -229,14 +229,18 @@ def _forward(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, gamma: Tensor, be
     a_all = xw.new_empty(T, D, B, G) if save else None
     hu = xw.new_empty(D, B, G)
     scalars = _scalars(cell_clip, eps, xw)
+    options = dict(HAS_PAD=pad is not None, SAVE=save, OUTPUT_TANH=bool(output_tanh), CLIP=cell_clip > 0,
+                   **_launch_options(H))
+    # the per-step views, made at once (less Python per step: the launches are what a step costs)
+    xws, hss, css = xw.unbind(0), hs.unbind(0), cs.unbind(0)
+    pads = [scalars] * T if pad is None else pad.unbind(0)
+    a_s = a_all.unbind(0) if save else [hu] * T
     h, c = h0, c0
     for t in range(T):
         torch.bmm(h, w_hh, out=hu)
-        c_out = cs[t] if save else cs[t % 2]
-        _fwd_step[(B, D)](xw[t], hu, h, c, scalars if pad is None else pad[t], gamma, beta, scalars,
-                          a_all[t] if save else hu, hs[t], c_out, B, H, HAS_PAD=pad is not None, SAVE=save,
-                          OUTPUT_TANH=bool(output_tanh), CLIP=cell_clip > 0, **_launch_options(H))
-        h, c = hs[t], c_out
+        c_out = css[t] if save else css[t % 2]
+        _fwd_step[(B, D)](xws[t], hu, h, c, pads[t], gamma, beta, scalars, a_s[t], hss[t], c_out, B, H, **options)
+        h, c = hss[t], c_out
     return hs, cs, a_all
 
 
@@ -285,11 +289,13 @@ class TritonLNLSTMRecurrence(torch.autograd.Function):
         scalars = _scalars(cell_clip, eps, a_all)
         options = dict(HAS_PAD=pad is not None, OUTPUT_TANH=bool(output_tanh), CLIP=cell_clip > 0,
                        **_launch_options(H))
+        d_outs, a_s, das, dgs, dgxs = d_out.unbind(0), a_all.unbind(0), da.unbind(0), dg.unbind(0), dgx.unbind(0)
+        c_prevs = (c0,) + cs.unbind(0)[:-1]
+        pads = [scalars] * T if pad is None else pad.unbind(0)
         for t in range(T - 1, -1, -1):
-            _bwd_step[(B, D)](d_out[t], dh, dc, a_all[t], c0 if t == 0 else cs[t - 1],
-                              scalars if pad is None else pad[t], gamma, beta, scalars, da[t], dg[t], dgx[t],
-                              B, H, **options)
-            dh.baddbmm_(da[t], w_t)  # dh_{t-1} = (padded: dh_t) + da_t U^T
+            _bwd_step[(B, D)](d_outs[t], dh, dc, a_s[t], c_prevs[t], pads[t], gamma, beta, scalars, das[t], dgs[t],
+                              dgxs[t], B, H, **options)
+            dh.baddbmm_(das[t], w_t)  # dh_{t-1} = (padded: dh_t) + da_t U^T
         # the weight gradients of all steps at once
         h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]]) if T > 1 else h0.unsqueeze(0)
         d_w = torch.bmm(h_prev.transpose(0, 1).reshape(D, T * B, H).transpose(1, 2),
