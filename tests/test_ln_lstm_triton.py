@@ -252,6 +252,30 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
     LayerNormLSTM(4, 5)(torch.randn(2, 1, 4))  # the default needs nothing
 
 
+@needs_triton
+@not_interpreted
+def test_kernels_compile_for_an_h100():
+    """What the interpreter does not check: Triton's compiler takes both kernels to an sm_90 cubin
+    (ahead of time, no GPU needed), float32, every option on, the launch configuration of H = 1024."""
+    import triton
+
+    from fairseq_deep.modules import ln_lstm_triton as fused
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:  # pragma: no cover - another triton's API
+        pytest.skip(f"no ahead-of-time compile API in triton {triton.__version__}: {e}")
+    options = fused._launch_options(1024)
+    for kernel, extra in ((fused._fwd_step, {"SAVE": True}), (fused._bwd_step, {})):
+        const = dict(HAS_PAD=True, OUTPUT_TANH=True, CLIP=True, BLOCK_H=options["BLOCK_H"], **extra)
+        signature = {name: "constexpr" if name in const else "i32" if name in ("B", "H") else
+                     "*u8" if name == "PAD" else "*fp32" for name in kernel.arg_names}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=const),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": options["num_warps"]})
+        assert compiled.asm.get("cubin"), kernel.__name__
+
+
 # -- the option, through fairseq's parser and the model --------------------------------------------
 
 
