@@ -16,6 +16,8 @@ rounds alternate the variants (A B C ... A B C ...) and the median over ``--roun
 with each variant's ratio to the baseline (1.00 = as fast; 0.79 = 21% slower, the paper's figure for
 multi-layer attention decoding).  ``--threads`` sets torch's intra-op threads.  Numbers go to
 stdout as a markdown table and to ``--json`` if given.  Close other CPU-heavy work first.
+``--device cuda`` (the default where torch sees a GPU) runs the models and batches on the GPU and
+synchronizes it before every clock reading; float32 on either device.
 """
 
 import argparse
@@ -23,11 +25,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from fairseq import options, tasks  # noqa: E402
@@ -35,6 +39,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 import fairseq_deep  # noqa: E402,F401  (registers the architectures)
+from _device import add_device_argument, clock, describe, device_from_args, parse_flags  # noqa: E402
 
 VARIANTS = [  # label, --arch (Table 1 row)
     ("1 baseline", "transformer_agg_baseline"),
@@ -50,7 +55,7 @@ VARIANTS = [  # label, --arch (Table 1 row)
 def build(arch, a, dictionary):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
-        "x", "--task", "translation", "--arch", arch, "--cpu",
+        "x", "--task", "translation", "--arch", arch, *parse_flags(a.device),
         "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
         "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
         "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
@@ -59,7 +64,7 @@ def build(arch, a, dictionary):
     ])
     task = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(a.seed)
-    return task.build_model(args)
+    return task.build_model(args).to(a.device)
 
 
 def batch(dictionary, a, g):
@@ -68,10 +73,10 @@ def batch(dictionary, a, g):
     src[:, -1] = dictionary.eos()
     tgt = torch.randint(lo, hi, (a.batch, a.tgt_len), generator=g)
     prev = torch.cat([torch.full((a.batch, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
-    return src, torch.full((a.batch,), a.src_len), prev, tgt
+    return tuple(t.to(a.device) for t in (src, torch.full((a.batch,), a.src_len), prev, tgt))
 
 
-def train_wps(model, opt, data, steps):
+def train_wps(model, opt, data, steps, device):
     model.train()
     src, lengths, prev, tgt = data
     def step():
@@ -81,10 +86,10 @@ def train_wps(model, opt, data, steps):
         loss.backward()
         opt.step()
     step()  # warm-up
-    start = time.perf_counter()
+    start = clock(device)
     for _ in range(steps):
         step()
-    return steps * tgt.numel() / (time.perf_counter() - start)
+    return steps * tgt.numel() / (clock(device) - start)
 
 
 def gen_tps(model, dictionary, data, a):
@@ -95,14 +100,14 @@ def gen_tps(model, dictionary, data, a):
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
     with torch.no_grad():
         gen.forward(sample)  # warm-up
-        start = time.perf_counter()
+        start = clock(a.device)
         hyps = gen.forward(sample)
-        seconds = time.perf_counter() - start
+        seconds = clock(a.device) - start
     tokens = sum(len(h[0]["tokens"]) for h in hyps)
     return tokens / seconds
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--embed-dim", type=int, default=256)
@@ -121,8 +126,14 @@ def main(argv=None):
     p.add_argument("--variants", default="", help="comma-separated --arch names (default: all of Table 1)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="")
+    add_device_argument(p)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more model flags, for every variant")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    device_from_args(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     variants = [v for v in VARIANTS if not a.variants or v[1] in a.variants.split(",")]
@@ -138,7 +149,7 @@ def main(argv=None):
     train, gen = {arch: [] for arch in models}, {arch: [] for arch in models}
     for r in range(a.rounds):
         for label, arch in variants:
-            train[arch].append(train_wps(models[arch], opts[arch], data, a.train_steps))
+            train[arch].append(train_wps(models[arch], opts[arch], data, a.train_steps, a.device))
             gen[arch].append(gen_tps(models[arch], d, data, a))
             print(f"[round {r + 1}] {label}: train {train[arch][-1]:.0f} w/s, generate {gen[arch][-1]:.1f} tok/s",
                   file=sys.stderr, flush=True)
@@ -147,7 +158,8 @@ def main(argv=None):
     rows = []
     print(f"\n{a.layers}+{a.layers} layers, d={a.embed_dim}, ffn={a.ffn_dim}, heads={a.heads}; train batch "
           f"{a.batch}x{a.tgt_len}, generate {a.gen_batch} sentences x {a.gen_len} tokens beam {a.beam}; "
-          f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}\n")
+          f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}"
+          + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
     print("| Table 1 row | arch | params | train words/s | ratio | generate tokens/s | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, arch in variants:

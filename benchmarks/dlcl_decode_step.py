@@ -6,18 +6,21 @@ family with ``--dlcl-stacks none`` for the baseline, whose computation equals fa
 fairseq's incremental state, without autograd, as beam search does. Runs alternate; the minimum
 of each is reported, as a speed ratio DLCL / plain.
 
-    python benchmarks/dlcl_decode_step.py [--batch 40 --steps 20 --runs 12 --threads 1]
+    python benchmarks/dlcl_decode_step.py [--batch 40 --steps 20 --runs 12 --threads 1] [--device cuda]
+
+``--device cuda`` (the default where torch sees a GPU) decodes on the GPU and synchronizes it
+before every clock reading (``--threads`` then only sets torch's CPU threads); float32.
 """
 
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers import build_model, random_batch  # noqa: E402
+from _device import add_device_argument, clock, describe, device_from_args  # noqa: E402
 
 WIDTH = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
          "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
@@ -32,26 +35,34 @@ def decode(model, src, lengths, prev):
             model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
 
 
-def main():
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=40)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--runs", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
+    add_device_argument(p)
+    return p
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    device_from_args(a)
     torch.set_num_threads(a.threads)
     plain, task = build_model("transformer_prenorm_12l", WIDTH)
     dlcl, _ = build_model("transformer_dlcl_12l", WIDTH)
+    plain, dlcl = plain.to(a.device), dlcl.to(a.device)
     batch = random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
+    batch = [t.to(a.device) for t in batch]
     times = {"plain pre-norm": [], "transformer_dlcl": []}
     for _ in range(a.runs):
         for name, model in (("plain pre-norm", plain), ("transformer_dlcl", dlcl)):
-            t = time.perf_counter()
+            t = clock(a.device)
             decode(model, *batch)
-            times[name].append(time.perf_counter() - t)
+            times[name].append(clock(a.device) - t)
     best = {k: min(v) for k, v in times.items()}
     print(f"torch {torch.__version__}, {a.threads} thread(s); {a.steps} steps x {a.batch} sentences, "
-          f"min of {a.runs} alternated runs")
+          f"min of {a.runs} alternated runs" + (f"; {describe(a.device)}" if a.device != "cpu" else ""))
     for name, t in best.items():
         print(f"  {name}: {t * 1000:.1f} ms")
     print(f"  speed ratio DLCL / plain: {best['plain pre-norm'] / best['transformer_dlcl']:.3f}")

@@ -30,6 +30,16 @@ pre-norm encoder, the DLCL encoder of fairseq_deep (each layer output kept once:
 memory) and, for reference, a DLCL encoder that re-stacks all earlier outputs at every layer as
 the authors' code does (O(L^2)).  ``--mode all`` (the default) runs both.
 
+``--device cuda`` (the default where torch sees a GPU) runs fairseq-train and fairseq-generate
+without ``--cpu`` (training on one GPU: ``--distributed-world-size 1``) and the in-process models
+on the GPU, with ``torch.cuda.synchronize()`` before every clock reading.  Memory on a GPU: the
+peak GPU memory of fairseq-train is read from fairseq's own ``gb_free`` log field (device total
+minus ``torch.cuda.max_memory_allocated()`` of the last update of each ``--log-interval``, 0.1 GiB
+resolution); the peak RSS row is then host memory only.  The in-process parts add the peak of
+``torch.cuda.max_memory_allocated()`` during the forward+backward, above what was allocated before
+it.  ``--precision fp16|amp|bf16|memory_efficient_fp16`` passes fairseq's flag to the fairseq runs
+(``amp`` on CUDA only); the in-process parts stay float32.
+
 Data: the project's synthetic corpus by default (written into the work dir and binarized there);
 ``--multi30k DIR`` uses Multi30K en-de (the raw gzip files, never copied into the repository): a
 joint sentencepiece model of ``--spm-vocab`` (8k) pieces, then fairseq-preprocess.
@@ -48,11 +58,16 @@ import sys
 import time
 from typing import Dict, List
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
+from _device import (PeakMemory, add_device_argument, clock, describe, device_from_args,  # noqa: E402
+                     generate_flags, parse_flags, train_flags as device_train_flags)
 
 import fairseq_deep  # noqa: E402,F401  (registers transformer_dlcl for the in-process parts)
 from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
@@ -182,7 +197,8 @@ def model_flags(a) -> List[str]:
 
 def train_flags(a, save_dir: str) -> List[str]:
     return [
-        "--task", "translation", "--user-dir", PLUGIN_DIR, "--cpu", "--seed", str(a.seed),
+        "--task", "translation", "--user-dir", PLUGIN_DIR, *device_train_flags(a.device, a.precision),
+        "--seed", str(a.seed),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup_updates),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -215,6 +231,15 @@ def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
     return words / seconds, updates
 
 
+def parse_gpu_peak_gib(out: str, total_gib: float) -> float:
+    """Peak GPU memory of a fairseq-train run (GiB) from its ``train_inner`` lines: fairseq logs
+    ``gb_free`` = device total - ``torch.cuda.max_memory_allocated()`` of the last update of each
+    log interval (rounded to 0.1 GiB); nan when no line has it (a CPU run)."""
+    free = [float(json.loads(line[line.index("{"):])["gb_free"]) for line in out.splitlines()
+            if "| train_inner |" in line and '"gb_free"' in line]
+    return total_gib - min(free) if free else float("nan")
+
+
 GEN_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
                     r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
 BLEU_RE = re.compile(r"BLEU4? = ([\d.]+)")
@@ -222,7 +247,8 @@ BLEU_RE = re.compile(r"BLEU4? = ([\d.]+)")
 
 def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
     out, rss = run(fairseq_cmd("generate") + [
-        data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test", "--cpu",
+        data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
+        *generate_flags(a.device, a.precision),
         # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
         # whatever their (barely trained) models would emit
         "--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len),
@@ -250,6 +276,9 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
             wps, updates = parse_train_wps(out, a.skip_updates)
             r = {"train_wps": wps, "timed_updates": updates, "train_max_rss_mib": rss_kib / 1024,
                  "train_wall_s": time.time() - t0}
+            if a.device == "cuda":
+                total = torch.cuda.get_device_properties(0).total_memory / 2 ** 30  # as fairseq's
+                r["train_gpu_peak_gib"] = parse_gpu_peak_gib(out, total)
             if not a.no_generate:
                 log(f"repeat {rep + 1}/{a.repeats}: fairseq-generate with {label}")
                 r.update(generate(a, data, os.path.join(run_dir, "checkpoint_last.pt"),
@@ -264,16 +293,17 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_in_process(arch: str, flags: List[str], dictionary):
-    """A model built by fairseq's own parser and --arch presets (as fairseq-train would)."""
+def build_in_process(arch: str, flags: List[str], dictionary, device="cpu"):
+    """A model built by fairseq's own parser and --arch presets (as fairseq-train would), on
+    ``device``."""
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, ["unused", "--task", "translation", "--arch", arch,
-                                                "--cpu", *flags])
+                                                *parse_flags(torch.device(device).type), *flags])
     task = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(1)
-    return task.build_model(args)
+    return task.build_model(args).to(device)
 
 
 def saved_activation_bytes(fn, params) -> int:
@@ -301,25 +331,30 @@ def random_tokens(dictionary, bsz: int, length: int, seed: int) -> torch.Tensor:
     return t
 
 
-def full_model_activations(a, data: str) -> Dict[str, float]:
-    """Saved activations (MiB) of one training forward+backward of each full benchmark model."""
+def full_model_activations(a, data: str) -> "tuple[Dict[str, float], Dict[str, float]]":
+    """Saved activations (MiB) of one training forward+backward of each full benchmark model, and
+    on CUDA the peak GPU memory of that forward+backward above what was allocated before it (MiB;
+    empty on CPU)."""
     from fairseq.data import Dictionary
 
     d = Dictionary.load(os.path.join(data, f"dict.{a.data_src}.txt"))
-    src = random_tokens(d, a.act_batch, a.act_length, 0)
-    prev = random_tokens(d, a.act_batch, a.act_length, 1)
-    lengths = torch.full((a.act_batch,), a.act_length)
-    out = {}
+    src = random_tokens(d, a.act_batch, a.act_length, 0).to(a.device)
+    prev = random_tokens(d, a.act_batch, a.act_length, 1).to(a.device)
+    lengths = torch.full((a.act_batch,), a.act_length).to(a.device)
+    out, peak = {}, {}
     for _, arch in SYSTEMS:
-        model = build_in_process(arch, model_flags(a), d).train()
+        model = build_in_process(arch, model_flags(a), d, a.device).train()
 
         def step():
             torch.manual_seed(0)  # same dropout masks for both
             logits, _ = model(src, lengths, prev)
             return logits.float().log_softmax(-1).mean()
 
-        out[arch] = saved_activation_bytes(step, model.parameters()) / 2 ** 20
-    return out
+        with PeakMemory(a.device) as mem:
+            out[arch] = saved_activation_bytes(step, model.parameters()) / 2 ** 20
+        if mem.mib is not None:
+            peak[arch] = mem.mib
+    return out, peak
 
 
 class RestackedDLCL:
@@ -343,8 +378,8 @@ def encoder_memory(a) -> List[Dict[str, float]]:
     d = Dictionary()
     for i in range(1000):
         d.add_symbol(f"w{i}")
-    src = random_tokens(d, a.act_batch, a.act_length, 0)
-    lengths = torch.full((a.act_batch,), a.act_length)
+    src = random_tokens(d, a.act_batch, a.act_length, 0).to(a.device)
+    lengths = torch.full((a.act_batch,), a.act_length).to(a.device)
     rows = []
     for layers in a.micro_layers:
         flags = model_flags(a)
@@ -355,7 +390,8 @@ def encoder_memory(a) -> List[Dict[str, float]]:
                     ("DLCL, re-stacked (authors' code)", "transformer_dlcl", True)]
         row = {"layers": layers}
         for name, arch, restack in variants:
-            model = build_in_process(arch, flags + (["--dlcl-stacks", "encoder"] if arch != "transformer" else []), d)
+            model = build_in_process(arch, flags + (["--dlcl-stacks", "encoder"] if arch != "transformer" else []), d,
+                                     a.device)
             enc = model.encoder.train()
             if restack:
                 assert isinstance(enc.history, DynamicLinearCombination)
@@ -365,13 +401,16 @@ def encoder_memory(a) -> List[Dict[str, float]]:
                 torch.manual_seed(0)
                 return enc(src, lengths)["encoder_out"][0].float().pow(2).mean()
 
-            saved = saved_activation_bytes(step, enc.parameters())
+            with PeakMemory(a.device) as mem:
+                saved = saved_activation_bytes(step, enc.parameters())
             times = []
             for _ in range(a.micro_timing_runs):
-                t0 = time.perf_counter()
+                t0 = clock(a.device)
                 step().backward()
-                times.append(time.perf_counter() - t0)
+                times.append(clock(a.device) - t0)
             row[name] = {"saved_mib": saved / 2 ** 20, "fwd_bwd_ms": 1000 * statistics.median(times)}
+            if mem.mib is not None:
+                row[name]["gpu_peak_mib"] = mem.mib
         rows.append(row)
         log(f"encoder memory, {layers} layers: " + ", ".join(
             f"{k}: {v['saved_mib']:.1f} MiB" for k, v in row.items() if k != "layers"))
@@ -383,7 +422,7 @@ def encoder_memory(a) -> List[Dict[str, float]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     import fairseq
 
     try:
@@ -392,19 +431,23 @@ def machine() -> str:
         usable = os.cpu_count()
     return (f"{platform.machine()}, {usable} usable cores (of {os.cpu_count()}), "
             f"torch {torch.__version__} ({torch.get_num_threads()} threads), fairseq "
-            f"{getattr(fairseq, '__version__', '?')}, Python {platform.python_version()}")
+            f"{getattr(fairseq, '__version__', '?')}, Python {platform.python_version()}"
+            + (f"; {describe(device)}" if device != "cpu" else ""))
 
 
 def _median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def training_table(a, results, activations) -> str:
+def training_table(a, results, activations, gpu_peak=None) -> str:
     (label_a, arch_a), (label_b, arch_b) = SYSTEMS
-    rows = [
-        ("training target words/s (fairseq-train `wps`)", "train_wps", "{:.0f}"),
-        ("peak RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}"),
-    ]
+    rows = [("training target words/s (fairseq-train `wps`)", "train_wps", "{:.0f}")]
+    if a.device == "cuda":
+        rows += [("peak GPU memory of fairseq-train (GiB; fairseq's `gb_free`, 0.1 GiB steps)",
+                  "train_gpu_peak_gib", "{:.1f}"),
+                 ("peak host RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}")]
+    else:
+        rows += [("peak RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}")]
     if not a.no_generate:
         rows += [("fairseq-generate tokens/s (beam 5)", "gen_tokens_per_s", "{:.1f}"),
                  ("generated tokens", "gen_tokens", "{:.0f}"),
@@ -422,6 +465,10 @@ def training_table(a, results, activations) -> str:
         va, vb = activations[arch_a], activations[arch_b]
         lines.append(f"| saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} "
                      f"tokens (MiB) | {va:.1f} | {vb:.1f} | {vb / va:.3f} |")
+    if gpu_peak:
+        va, vb = gpu_peak[arch_a], gpu_peak[arch_b]
+        lines.append(f"| peak GPU memory of that fwd+bwd above the model and batch (MiB) "
+                     f"| {va:.1f} | {vb:.1f} | {vb / va:.3f} |")
     return "\n".join(lines)
 
 
@@ -430,10 +477,16 @@ def memory_table(rows) -> str:
     base = names[0]
     head = "| encoder layers | " + " | ".join(f"{n}: MiB (ratio)" for n in names) + " | " + \
            " | ".join(f"{n}: ms" for n in names) + " |"
-    lines = [head, "| ---: |" + " ---: |" * (2 * len(names))]
+    gpu = "gpu_peak_mib" in rows[0][base]
+    if gpu:
+        head += " " + " | ".join(f"{n}: peak GPU MiB (ratio)" for n in names) + " |"
+    lines = [head, "| ---: |" + " ---: |" * ((3 if gpu else 2) * len(names))]
     for r in rows:
         cells = [f"{r[n]['saved_mib']:.1f} ({r[n]['saved_mib'] / r[base]['saved_mib']:.2f})" for n in names]
         cells += [f"{r[n]['fwd_bwd_ms']:.0f}" for n in names]
+        if gpu:
+            cells += [f"{r[n]['gpu_peak_mib']:.1f} ({r[n]['gpu_peak_mib'] / r[base]['gpu_peak_mib']:.2f})"
+                      for n in names]
         lines.append(f"| {r['layers']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -467,6 +520,10 @@ def get_parser():
     p.add_argument("--gen-batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, help="OMP/MKL threads of every run (default: torch's)")
+    add_device_argument(p, precision=True, note=(
+        "On cuda the training table adds the peak GPU memory of fairseq-train (from fairseq's "
+        "gb_free log field) and the in-process tables the peak of torch.cuda.max_memory_allocated; "
+        "peak RSS is then host memory only"))
     p.add_argument("--act-batch", type=int, default=32, help="sentences of the in-process batch")
     p.add_argument("--act-length", type=int, default=24, help="tokens per sentence of that batch")
     p.add_argument("--micro-layers", type=int, nargs="+", default=[6, 12, 30])
@@ -477,6 +534,7 @@ def get_parser():
 
 def main(argv=None):
     a = get_parser().parse_args(argv)
+    device_from_args(a)
     if a.skip_updates % a.log_interval:
         raise SystemExit("--skip-updates must be a multiple of --log-interval")
     os.makedirs(a.work_dir, exist_ok=True)
@@ -484,14 +542,16 @@ def main(argv=None):
     if a.threads:
         env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
         torch.set_num_threads(a.threads)
-    report = {"machine": machine(), "args": vars(a)}
+    report = {"machine": machine(a.device), "args": vars(a)}
     sections = [f"Machine: {report['machine']}"]
 
     if a.mode in ("all", "train"):
         data, a.data_src, _ = (prepare_multi30k if a.multi30k else prepare_synthetic)(a.work_dir, a)
         results = benchmark_training(a, data, env)
-        activations = full_model_activations(a, data)
+        activations, gpu_peak = full_model_activations(a, data)
         report.update(training=results, activations_mib=activations)
+        if gpu_peak:
+            report["activations_gpu_peak_mib"] = gpu_peak
         corpus = f"Multi30K {a.src_lang}-{a.tgt_lang} (spm {a.spm_vocab})" if a.multi30k else \
             f"synthetic ({a.synthetic_train} pairs)"
         sections.append(
@@ -499,7 +559,8 @@ def main(argv=None):
             f"ffn={a.ffn_dim}, {a.heads} heads; {corpus}; {a.max_update} updates of {a.max_tokens} "
             f"max tokens (speed over updates {a.skip_updates + 1}-{a.max_update}); "
             + (f"median of {a.repeats} alternated runs (min-max)" if a.repeats > 1 else "one run")
-            + "\n\n" + training_table(a, results, activations))
+            + (f"; {a.device}, fairseq runs in {a.precision}" if (a.device, a.precision) != ("cpu", "fp32") else "")
+            + "\n\n" + training_table(a, results, activations, gpu_peak))
     if a.mode in ("all", "memory"):
         rows = encoder_memory(a)
         report["encoder_memory"] = rows

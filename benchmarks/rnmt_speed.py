@@ -1,7 +1,8 @@
-"""Speed of the layer-normalized LSTM and of RNMT+ on CPU, side by side with PyTorch and fairseq.
+"""Speed of the layer-normalized LSTM and of RNMT+, side by side with PyTorch and fairseq.
 
 1. One LSTM layer, forward + backward: ``LayerNormLSTM`` (per-gate layer norm, TorchScript loop)
-   against ``torch.nn.LSTM`` (fused oneDNN/native kernel) of the same size, uni- and bidirectional.
+   against ``torch.nn.LSTM`` (fused kernel: oneDNN/native on CPU, cuDNN on a GPU) of the same size,
+   uni- and bidirectional.
 2. Whole models of similar size: ``rnmt_plus`` against fairseq's own ``lstm`` architecture (with a
    bidirectional encoder and attention): training target words/s (forward, backward, Adam step) and
    beam-search generation tokens/s (fairseq's SequenceGenerator, beam 4).
@@ -11,42 +12,50 @@ the ratios hold on a busy machine where absolute numbers do not.  Prints a markd
 
     python benchmarks/rnmt_speed.py                # the README table (a few minutes)
     python benchmarks/rnmt_speed.py --quick        # smoke run (seconds)
+
+``--device cuda`` (the default where torch sees a GPU) runs every model and batch on the GPU and
+synchronizes it before every clock reading (``--threads`` then only sets torch's CPU threads);
+float32 on either device.
 """
 
 import argparse
+import os
 import statistics
 import sys
-import time
 
 import torch
 
+from _device import add_device_argument, clock, describe, device_from_args, parse_flags
 
-def timed(fn, repeats):
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+
+
+def timed(fn, repeats, device="cpu"):
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock(device)
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock(device) - t0)
     return statistics.median(times)
 
 
-def interleaved(fa, fb, rounds, repeats):
+def interleaved(fa, fb, rounds, repeats, device="cpu"):
     fa(), fb()  # warm up (TorchScript profiling runs, allocator)
     fa(), fb()
     ta, tb = [], []
     for _ in range(rounds):
-        ta.append(timed(fa, repeats))
-        tb.append(timed(fb, repeats))
+        ta.append(timed(fa, repeats, device))
+        tb.append(timed(fb, repeats, device))
     return statistics.median(ta), statistics.median(tb)
 
 
-def bench_layer(hidden, batch, length, bidirectional, rounds, repeats):
+def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="cpu"):
     from fairseq_deep.modules.ln_lstm import LayerNormLSTM
 
     torch.manual_seed(0)
-    ours = LayerNormLSTM(hidden, hidden, bidirectional=bidirectional)
-    ref = torch.nn.LSTM(hidden, hidden, bidirectional=bidirectional)
-    x = torch.randn(length, batch, hidden)
+    ours = LayerNormLSTM(hidden, hidden, bidirectional=bidirectional).to(device)
+    ref = torch.nn.LSTM(hidden, hidden, bidirectional=bidirectional).to(device)
+    x = torch.randn(length, batch, hidden).to(device)
 
     def run(m):
         def f():
@@ -54,19 +63,20 @@ def bench_layer(hidden, batch, length, bidirectional, rounds, repeats):
             m(x)[0].sum().backward()
         return f
 
-    ta, tb = interleaved(run(ours), run(ref), rounds, repeats)
+    ta, tb = interleaved(run(ours), run(ref), rounds, repeats, device)
     tokens = length * batch
     return tokens / ta, tokens / tb
 
 
-def build(arch, flags, dictionary):
+def build(arch, flags, dictionary, device="cpu"):
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch, "--cpu", *flags])
+    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch,
+                                                *parse_flags(device), *flags])
     task = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(0)
-    return task.build_model(args), task, args
+    return task.build_model(args).to(device), task, args
 
 
 def model_flags(hidden, enc_layers, dec_layers):
@@ -81,18 +91,19 @@ def model_flags(hidden, enc_layers, dec_layers):
     return rnmt, lstm
 
 
-def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, repeats):
+def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, repeats, device="cpu"):
     from fairseq.sequence_generator import SequenceGenerator
 
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, TESTS)
     from helpers import random_batch, tiny_dictionary
 
     d = tiny_dictionary(vocab)
     rnmt_flags, lstm_flags = model_flags(hidden, enc_layers, dec_layers)
-    models = {name: build(arch, flags, d) for name, arch, flags in
+    models = {name: build(arch, flags, d, device) for name, arch, flags in
               (("rnmt_plus", "rnmt_plus", rnmt_flags), ("lstm", "lstm", lstm_flags))}
     src, lengths, prev = random_batch(d, bsz=batch, src_len=length, tgt_len=length, pad_last=False)
     target = torch.cat([prev[:, 1:], torch.full((batch, 1), d.eos())], 1)
+    src, lengths, prev, target = (t.to(device) for t in (src, lengths, prev, target))
 
     def train_fn(model):
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -116,15 +127,16 @@ def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, r
             counter[0] = sum(len(h[0]["tokens"]) for h in hyps)
         return f
 
-    tr = interleaved(train_fn(models["rnmt_plus"][0]), train_fn(models["lstm"][0]), rounds, repeats)
+    tr = interleaved(train_fn(models["rnmt_plus"][0]), train_fn(models["lstm"][0]), rounds, repeats, device)
     counts = [[0], [0]]
-    ge = interleaved(gen_fn(models["rnmt_plus"][0], counts[0]), gen_fn(models["lstm"][0], counts[1]), rounds, repeats)
+    ge = interleaved(gen_fn(models["rnmt_plus"][0], counts[0]), gen_fn(models["lstm"][0], counts[1]), rounds, repeats,
+                     device)
     words = batch * length
     params = {k: sum(p.numel() for p in m[0].parameters()) for k, m in models.items()}
     return (words / tr[0], words / tr[1]), (counts[0][0] / ge[0], counts[1][0] / ge[1]), params
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--hidden", type=int, default=256)
@@ -136,24 +148,31 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round: a smoke run")
-    a = p.parse_args(argv)
+    add_device_argument(p)
+    return p
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    device_from_args(a)
     if a.quick:
         a.hidden, a.batch, a.length, a.vocab, a.rounds, a.repeats = 32, 4, 8, 100, 1, 1
     torch.set_num_threads(a.threads)
 
     rows = []
     for bi in (False, True):
-        ours, ref = bench_layer(a.hidden, a.batch, a.length, bi, a.rounds, a.repeats)
+        ours, ref = bench_layer(a.hidden, a.batch, a.length, bi, a.rounds, a.repeats, a.device)
         rows.append((f"LSTM layer fwd+bwd, {'bi' if bi else 'uni'}directional, H={a.hidden} (tokens/s)",
                      "LayerNormLSTM", ours, "torch.nn.LSTM", ref))
     tr, ge, params = bench_models(a.hidden, a.encoder_layers, a.decoder_layers, a.batch, a.length, a.vocab,
-                                  a.rounds, a.repeats)
+                                  a.rounds, a.repeats, a.device)
     size = f"{a.encoder_layers}+{a.decoder_layers} layers, H={a.hidden}"
     rows.append((f"training, {size} (target words/s)", "rnmt_plus", tr[0], "fairseq lstm", tr[1]))
     rows.append((f"generation, beam 4, {size} (tokens/s)", "rnmt_plus", ge[0], "fairseq lstm", ge[1]))
 
     print(f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, length {a.length}, "
-          f"params rnmt_plus {params['rnmt_plus'] / 1e6:.1f}M / lstm {params['lstm'] / 1e6:.1f}M\n")
+          f"params rnmt_plus {params['rnmt_plus'] / 1e6:.1f}M / lstm {params['lstm'] / 1e6:.1f}M"
+          + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
     print("| measurement | ours | ours | reference | reference | ratio |")
     print("| --- | --- | ---: | --- | ---: | ---: |")
     for what, na, va, nb, vb in rows:

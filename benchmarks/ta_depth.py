@@ -24,6 +24,11 @@ step (forward, backward; no optimizer step) of the translation task, of ``transl
 the diagnostic off, and with it on (``--log-grad-norm-ratio``, and with ``--log-ta-weights all``),
 interleaved (in a shuffled order) over ``--overhead-repeats`` rounds.
 
+``--device cuda`` (the default where torch sees a GPU) trains and decodes without ``--cpu`` (one
+GPU: ``--distributed-world-size 1``), with ``--precision``'s fairseq flag (``fp16``, ``amp``
+(CUDA only), ``bf16``; default fp32), and runs the overhead measurement on the GPU, with
+``torch.cuda.synchronize()`` before every clock reading (float32 there, whatever ``--precision``).
+
 The paper's learning rate (r0 = 3.0, 40k warm-up, d_model = 512: peak 6.6e-4) does not fit a run of
 a few thousand updates of a 32-wide model; the schedule keeps its form and its peak is
 ``--peak-lr`` (r0 = peak * sqrt(d_model * warmup)).
@@ -44,6 +49,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
+from _device import add_device_argument, clock, describe, device_from_args, generate_flags, parse_flags  # noqa: E402
+from _device import train_flags as device_train_flags  # noqa: E402
 from dlcl_speed import fairseq_cmd, prepare_multi30k, prepare_synthetic, run  # noqa: E402
 
 PLUGIN = os.path.join(REPO, "fairseq_deep")
@@ -85,14 +92,14 @@ def train_flags(a, save_dir: str) -> List[str]:
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
         "--validate-interval-updates", str(max(a.max_update // 4, 1)),
         "--save-interval-updates", str(a.max_update), "--keep-best-checkpoints", "0",
-        "--cpu", "--num-workers", "0",
+        *device_train_flags(a.device, a.precision), "--num-workers", "0",
     ]
 
 
 def generate(a, data: str, checkpoint: str, log_path: str) -> Dict[str, float]:
     out, _ = run(fairseq_cmd("generate") + [
         data, "--user-dir", PLUGIN, "--task", "translation_deep", "--path", checkpoint,
-        "--beam", "4", "--max-tokens", "4000", "--cpu", "--gen-subset", "test",
+        "--beam", "4", "--max-tokens", "4000", *generate_flags(a.device, a.precision), "--gen-subset", "test",
     ] + (["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else []), log_path)
     import re
 
@@ -183,7 +190,7 @@ def overhead(a) -> Dict[str, float]:
 
     torch.set_num_threads(a.threads)
     dim = a.embed_dim
-    argv = ["x", "--task", "translation", "--arch", "transformer_ta", "--cpu",
+    argv = ["x", "--task", "translation", "--arch", "transformer_ta", *parse_flags(a.device),
             *model_flags(a, "ta"), "--dropout", "0.1"]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     from fairseq.data import Dictionary
@@ -193,7 +200,7 @@ def overhead(a) -> Dict[str, float]:
         dictionary.add_symbol(f"w{i}")
     plain = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(0)
-    model = plain.build_model(args)
+    model = plain.build_model(args).to(a.device)
     variants = {}
     for name, ratio, ta in (("translation", None, None), ("translation_deep, off", False, "none"),
                             ("translation_deep, --log-grad-norm-ratio", True, "none"),
@@ -204,7 +211,7 @@ def overhead(a) -> Dict[str, float]:
         targs = argparse.Namespace(**vars(args))
         targs.log_grad_norm_ratio, targs.log_ta_weights = ratio, ta
         variants[name] = TranslationDeepTask(targs, dictionary, dictionary)
-    criterion = LabelSmoothedCrossEntropyCriterion(plain, sentence_avg=False, label_smoothing=0.1)
+    criterion = LabelSmoothedCrossEntropyCriterion(plain, sentence_avg=False, label_smoothing=0.1).to(a.device)
 
     g = torch.Generator().manual_seed(0)
     bsz, length = a.overhead_batch, 20
@@ -213,6 +220,10 @@ def overhead(a) -> Dict[str, float]:
     sample = {"id": torch.arange(bsz), "nsentences": bsz, "ntokens": tgt.numel(), "target": tgt,
               "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length),
                             "prev_output_tokens": tgt.roll(1, dims=1)}}
+    if a.device != "cpu":
+        from fairseq import utils
+
+        sample = utils.move_to_cuda(sample)
 
     class Opt:
         def backward(self, loss):
@@ -230,12 +241,14 @@ def overhead(a) -> Dict[str, float]:
         rng.shuffle(order)  # no variant always runs first (or right after another)
         for name, task in order:
             model.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
+            t0 = clock(a.device)
             task.train_step(sample, model, criterion, Opt(), 0)
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock(a.device) - t0)
     base = statistics.median(times["translation"])
     res = {"encoder_layers": a.encoder_layers, "embed_dim": dim, "batch": f"{bsz} x {length} tokens",
            "threads": a.threads, "repeats": a.overhead_repeats}
+    if a.device != "cpu":
+        res["device"] = describe(a.device)
     for name, ts in times.items():
         med = statistics.median(ts)
         res[name] = {"median_ms": round(1000 * med, 2), "vs_translation": round(med / base - 1, 4)}
@@ -275,6 +288,7 @@ def get_parser():
     p.add_argument("--tgt-lang", default="de")
     p.add_argument("--spm-vocab", type=int, default=8000)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the overhead measurement")
+    add_device_argument(p, precision=True)
     p.add_argument("--overhead-repeats", type=int, default=30)
     p.add_argument("--overhead-batch", type=int, default=32)
     return p
@@ -282,9 +296,12 @@ def get_parser():
 
 def main(argv=None):
     a = get_parser().parse_args(argv)
+    device_from_args(a)
     os.makedirs(a.work_dir, exist_ok=True)
     results = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
                "args": vars(a)}
+    if a.device != "cpu":
+        results["device"] = describe(a.device)
     if a.mode in ("train", "all"):
         data, _, _ = (prepare_multi30k if a.multi30k else prepare_synthetic)(a.work_dir, a)
         results["training"] = benchmark_training(a, data)

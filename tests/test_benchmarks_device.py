@@ -1,0 +1,90 @@
+"""Every benchmark script takes ``--device cuda|cpu`` from one helper, ``benchmarks/_device.py``:
+its default follows ``torch.cuda.is_available()``, a device that cannot run here stops with one
+line before any work, and each script's parser accepts ``--device cpu``.  No training: the
+scripts are imported and only their argument parsing runs."""
+
+import argparse
+import glob
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+import _device  # noqa: E402
+
+# every script in benchmarks/, with the arguments it requires
+SCRIPTS = {
+    "aggregation_speed": [],
+    "deep_att_speed": [],
+    "dlcl_decode_step": [],
+    "dlcl_speed": [],
+    "precision_matrix": ["--data", "unused"],
+    "rnmt_speed": [],
+    "ta_depth": [],
+}
+
+
+def without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_every_script_is_listed():
+    found = {os.path.basename(f)[:-3] for f in glob.glob(os.path.join(BENCHMARKS, "*.py"))}
+    assert found - {"_device"} == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["no-cuda", "cuda"])
+def test_default_device_follows_cuda(monkeypatch, cuda):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    expected = "cuda" if cuda else "cpu"
+    assert _device.default_device() == expected
+    assert _device.add_device_argument(argparse.ArgumentParser()).parse_args([]).device == expected
+
+
+def test_cuda_without_a_gpu_stops_with_one_line(monkeypatch):
+    without_cuda(monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        _device.device_from_args(argparse.Namespace(device="cuda"))
+    message = str(stop.value.code)
+    assert "--device cuda" in message and "--device cpu" in message and "\n" not in message
+
+
+def test_amp_needs_cuda():
+    with pytest.raises(SystemExit, match="--precision amp needs --device cuda"):
+        _device.device_from_args(argparse.Namespace(device="cpu", precision="amp"))
+    for precision in ("fp32", "fp16", "bf16"):
+        assert _device.device_from_args(argparse.Namespace(device="cpu", precision=precision)) == torch.device("cpu")
+
+
+def test_fairseq_flags():
+    # CPU: exactly the --cpu the scripts passed before
+    assert _device.train_flags("cpu") == _device.generate_flags("cpu") == _device.parse_flags("cpu") == ["--cpu"]
+    assert _device.train_flags("cuda", "fp16") == ["--distributed-world-size", "1", "--fp16"]
+    assert _device.generate_flags("cuda", "amp") == ["--fp16"]  # fairseq-generate has no --amp
+    assert _device.train_flags("cpu", "bf16") == ["--cpu", "--bf16"]
+    assert _device.parse_flags("cuda") == []
+
+
+def test_clock_and_peak_memory_on_cpu():
+    t0 = _device.clock("cpu")
+    with _device.PeakMemory("cpu") as mem:
+        torch.ones(10).sum()
+    assert _device.clock("cpu") >= t0 and mem.mib is None
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script_takes_device(monkeypatch, name):
+    module = importlib.import_module(name)
+    required = SCRIPTS[name]
+    args = module.get_parser().parse_args(["--device", "cpu", *required])
+    assert args.device == "cpu" and _device.device_from_args(args) == torch.device("cpu")
+    assert module.get_parser().parse_args(required).device == _device.default_device()
+    # --device cuda where torch sees no GPU: the one-line error, before any work
+    without_cuda(monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        module.main(["--device", "cuda", *required])
+    assert "sees no CUDA device" in str(stop.value.code)
