@@ -27,6 +27,8 @@ def read_readme():
         return f.read()
 
 
+_TRITON = 'triton; platform_system=="Linux" and platform_machine=="x86_64"'
+
 setup(
     name="fairseq_deep",
     version=read_version(),
@@ -47,11 +49,13 @@ setup(
         "sentencepiece",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard"],
+        # triton: the fused LN-LSTM kernels are tested on CPU through Triton's interpreter
+        # (tests/test_ln_lstm_triton.py; a ~285 MB wheel, ~10 s of tests); unpinned, so that a CUDA
+        # build of torch keeps the triton it requires
+        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard", _TRITON],
         "plot": ["matplotlib"],
-        # --rnmt-lstm-impl triton (a CUDA GPU; CUDA builds of torch already bring it).  Not in "test":
-        # a ~285 MB wheel, and its interpreter tests take ~10 s of CPU (tests/test_ln_lstm_triton.py)
-        "triton": ['triton; platform_system=="Linux" and platform_machine=="x86_64"'],
+        # --rnmt-lstm-impl triton (a CUDA GPU; CUDA builds of torch already bring it)
+        "triton": [_TRITON],
         # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
         "tensorboard": ["tensorboardX", "tensorboard"],
     },
