@@ -137,6 +137,7 @@ def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str,
     times, cpu_times, losses = [], [], [loss]
     peak = None
     for i in range(a.updates):
+        optimizer.zero_grad(set_to_none=True)  # the gradients count in the peak, not in the base
         with PeakMemory(a.device) as mem:
             t0, c0 = clock(a.device), time.process_time()
             loss, _ = update()
