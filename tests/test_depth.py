@@ -9,6 +9,7 @@ checkpointed forward, must give the same omegas.  The fairseq-train / fairseq-ge
 for CI).
 """
 
+import copy
 import math
 import time
 
@@ -42,7 +43,7 @@ FAMILIES = [  # (--arch, flags): every history and every residual / initialisati
 def train_step(model, batch):
     """One training forward and backward: (output, {name: gradient}, state dict after it)."""
     model.train()
-    model.zero_grad()
+    model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both models (where dropout is on)
     out = model(*batch)[0]
     out.float().pow(2).mean().backward()
@@ -89,6 +90,21 @@ def test_incremental_decoding_with_checkpointed_layers_equals_full(arch):
         steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
                  for t in range(prev.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():
+    """fairseq's EMA deep-copies the model: the copy's wrapped forward must use the copy's weights."""
+    model, task = build_model("transformer_mla2", ["--encoder-layers", "3", "--decoder-layers", "2", *CHECKPOINT])
+    copy_ = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copy_.parameters():
+            p.mul_(0.5)
+    batch = random_batch(task.source_dictionary)
+    out, _, _ = train_step(model, batch)
+    model.zero_grad()
+    out_copy, grads, _ = train_step(copy_, batch)
+    assert not torch.allclose(out, out_copy)
+    assert all(p.grad is None for p in model.parameters()) and len(grads) == len(list(copy_.parameters()))
 
 
 NARROW = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
