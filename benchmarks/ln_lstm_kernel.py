@@ -27,9 +27,11 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _device import add_device_argument, clock, device_from_args  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,20 +46,13 @@ def parse_size(text):
     return T, B, H
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, device, repeats):
     """Seconds per call of fn: the median of ``repeats`` calls, the GPU synchronized around each."""
     times = []
     for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = clock(device)
         fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock(device) - t0)
     return statistics.median(times)
 
 
@@ -66,7 +61,7 @@ def interleaved(fns, device, rounds, repeats, warmup):
     for fn in fns.values():  # warm up: TorchScript profiling runs, Triton compilation, cuDNN plans
         for _ in range(warmup):
             fn()
-    sync(device)
+    clock(device)  # waits for the warm-up's kernels
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -142,7 +137,7 @@ def markdown(rows, impls):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_argument(p)
     p.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
                    metavar="TxBxH", help=f"steps x batch x units (default: {' '.join(DEFAULT_SIZES)})")
     p.add_argument("--directions", nargs="+", choices=["uni", "bi"], default=["uni", "bi"])
@@ -163,9 +158,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no GPU (use --device cpu)")
+    device = device_from_args(args)
     impls = list(args.impls)
     if "triton" in impls and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         print("triton skipped: its kernels need CUDA (or TRITON_INTERPRET=1, the interpreter)", file=sys.stderr)
