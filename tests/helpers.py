@@ -79,6 +79,18 @@ def random_batch(dictionary, bsz=3, src_len=7, tgt_len=5, seed=0, pad_last=True)
     return src, lengths, prev
 
 
+def assert_incremental_equals_full(model, dictionary, atol=1e-5):
+    """Step-by-step decoding (fairseq's incremental state) gives the full forward pass's logits."""
+    src, lengths, prev = random_batch(dictionary, pad_last=False)
+    with torch.no_grad():
+        full = model(src, lengths, prev)[0]
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                 for t in range(prev.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=atol, atol=atol)
+
+
 def run_cli(*argv, cwd=None, check=True):
     """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
     # one intra-op thread per process: tiny models gain nothing from more, and parallel test

@@ -20,7 +20,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_deep.modules.residual_schemes import AdminResidual, DeepNormResidual, unprofiled_admin_layers
 
-from helpers import build_model, random_batch
+from helpers import assert_incremental_equals_full, build_model, random_batch
 
 CHECKPOINT = ["--checkpoint-activations"]
 
@@ -82,14 +82,7 @@ def test_incremental_decoding_with_checkpointed_layers_equals_full(arch):
     if arch == "transformer_admin":
         train_step(model, random_batch(task.source_dictionary, seed=5))  # profiled: omega is not 1
     model.eval()
-    src, lengths, prev = random_batch(task.source_dictionary, pad_last=False)
-    with torch.no_grad():
-        full = model(src, lengths, prev)[0]
-        encoder_out = model.encoder(src, src_lengths=lengths)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_incremental_equals_full(model, task.source_dictionary)
 
 
 def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():

@@ -20,7 +20,7 @@ from fairseq_deep.modules.residual_schemes import (
     unprofiled_admin_layers,
 )
 
-from helpers import build_model, random_batch
+from helpers import assert_incremental_equals_full, build_model, random_batch
 
 WIDE = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256",
         "--decoder-ffn-embed-dim", "256"]
@@ -173,11 +173,4 @@ def test_incremental_decoding_equals_full(arch, flags):
         model(*random_batch(task.source_dictionary, seed=5))  # profile, so that omega is not 1
         model.eval()
         assert unprofiled_admin_layers(model) == 0
-    src, lengths, prev = random_batch(task.source_dictionary, pad_last=False)
-    with torch.no_grad():
-        full = model(src, lengths, prev)[0]
-        encoder_out = model.encoder(src, src_lengths=lengths)
-        state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_incremental_equals_full(model, task.source_dictionary)
