@@ -61,6 +61,7 @@ from _device import (PeakMemory, add_device_argument, clock, describe, device_fr
                      generate_flags, parse_flags, train_flags)
 
 import fairseq_deep  # noqa: E402,F401  (registers the architectures)
+from dlcl_speed import saved_bytes  # noqa: E402  (autograd's saved bytes, as measured there)
 
 PLUGIN = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
@@ -86,23 +87,6 @@ def build(a, arch: str, flags: List[str], dictionary):
     task = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(1)
     return task.build_model(args).to(a.device)
-
-
-def saved_bytes(fn, params) -> "tuple[object, int]":
-    """``fn()``'s result and the bytes of the distinct storages autograd saved for backward while
-    it ran (parameters excluded)."""
-    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-    storages: Dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in param_ptrs:
-            storages[st.data_ptr()] = st.nbytes()
-        return t  # kept alive by the graph until backward: no address is reused meanwhile
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(storages.values())
 
 
 def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str, float]:

@@ -306,9 +306,9 @@ def build_in_process(arch: str, flags: List[str], dictionary, device="cpu"):
     return task.build_model(args).to(device)
 
 
-def saved_activation_bytes(fn, params) -> int:
-    """Bytes of the distinct storages that autograd saves for backward while ``fn()`` runs
-    (parameters excluded); then runs backward on ``fn``'s result."""
+def saved_bytes(fn, params) -> "tuple[object, int]":
+    """``fn()``'s result and the bytes of the distinct storages autograd saved for backward while
+    it ran (parameters excluded)."""
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     storages: Dict[int, int] = {}
 
@@ -319,9 +319,16 @@ def saved_activation_bytes(fn, params) -> int:
         return t  # kept alive by the graph until backward: no address is reused meanwhile
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn()
+        out = fn()
+    return out, sum(storages.values())
+
+
+def saved_activation_bytes(fn, params) -> int:
+    """Bytes of the distinct storages that autograd saves for backward while ``fn()`` runs
+    (parameters excluded); then runs backward on ``fn``'s result."""
+    loss, saved = saved_bytes(fn, params)
     loss.backward()
-    return sum(storages.values())
+    return saved
 
 
 def random_tokens(dictionary, bsz: int, length: int, seed: int) -> torch.Tensor:
