@@ -240,3 +240,47 @@ def test_inference_path_equals_autograd_path(arch, flags):
     training = model(src, lengths, prev)[0]
     assert training.requires_grad
     torch.testing.assert_close(inference, training.detach(), rtol=1e-5, atol=1e-5)
+
+
+
+def _history_pass(hist, state_cls, x, layers):
+    """The inputs of every layer and the readout of a stack of `layers` over `hist`."""
+    states = state_cls(hist, x)
+    inputs = []
+    for layer in layers:
+        inputs.append(states.next_input())
+        states.push(torch.tanh(layer(inputs[-1])))
+    return inputs, states.readout()
+
+
+def _grads(loss, params, **kw):
+    grads = torch.autograd.grad(loss, params, allow_unused=True, **kw)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+@pytest.mark.parametrize("normalize_before,softmax", [(True, False), (False, False), (True, True)])
+def test_training_rows_equal_the_per_entry_products(normalize_before, softmax):
+    """With autograd each row is one matrix-vector product over the stacked entries, and each
+    entry's gradient is formed once by its own row (`_DeferredRow`): the same values and gradients
+    as the per-entry products of `weighted_sum`, for a loss on the readout, on an inner layer's
+    input only (the backward starts below the top row), and twice over one graph."""
+    from fairseq_deep.modules.layer_history import EntryState, _TrainingState
+
+    torch.manual_seed(0)
+    hist = DynamicLinearCombination(4, 6, normalize_before, softmax=softmax).double()
+    layers = [torch.nn.Linear(6, 6).double() for _ in range(4)]
+    with torch.no_grad():
+        for p in hist.parameters():
+            p.add_(0.3 * torch.randn(p.shape, dtype=p.dtype))
+    x = torch.randn(3, 2, 6, dtype=torch.double, requires_grad=True)
+    params = [x, *hist.parameters(), *(p for layer in layers for p in layer.parameters())]
+    losses = {"readout": lambda ins, out: (out ** 2).sum(), "inner": lambda ins, out: (ins[2] ** 2).sum()}
+    for name, loss_of in losses.items():
+        (ins, out), (ref_ins, ref_out) = (_history_pass(hist, cls, x, layers) for cls in (_TrainingState, EntryState))
+        torch.testing.assert_close(out, ref_out)
+        ref = _grads(loss_of(ref_ins, ref_out), params)
+        loss = loss_of(ins, out)
+        for again in range(2):  # a second backward over the same graph starts clean
+            for g, r in zip(_grads(loss, params, retain_graph=True), ref):
+                torch.testing.assert_close(g, r, msg=name)
+    assert torch.autograd.gradcheck(lambda x: _history_pass(hist, _TrainingState, x, layers)[1], (x,))
