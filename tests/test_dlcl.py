@@ -260,10 +260,10 @@ def _grads(loss, params, **kw):
 
 @pytest.mark.parametrize("normalize_before,softmax", [(True, False), (False, False), (True, True)])
 def test_training_rows_equal_the_per_entry_products(normalize_before, softmax):
-    """With autograd each row is one matrix-vector product over the stacked entries, and each
-    entry's gradient is formed once by its own row (`_DeferredRow`): the same values and gradients
-    as the per-entry products of `weighted_sum`, for a loss on the readout, on an inner layer's
-    input only (the backward starts below the top row), and twice over one graph."""
+    """With autograd each entry's gradient is formed once, by its own row (`_DeferredRow`): the
+    same values and gradients as the per-entry products of `weighted_sum`, for a loss on the
+    readout, on an inner layer's input only (the backward starts below the top row), and twice
+    over one graph."""
     from fairseq_deep.modules.layer_history import EntryState, _TrainingState
 
     torch.manual_seed(0)

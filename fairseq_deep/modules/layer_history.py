@@ -12,9 +12,7 @@ checkpointing, two forward passes in flight) and each pass starts clean.
 
 Memory: each y_k (or its layer norm) is computed once when pushed and kept by reference; a
 combination is a running ``sum_k w_k * e_k`` over those references.  Autograd then keeps one tensor
-per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.  (DLCL's
-training pass also stacks the entries in one buffer for its matrix-vector rows; the buffer lives
-for the forward pass only, and autograd still keeps one entry per layer.)
+per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
 """
 
 from dataclasses import dataclass, field
@@ -247,38 +245,26 @@ class _InferenceState(EntryState):
 
 
 class _TrainingState(EntryState):
-    """DLCL with autograd: a few large ops per layer instead of a few per (row, entry) pair.
-
-    Each entry e_k is also copied, when pushed, into one (L+1) x numel buffer E that lives for
-    the forward pass only (autograd keeps each entry once, as before), so that row r is one
-    matrix-vector product, ``W[r, :r+1] @ E[:r+1]``, instead of an ``addcmul_`` per entry.  The
-    backward (:class:`_DeferredRow`) forms the whole gradient of e_r, sum_{r'>=r} W[r', r] g_r',
-    once, by row r, from the row gradients g_r..g_L, instead of a product per (row, entry) pair
-    that autograd then sums.  Small batches on a few CPU cores pay per op (each is a parallel
-    region); the values are those of :func:`weighted_sum` up to the order of float additions, the
-    buffer has e_0's dtype as that sum has."""
+    """DLCL with autograd: one autograd node per row (:class:`_DeferredRow`), whose backward forms
+    the whole gradient of the row's newest entry e_r, sum_{r'>=r} W[r', r] g_r', in one
+    matrix-vector product over the row gradients g_r..g_L, instead of a product per (row, entry)
+    pair that autograd then sums (three large ops per row instead of three per pair).  The forward
+    is :func:`weighted_sum`'s (the same values); the gradients, up to the order of float additions."""
 
     def __init__(self, history: "DynamicLinearCombination", embedding: Tensor):
         self.weight = history.weights() if history.softmax else history.weight
-        self.buffer: Optional[Tensor] = None  # E, made at the first push
         self.carry: Optional[Tensor] = None  # the last row's carry (see _DeferredRow)
         self.memo: Optional[Tuple[int, Tensor]] = None  # (row, input): each row is formed once
         super().__init__(history, embedding)
-
-    def push(self, y: Tensor) -> None:
-        super().push(y)
-        entry = self.entries[-1]
-        if self.buffer is None:
-            self.buffer = entry.new_empty((self.history.num_layers + 1, entry.numel()))
-        with torch.no_grad():
-            self.buffer[self.count - 1].copy_(entry.reshape(-1))
 
     def next_input(self) -> Tensor:
         row = self.count - 1
         if self.memo is not None and self.memo[0] == row:
             return self.memo[1]
-        carry = self.carry if self.carry is not None else self.buffer.new_zeros(())
-        out, self.carry = _DeferredRow.apply(self.weight, carry, self.entries[-1], self.buffer, row)
+        entries = self.entries
+        carry = self.carry if self.carry is not None else entries[0].new_zeros(())
+        out, self.carry = _DeferredRow.apply(self.weight, carry, entries[-1], entries, row,
+                                             self.history.num_layers + 1)
         if not self.history.normalize_before:
             out = self.history.norms[row](out)
         self.memo = (row, out)
@@ -291,10 +277,10 @@ class _DeferredRow(torch.autograd.Function):
     """Row r of DLCL, x_{r+1} = sum_{k<=r} W[r, k] e_k, as an autograd node whose backward returns
     the gradient of its newest entry e_r only, but the whole of it.
 
-    Inputs: the weights W ((L+1) x (L+1)), the carry of row r-1, e_r, and the buffer E of the
-    entries e_0..e_r (read, not tracked).  Outputs: x_{r+1}, and a carry that row r+1 takes.  In
-    the backward the carry's gradient is the (L+1) x numel matrix G of the row gradients
-    g_{r+1}..g_L (zeros above the top row of this backward); row r writes g_r into G[r] and returns
+    Inputs: the weights W ((L+1) x (L+1)), the carry of row r-1 and e_r (the entries e_0..e_r are
+    read from the list, untracked).  Outputs: x_{r+1}, and a carry that row r+1 takes.  In the
+    backward the carry's gradient is the (L+1) x numel matrix G of the row gradients g_{r+1}..g_L
+    (zeros above the top row of this backward); row r writes g_r into G[r] and returns
 
     * dL/de_r = sum_{r'>=r} W[r', r] g_{r'} = W[r:, r] @ G[r:] (no other row returns one for e_r);
     * dL/dW[r:, r] = G[r:] @ e_r, column r of W (every row's weight of e_r);
@@ -304,10 +290,9 @@ class _DeferredRow(torch.autograd.Function):
     when it is read; a backward from an inner layer finds no carry gradient and starts from zeros."""
 
     @staticmethod
-    def forward(ctx, weight: Tensor, carry: Tensor, entry: Tensor, buffer: Tensor, row: int):
-        n = buffer.size(0)
-        with _no_autocast(buffer):
-            out = (weight[row, : row + 1].to(buffer.dtype) @ buffer[: row + 1]).view(entry.shape)
+    def forward(ctx, weight: Tensor, carry: Tensor, entry: Tensor, entries: List[Tensor], row: int, n: int):
+        with _no_autocast(entry):
+            out = _sum_of_products(weight[row, : row + 1], entries)
         ctx.row, ctx.n = row, n
         ctx.save_for_backward(weight, entry)
         ctx.set_materialize_grads(False)
@@ -336,7 +321,7 @@ class _DeferredRow(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 grad_weight = weight.new_zeros(weight.shape)
                 grad_weight[row:, row] = below @ entry.reshape(-1).to(G.dtype)
-        return grad_weight, (G if ctx.needs_input_grad[1] else None), grad_entry, None, None
+        return grad_weight, (G if ctx.needs_input_grad[1] else None), grad_entry, None, None, None
 
 
 class _no_autocast:
