@@ -15,6 +15,7 @@ combination is a running ``sum_k w_k * e_k`` over those references.  Autograd th
 per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -23,6 +24,8 @@ from torch import Tensor, nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
+
+from .precision import autocast_enabled
 
 
 class HistoryState:
@@ -324,21 +327,11 @@ class _DeferredRow(torch.autograd.Function):
         return grad_weight, (G if ctx.needs_input_grad[1] else None), grad_entry, None, None, None
 
 
-class _no_autocast:
-    """Autocast off for the ops of a custom autograd function (their dtypes are chosen there)."""
-
-    def __init__(self, like: Tensor):
-        self.device = like.device.type
-        self.ctx = None
-
-    def __enter__(self):
-        if self.device in ("cpu", "cuda") and torch.is_autocast_enabled(self.device):
-            self.ctx = torch.autocast(self.device, enabled=False)
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            self.ctx.__exit__(*exc)
+def _no_autocast(x: Tensor):
+    """Autocast off for ``x``'s device while it is on (the custom function chooses its dtypes)."""
+    if autocast_enabled(x.device.type):
+        return torch.autocast(device_type=x.device.type, enabled=False)
+    return nullcontext()
 
 
 def _sum_of_products(w: Tensor, entries) -> Tensor:
