@@ -14,6 +14,7 @@
   allocated when it started); ``None`` on CPU.
 """
 
+import statistics
 import time
 
 import torch
@@ -31,6 +32,16 @@ PRECISIONS = {
 }
 
 CUDA_ONLY_PRECISIONS = {"amp": "fairseq's --amp is CUDA autocast; on CPU it trains in float32"}
+
+
+def median_seconds(fn, repeats: int, device) -> float:
+    """Seconds per call of ``fn``: the median of ``repeats`` calls, each timed with :func:`clock`."""
+    times = []
+    for _ in range(repeats):
+        t0 = clock(device)
+        fn()
+        times.append(clock(device) - t0)
+    return statistics.median(times)
 
 
 def default_device() -> str:

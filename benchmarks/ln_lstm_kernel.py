@@ -31,7 +31,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import add_device_argument, clock, device_from_args  # noqa: E402
+from _device import add_device_argument, clock, device_from_args, median_seconds  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,16 +46,6 @@ def parse_size(text):
     return T, B, H
 
 
-def timed(fn, device, repeats):
-    """Seconds per call of fn: the median of ``repeats`` calls, the GPU synchronized around each."""
-    times = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        fn()
-        times.append(clock(device) - t0)
-    return statistics.median(times)
-
-
 def interleaved(fns, device, rounds, repeats, warmup):
     """{name: median seconds per call} over ``rounds`` rounds, each calling every fn in turn."""
     for fn in fns.values():  # warm up: TorchScript profiling runs, Triton compilation, cuDNN plans
@@ -65,7 +55,7 @@ def interleaved(fns, device, rounds, repeats, warmup):
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(timed(fn, device, repeats))
+            times[name].append(median_seconds(fn, repeats, device))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

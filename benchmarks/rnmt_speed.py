@@ -25,18 +25,9 @@ import sys
 
 import torch
 
-from _device import add_device_argument, clock, describe, device_from_args, parse_flags
+from _device import add_device_argument, describe, device_from_args, median_seconds, parse_flags
 
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-
-
-def timed(fn, repeats, device="cpu"):
-    times = []
-    for _ in range(repeats):
-        t0 = clock(device)
-        fn()
-        times.append(clock(device) - t0)
-    return statistics.median(times)
 
 
 def interleaved(fa, fb, rounds, repeats, device="cpu"):
@@ -44,8 +35,8 @@ def interleaved(fa, fb, rounds, repeats, device="cpu"):
     fa(), fb()
     ta, tb = [], []
     for _ in range(rounds):
-        ta.append(timed(fa, repeats, device))
-        tb.append(timed(fb, repeats, device))
+        ta.append(median_seconds(fa, repeats, device))
+        tb.append(median_seconds(fb, repeats, device))
     return statistics.median(ta), statistics.median(tb)
 
 

@@ -37,6 +37,30 @@ from .ln_lstm import _custom_bwd, _custom_fwd
 
 
 @triton.jit
+def _gates(a, gamma, beta, gate, mask, eps, H):
+    """The cell's gates from its pre-norm gates a (4 x BLOCK_H, order i, f, o, j): per-gate layer
+    norm (biased variance), gain and bias, sigmoid for i, f, o and tanh for j.  Returns the
+    normalized a, 1/std per gate, and the activations i, f, o, j (the forward and backward
+    kernels' shared part)."""
+    mean = tl.sum(a, axis=1) / H
+    diff = tl.where(mask, a - mean[:, None], 0.0)
+    var = tl.sum(diff * diff, axis=1) / H
+    rstd = 1.0 / tl.sqrt(var + eps)
+    xhat = diff * rstd[:, None]
+    g = xhat * gamma + beta
+    sig = 1.0 / (1.0 + tl.exp(-g))
+    e = tl.exp(-2.0 * tl.abs(g))  # tanh without overflow
+    th = (1.0 - e) / (1.0 + e)
+    th = tl.where(g < 0, -th, th)
+    act = tl.where(gate[:, None] < 3, sig, th)
+    i = tl.sum(tl.where(gate[:, None] == 0, act, 0.0), axis=0)
+    f = tl.sum(tl.where(gate[:, None] == 1, act, 0.0), axis=0)
+    o = tl.sum(tl.where(gate[:, None] == 2, act, 0.0), axis=0)
+    j = tl.sum(tl.where(gate[:, None] == 3, act, 0.0), axis=0)
+    return xhat, rstd, i, f, o, j
+
+
+@triton.jit
 def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C_OUT, B, H,
               HAS_PAD: tl.constexpr, SAVE: tl.constexpr, OUTPUT_TANH: tl.constexpr, CLIP: tl.constexpr,
               BLOCK_H: tl.constexpr):
@@ -57,21 +81,9 @@ def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C
     clip = tl.load(SCALARS)
     eps = tl.load(SCALARS + 1)
     # per-gate layer norm (biased variance, as torch's layer_norm)
-    mean = tl.sum(a, axis=1) / H
-    diff = tl.where(mask, a - mean[:, None], 0.0)
-    var = tl.sum(diff * diff, axis=1) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
-    xhat = diff * rstd[:, None]
-    g = xhat * tl.load(GAMMA + d * 4 * H + offs, mask=mask, other=0.0) + tl.load(BETA + d * 4 * H + offs, mask=mask, other=0.0)
-    sig = 1.0 / (1.0 + tl.exp(-g))
-    e = tl.exp(-2.0 * tl.abs(g))                                # tanh without overflow
-    th = (1.0 - e) / (1.0 + e)
-    th = tl.where(g < 0, -th, th)
-    act = tl.where(gate[:, None] < 3, sig, th)
-    i = tl.sum(tl.where(gate[:, None] == 0, act, 0.0), axis=0)
-    f = tl.sum(tl.where(gate[:, None] == 1, act, 0.0), axis=0)
-    o = tl.sum(tl.where(gate[:, None] == 2, act, 0.0), axis=0)
-    j = tl.sum(tl.where(gate[:, None] == 3, act, 0.0), axis=0)
+    gamma = tl.load(GAMMA + d * 4 * H + offs, mask=mask, other=0.0)
+    beta = tl.load(BETA + d * 4 * H + offs, mask=mask, other=0.0)
+    xhat, rstd, i, f, o, j = _gates(a, gamma, beta, gate, mask, eps, H)
     c_prev = tl.load(C_PREV + row * H + cols, mask=col_ok, other=0.0)
     c = f * c_prev + i * j
     if CLIP:
@@ -110,22 +122,9 @@ def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, 
     eps = tl.load(SCALARS + 1)
     # the forward again, from the saved pre-norm gates
     a = tl.load(A + row * 4 * H + offs, mask=mask, other=0.0)
-    mean = tl.sum(a, axis=1) / H
-    diff = tl.where(mask, a - mean[:, None], 0.0)
-    var = tl.sum(diff * diff, axis=1) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
-    xhat = diff * rstd[:, None]
     gamma = tl.load(GAMMA + d * 4 * H + offs, mask=mask, other=0.0)
-    g = xhat * gamma + tl.load(BETA + d * 4 * H + offs, mask=mask, other=0.0)
-    sig = 1.0 / (1.0 + tl.exp(-g))
-    e = tl.exp(-2.0 * tl.abs(g))
-    th = (1.0 - e) / (1.0 + e)
-    th = tl.where(g < 0, -th, th)
-    act = tl.where(gate[:, None] < 3, sig, th)
-    i = tl.sum(tl.where(gate[:, None] == 0, act, 0.0), axis=0)
-    f = tl.sum(tl.where(gate[:, None] == 1, act, 0.0), axis=0)
-    o = tl.sum(tl.where(gate[:, None] == 2, act, 0.0), axis=0)
-    j = tl.sum(tl.where(gate[:, None] == 3, act, 0.0), axis=0)
+    beta = tl.load(BETA + d * 4 * H + offs, mask=mask, other=0.0)
+    xhat, rstd, i, f, o, j = _gates(a, gamma, beta, gate, mask, eps, H)
     c_prev = tl.load(C_PREV + row * H + cols, mask=col_ok, other=0.0)
     c_raw = f * c_prev + i * j
     c = c_raw
