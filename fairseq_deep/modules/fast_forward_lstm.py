@@ -27,6 +27,11 @@ casts are autograd's, so the gradients come back in each parameter's dtype.  Flo
 inputs run exactly as before.  Under --fp16 the parameters' own gradients stay float16: at this
 init they reach ~2e3 per element (top decoder W_f, whose input is f; bottom encoder biases), so
 fairseq's loss scale settles lower (4-16 in a 30-update run) than the default 128.
+
+``impl="triton"`` (``--deep-att-cell-impl triton``, opt-in, unmeasured on a GPU so far; issue 16)
+runs the recurrence of Eq. 4 with one fused Triton kernel per step, forward and backward
+(:mod:`.ff_lstm_triton`), on the same float32 tensors; the default ``"loop"`` is
+:func:`lstm_recurrence`.
 """
 
 from contextlib import nullcontext
@@ -40,6 +45,7 @@ from .precision import REDUCED, autocast_enabled
 
 FF_MODES = ("half", "whole", "none")
 RECURRENT = "recurrent"
+IMPLS = ("loop", "triton")
 
 
 def wide_dtype(x: Tensor) -> torch.dtype:
@@ -96,15 +102,42 @@ def lstm_recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
     return torch.stack(outs), h, s
 
 
-class FFLSTMCell(nn.Module):
-    """(h_t, s_t) = LSTM(f_t, h_{t-1}, s_{t-1}) of Eq. 4.  Parameters start at zero (Sec. 4.3)."""
+def triton_recurrence() -> Callable:
+    """:func:`.ff_lstm_triton.recurrence`, imported on first use: the package runs without triton."""
+    try:
+        from .ff_lstm_triton import recurrence as fused
+    except ImportError as e:
+        raise ImportError(
+            f"--deep-att-cell-impl triton (FFLSTMCell(impl='triton')) needs the triton package, which did not "
+            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --deep-att-cell-impl loop (the "
+            f"default; for a model saved with triton: --model-overrides \"{{'deep_att_cell_impl': 'loop'}}\")"
+        ) from e
+    return fused
 
-    def __init__(self, hidden_size: int):
+
+class FFLSTMCell(nn.Module):
+    """(h_t, s_t) = LSTM(f_t, h_{t-1}, s_{t-1}) of Eq. 4.  Parameters start at zero (Sec. 4.3).
+
+    ``impl`` (``--deep-att-cell-impl``): ``"loop"`` (default) :func:`lstm_recurrence`, ``"triton"``
+    the fused kernels of :mod:`.ff_lstm_triton` (same arithmetic; CUDA, or Triton's CPU interpreter
+    with ``TRITON_INTERPRET=1``)."""
+
+    impl = "loop"  # the class default: a module pickled before the option existed
+
+    def __init__(self, hidden_size: int, impl: str = "loop"):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"--deep-att-cell-impl {impl!r}: choose one of {', '.join(IMPLS)}")
+        if impl == "triton":
+            triton_recurrence()  # a missing triton stops here, not at the first batch
+        self.impl = impl
         self.hidden_size = hidden_size
         self.weight_r = mark(nn.Parameter(torch.zeros(4 * hidden_size, hidden_size)), RECURRENT)
         # rows: theta_rho (input gate), theta_phi (forget gate), theta_pi (output gate)
         self.theta = mark(nn.Parameter(torch.zeros(3, hidden_size)), RECURRENT)
+
+    def extra_repr(self) -> str:
+        return "" if self.impl == "loop" else f"impl={self.impl}"
 
     def zero_state(self, bsz: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         z = like.new_zeros(bsz, self.hidden_size)
@@ -114,9 +147,9 @@ class FFLSTMCell(nn.Module):
         """f: T x B x 4H.  Returns (h of all steps, (h_T, s_T))."""
         h, s = state if state is not None else self.zero_state(f.size(1), f)
         dt = wide_dtype(f)
+        loop = lstm_recurrence if self.impl == "loop" else triton_recurrence()
         with no_autocast(f):
-            out, h, s = lstm_recurrence(f.to(dt), self.weight_r.to(dt), self.theta.to(dt),
-                                        h.to(dt), s.to(dt))
+            out, h, s = loop(f.to(dt), self.weight_r.to(dt), self.theta.to(dt), h.to(dt), s.to(dt))
         return out, (h, s)
 
 
@@ -136,11 +169,11 @@ def gather_time(x: Tensor, index: Tensor) -> Tensor:
 class FFLSTMLayer(nn.Module):
     """The f block (W_f, with the bias) and the r block (Eq. 4) of one layer, in one direction."""
 
-    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False):
+    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False, impl: str = "loop"):
         super().__init__()
         self.input_size, self.hidden_size, self.reverse = input_size, hidden_size, reverse
         self.proj = nn.Linear(input_size, 4 * hidden_size)  # W_f
-        self.cell = FFLSTMCell(hidden_size)
+        self.cell = FFLSTMCell(hidden_size, impl=impl)
 
     def forward(self, x: Tensor, rev_index: Optional[Tensor] = None, state=None):
         """x: T x B x input_size, right-padded; rev_index from :func:`reverse_index` (needed when
@@ -178,17 +211,18 @@ class FFLSTMStack(nn.Module):
 
     ``directions``: one bool per layer, True = the layer runs backward.  For the interleaved
     bi-directional encoder (Eq. 3) layer k of column 1 runs forward when k is odd; the paper's
-    direction term (-1)^k.  Dropout (Dr) is applied to h where it leaves the layer."""
+    direction term (-1)^k.  Dropout (Dr) is applied to h where it leaves the layer.  ``impl``:
+    every cell's recurrence (:class:`FFLSTMCell`)."""
 
     def __init__(self, input_size: int, hidden_size: int, directions: List[bool],
-                 ff_mode: str = "half", dropout: float = 0.0):
+                 ff_mode: str = "half", dropout: float = 0.0, impl: str = "loop"):
         super().__init__()
         if ff_mode not in FF_MODES:
             raise ValueError(f"--ff-mode must be one of {FF_MODES}, got {ff_mode!r}")
         self.hidden_size, self.ff_mode, self.dropout = hidden_size, ff_mode, dropout
         sizes = [input_size] + [ff_input_size(hidden_size, ff_mode)] * (len(directions) - 1)
         self.layers = nn.ModuleList(
-            FFLSTMLayer(n, hidden_size, reverse=r) for n, r in zip(sizes, directions)
+            FFLSTMLayer(n, hidden_size, reverse=r, impl=impl) for n, r in zip(sizes, directions)
         )
 
     def drop(self, h: Tensor) -> Tensor:

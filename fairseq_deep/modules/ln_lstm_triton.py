@@ -182,8 +182,9 @@ INTERPRETED = type(_fwd_step).__name__ == "InterpretedFunction"
 _LIBRARY_INTERPRETED = type(tl.sum).__name__ == "InterpretedFunction"
 
 
-def check_device(x: Tensor):
-    """Triton needs a CUDA tensor, or its interpreter."""
+def check_device(x: Tensor, option: str = "--rnmt-lstm-impl", module: str = "LayerNormLSTM(impl='triton')"):
+    """Triton needs a CUDA tensor, or its interpreter.  ``option`` and ``module``: the switch that
+    chose the kernels, for the message (the fused Deep-Att cell of :mod:`.ff_lstm_triton` passes its own)."""
     if INTERPRETED != _LIBRARY_INTERPRETED:
         raise RuntimeError(
             "TRITON_INTERPRET changed between the import of triton and of fairseq_deep.modules.ln_lstm_triton: "
@@ -191,9 +192,9 @@ def check_device(x: Tensor):
         )
     if x.device.type != "cuda" and not INTERPRETED:
         raise RuntimeError(
-            f"--rnmt-lstm-impl triton (LayerNormLSTM(impl='triton')) runs Triton kernels, which need a CUDA "
+            f"{option} triton ({module}) runs Triton kernels, which need a CUDA "
             f"device or Triton's CPU interpreter (TRITON_INTERPRET=1 before triton is imported; slow: for "
-            f"tests); the tensors are on {x.device}.  Use --rnmt-lstm-impl loop (the default) on a CPU."
+            f"tests); the tensors are on {x.device}.  Use {option} loop (the default) on a CPU."
         )
 
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
 from ...modules.reorder import reorder_batch
+from .encoder import cell_impl
 
 
 class DeepAttDecoder(FairseqIncrementalDecoder):
@@ -37,7 +38,7 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
         self.context_dim = context_dim
         H, n = args.decoder_hidden_size, args.decoder_layers
         self.stack = FFLSTMStack(context_dim + embed_tokens.embedding_dim, H, [False] * n,
-                                 ff_mode=args.ff_mode, dropout=args.dropout)
+                                 ff_mode=args.ff_mode, dropout=args.dropout, impl=cell_impl(args))
         self.attention = None
         if args.ff_interface == "att":
             self.attention = AdditiveAttention(H, context_dim, args.ff_attention_dim or H,

@@ -1,0 +1,362 @@
+"""The fused Triton loop of the Deep-Att / Deep-ED cell (``--deep-att-cell-impl triton``, issue 16)
+against :func:`lstm_recurrence` (Zhou et al. 2016, Eq. 4) and autograd through it.
+
+As in ``tests/test_ln_lstm_triton.py``: on a CPU the kernels run in Triton's interpreter, which
+Triton switches on only when ``TRITON_INTERPRET=1`` is set before it is imported, so the
+interpreter checks (``@interpreted``) run in a subprocess started by
+``test_interpreter_checks_in_a_subprocess``; this process never sets the variable, and its ``gpu``
+test compiles for CUDA.  Run them directly with
+``TRITON_INTERPRET=1 python -m pytest tests/test_ff_lstm_triton.py``.  Tiny sizes: the interpreter
+runs every program in Python.
+
+On a GPU: ``python -m pytest -m gpu tests/test_ff_lstm_triton.py`` (H = 512 and 1024, fp32 and autocast).
+"""
+
+import importlib.util
+import os
+import pickle
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import random_batch
+from test_deep_att import build
+
+from fairseq_deep.modules.fast_forward_lstm import FFLSTMCell, lstm_recurrence
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+interpreted = pytest.mark.skipif(
+    not (HAVE_TRITON and INTERPRETING),
+    reason="triton is not installed" if not HAVE_TRITON else
+    "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
+not_interpreted = pytest.mark.skipif(INTERPRETING, reason="for the process without TRITON_INTERPRET")
+
+IMPL = ["--deep-att-cell-impl", "triton"]
+
+
+@needs_triton
+@not_interpreted
+def test_interpreter_checks_in_a_subprocess():
+    """Every @interpreted test of this file, in a pytest subprocess with TRITON_INTERPRET=1."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
+         os.path.abspath(__file__)],
+        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900,
+    )
+    report = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, report
+    assert re.search(r"\d+ passed", run.stdout), report
+    assert "runs in the TRITON_INTERPRET=1 subprocess" not in run.stdout, report  # none skipped there
+
+
+def _inputs(T, B, H, dtype, seed=0, transposed=False):
+    """f, W_r, theta, h0, s0 of the recurrence, leaves that want a gradient: nonzero theta (the
+    model starts at zero, Sec. 4.3, but trains away from it) and a nonzero initial state.
+    ``transposed``: f is a non-contiguous view (B x T x 4H transposed)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    f = rand(B, T, 4 * H).transpose(0, 1) if transposed else rand(T, B, 4 * H)
+    tensors = (f, rand(4 * H, H, scale=H ** -0.5 * 2), rand(3, H), rand(B, H, scale=0.5), rand(B, H))
+    return tuple(t.requires_grad_() for t in tensors)
+
+
+def _check_against_loop(inputs, atol, rtol):
+    """Outputs, the final (h, s) and the gradients of f, W_r, theta, h0 and s0: the fused Function
+    against autograd through :func:`lstm_recurrence`, and the no-gradient path against the loop."""
+    from fairseq_deep.modules.ff_lstm_triton import TritonFFLSTMRecurrence, recurrence
+
+    ref = lstm_recurrence(*inputs)
+    ours = TritonFFLSTMRecurrence.apply(*inputs)
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r) for r in ref]
+    g_ref = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ref, weights)), inputs)
+    g_ours = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ours, weights)), inputs)
+    names = ["out", "h_n", "s_n", "d_f", "d_w_r", "d_theta", "d_h0", "d_s0"]
+    for name, a, b in zip(names, ref + g_ref, ours + g_ours):
+        assert b.dtype == a.dtype and b.shape == a.shape, name
+        torch.testing.assert_close(b, a, atol=atol, rtol=rtol, msg=name)
+    with torch.no_grad():
+        fused = recurrence(*inputs)
+    for name, a, b in zip(names, ref, fused):
+        torch.testing.assert_close(b, a.detach(), atol=atol, rtol=rtol, msg=f"no-gradient {name}")
+
+
+# float64: the interpreter runs it (numpy), so the check is exact to rounding; float32 to a few
+# ulps (the kernels' exp-based sigmoid and tanh round differently from torch's)
+TOL = {torch.float64: (1e-12, 1e-10), torch.float32: (1e-5, 1e-4)}
+
+# (T, B, H, dtype, transposed f): T = 1 is the decoder's step; H = 5 is not a power of two and
+# B * H = 15 leaves masked lanes in the one program
+CASES = [
+    (4, 3, 5, torch.float64, False),
+    (1, 2, 4, torch.float64, False),
+    (3, 2, 16, torch.float64, True),
+    (5, 3, 8, torch.float32, False),
+    (1, 3, 5, torch.float32, True),
+]
+
+
+@interpreted
+@pytest.mark.parametrize("T,B,H,dtype,transposed", CASES,
+                         ids=[f"T{c[0]}-B{c[1]}-H{c[2]}-{str(c[3])[6:]}{'-strided' if c[4] else ''}" for c in CASES])
+def test_fused_recurrence_equals_loop(T, B, H, dtype, transposed):
+    _check_against_loop(_inputs(T, B, H, dtype, transposed=transposed), *TOL[dtype])
+
+
+@interpreted
+def test_only_some_outputs_get_a_gradient():
+    """A loss on the outputs alone (the final state unused, as in the encoder) and on the final
+    state alone (gradients of the other outputs are zeros)."""
+    from fairseq_deep.modules.ff_lstm_triton import TritonFFLSTMRecurrence
+
+    inputs = _inputs(3, 2, 4, torch.float64, seed=1)
+    for pick in (lambda r: r[0].pow(2).sum(), lambda r: r[2].sum() - r[1].sum()):
+        g_ref = torch.autograd.grad(pick(lstm_recurrence(*inputs)), inputs)
+        g_ours = torch.autograd.grad(pick(TritonFFLSTMRecurrence.apply(*inputs)), inputs)
+        for a, b in zip(g_ref, g_ours):
+            torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-10)
+
+
+def _cell_pair(H=6, seed=0):
+    torch.manual_seed(seed)
+    loop = FFLSTMCell(H)
+    with torch.no_grad():
+        loop.weight_r.normal_(0, 0.5)
+        loop.theta.normal_(0, 1.0)
+    fused = FFLSTMCell(H, impl="triton")
+    fused.load_state_dict(loop.state_dict())
+    return loop, fused
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_reduced_precision_runs_the_kernels_in_float32(dtype):
+    """--bf16/--fp16: the cell hands the kernels float32, as it does the loop; outputs are float32
+    and equal the loop's, the parameters' gradients come back in their dtype."""
+    loop, fused = _cell_pair()
+    loop, fused = loop.to(dtype), fused.to(dtype)
+    torch.manual_seed(3)
+    f = torch.randn(4, 2, 24, dtype=dtype)
+    state = (torch.randn(2, 6, dtype=dtype), torch.randn(2, 6, dtype=dtype))
+    results = []
+    for m in (loop, fused):
+        out, (h, s) = m(f, state)
+        assert out.dtype == h.dtype == s.dtype == torch.float32
+        (out.pow(2).sum() + s.sum()).backward()
+        results.append((out, h, s, {n: p.grad for n, p in m.named_parameters()}))
+    (out_a, h_a, s_a, g_a), (out_b, h_b, s_b, g_b) = results
+    for a, b in ((out_a, out_b), (h_a, h_b), (s_a, s_b)):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    for name in g_a:
+        assert g_b[name].dtype == dtype
+        torch.testing.assert_close(g_b[name].float(), g_a[name].float(), atol=2e-2, rtol=2e-2, msg=name)
+
+
+@interpreted
+def test_cpu_autocast_runs_the_kernels_in_float32():
+    loop, fused = _cell_pair()
+    f = torch.randn(3, 2, 24)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out_a, _ = loop(f)
+        out_b, (h, s) = fused(f)
+    assert out_b.dtype == h.dtype == s.dtype == torch.float32
+    torch.testing.assert_close(out_b, out_a, atol=1e-5, rtol=1e-4)
+
+
+# -- the option, through fairseq's parser and the model --------------------------------------------
+
+
+def _cells(model):
+    return [m for m in model.modules() if isinstance(m, FFLSTMCell)]
+
+
+def _model_pair(arch="deep_att_ff"):
+    loop, d, _ = build(arch)
+    fused, _, _ = build(arch, IMPL)
+    fused.load_state_dict(loop.state_dict())
+    return loop, fused, d
+
+
+@interpreted
+def test_deep_att_with_triton_equals_the_loop():
+    """--deep-att-cell-impl triton reaches every cell (encoder columns, the decoder's step-by-step
+    layer 1 and its other layers) and gives the loop's scores and the gradients of every parameter,
+    with a left-padded source and perturbed recurrent parameters."""
+    loop, fused, d = _model_pair()
+    assert {c.impl for c in _cells(fused)} == {"triton"} and len(_cells(fused)) == 3 * 2 + 2
+    src, lengths, prev = random_batch(d, bsz=2, src_len=5, tgt_len=4, seed=0)
+    outs, grads = [], []
+    for m in (loop, fused):
+        out = m(src, lengths, prev)[0]
+        out.log_softmax(-1).sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@interpreted
+@pytest.mark.parametrize("arch", ["deep_att_ff", "deep_ed_ff"])
+def test_incremental_decoding_with_triton_equals_full_decoding(arch):
+    """One step at a time through fairseq's incremental state (T = 1 per call) with the fused cell
+    equals the loop's full forward."""
+    loop, fused, d = _model_pair(arch)
+    src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=1)
+    with torch.no_grad():
+        full = loop(src, lengths, prev)[0]
+        enc = fused.encoder(src, lengths)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            steps.append(fused.decoder(prev[:, :t + 1], enc, incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+@not_interpreted
+def test_the_option_defaults_to_the_loop_and_keeps_it_exact():
+    """Default and old arguments (no ``deep_att_cell_impl``): every cell runs the loop, and the
+    default cell is :func:`lstm_recurrence` bit for bit."""
+    model, _, args = build("deep_att_ff")
+    assert {c.impl for c in _cells(model)} == {"loop"}
+    del args.deep_att_cell_impl  # the arguments of a checkpoint saved before the option
+    from fairseq_deep.models.deep_att.encoder import cell_impl
+
+    assert cell_impl(args) == "loop"
+    cell, _ = _cell_pair()
+    f, h, s = torch.randn(3, 2, 24), torch.randn(2, 6), torch.randn(2, 6)
+    out, (h_n, s_n) = cell(f, (h, s))
+    for a, b in zip((out, h_n, s_n), lstm_recurrence(f, cell.weight_r, cell.theta, h, s)):
+        assert torch.equal(a, b)
+
+
+@not_interpreted
+def test_a_checkpoint_without_the_option_loads_as_the_loop(tmp_path):
+    """A fairseq checkpoint whose arguments predate the option builds loop cells (a triton one does
+    with ``--model-overrides``); so does a pickled cell without the attribute (the class default)."""
+    from fairseq import checkpoint_utils
+
+    model, d, args = build("deep_att_ff")
+    del args.deep_att_cell_impl
+    path = str(tmp_path / "old.pt")
+    history = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
+                "lr_scheduler_state": {}, "num_updates": 0}]
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
+                "extra_state": {"train_iterator": None}}, path)
+    from fairseq import tasks
+
+    task = tasks.translation.TranslationTask(args, d, d)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    assert {c.impl for c in _cells(loaded)} == {"loop"}
+    # a model trained with triton decodes with the loop by --model-overrides, as the docs say
+    args.deep_att_cell_impl = "triton"
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
+                "extra_state": {"train_iterator": None}}, path)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    assert {c.impl for c in _cells(loaded)} == {"triton"}
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task,
+                                                        arg_overrides={"deep_att_cell_impl": "loop"})
+    assert {c.impl for c in _cells(loaded)} == {"loop"}
+    cell = FFLSTMCell(4)
+    del cell.impl  # a cell pickled before the option: no instance attribute
+    old = pickle.loads(pickle.dumps(cell))
+    assert "impl" not in vars(old) and old.impl == "loop"
+    old(torch.randn(2, 1, 16))
+
+
+@needs_triton
+@not_interpreted
+def test_cpu_without_the_interpreter_is_refused():
+    cell = FFLSTMCell(4, impl="triton")
+    with pytest.raises(RuntimeError, match=r"--deep-att-cell-impl triton .*need a CUDA device or Triton's CPU "
+                                           r"interpreter \(TRITON_INTERPRET=1.*--deep-att-cell-impl loop"):
+        cell(torch.randn(3, 2, 16))
+
+
+@not_interpreted
+def test_without_triton_the_option_says_what_to_do(monkeypatch):
+    """The package imports and runs without triton; asking for the fused cell names the fix."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
+    for name in ("fairseq_deep.modules.ff_lstm_triton", "fairseq_deep.modules.ln_lstm_triton"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ImportError, match="needs the triton package.*--deep-att-cell-impl loop"):
+        FFLSTMCell(4, impl="triton")
+    with pytest.raises(ValueError, match="--deep-att-cell-impl 'cudnn': choose one of loop, triton"):
+        FFLSTMCell(4, impl="cudnn")
+    FFLSTMCell(4)(torch.randn(2, 1, 16))  # the default needs nothing
+
+
+@needs_triton
+@not_interpreted
+def test_kernels_compile_for_an_h100():
+    """What the interpreter does not check: Triton's compiler takes both kernels to an sm_90 cubin
+    (ahead of time, no GPU needed), float32, the launch configuration of B x H = 128 x 512."""
+    import triton
+
+    from fairseq_deep.modules import ff_lstm_triton as fused
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:  # pragma: no cover - another triton's API
+        pytest.skip(f"no ahead-of-time compile API in triton {triton.__version__}: {e}")
+    options = fused._launch_options(128 * 512)
+    for kernel in (fused._fwd_step, fused._bwd_step):
+        const = {"BLOCK": options["BLOCK"]}
+        signature = {name: "constexpr" if name in const else "i32" if name in ("N", "H") else "*fp32"
+                     for name in kernel.arg_names}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=const),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": options["num_warps"]})
+        assert compiled.asm.get("cubin"), kernel.__name__
+
+
+# -- on a CUDA GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])
+@pytest.mark.parametrize("H", [512, 1024])
+@not_interpreted
+def test_triton_equals_loop_on_cuda(H, autocast):
+    """The compiled kernels on CUDA at the paper's widths (Table 6: 512 and 1024), fp32 and under
+    float16 autocast (the cell runs in float32 either way): outputs, the final state, the gradients
+    of f, the initial state and the parameters, the no-gradient forward and one step (T = 1), against
+    the loop, with nonzero theta and initial state."""
+    T, B = 20, 16
+    torch.backends.cuda.matmul.allow_tf32 = False
+    loop, fused = (m.cuda() for m in _cell_pair(H))
+    torch.manual_seed(4)
+    f = torch.randn(T, B, 4 * H, device="cuda")
+    state = (torch.randn(B, H, device="cuda") * 0.5, torch.randn(B, H, device="cuda"))
+    results = []
+    for m in (loop, fused):
+        fi = f.clone().requires_grad_()
+        st = tuple(t.clone().requires_grad_() for t in state)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            out, (h, s) = m(fi, st)
+        assert out.dtype == torch.float32
+        (out.pow(2).sum() + h.sum() + s.sum()).backward()
+        grads = {"f": fi.grad, "h0": st[0].grad, "s0": st[1].grad,
+                 **{n: p.grad for n, p in m.named_parameters()}}
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            inference = m(f, state)[0]
+            step = m(f[:1], (h, s))
+        results.append((out, h, s, grads, inference, step))
+    (out_a, h_a, s_a, g_a, inf_a, step_a), (out_b, h_b, s_b, g_b, inf_b, step_b) = results
+    for name, a, b in (("out", out_a, out_b), ("h", h_a, h_b), ("s", s_a, s_b), ("inference", inf_a, inf_b),
+                       ("step out", step_a[0], step_b[0]), ("step s", step_a[1][1], step_b[1][1])):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=name)
+    for name in g_a:  # relative to each gradient's largest entry
+        scale = g_a[name].abs().max().clamp_min(1e-6)
+        assert ((g_b[name] - g_a[name]).abs().max() / scale).item() < 1e-3, name
