@@ -15,10 +15,13 @@ It prints one line per model and the ratios deep_att / lstm.
 
 ``--device cuda`` (the default where torch sees a GPU) runs both models and their batches on the
 GPU (fairseq's ``lstm`` then uses cuDNN) and synchronizes it before every clock reading; float32.
+``--cell-impl triton`` builds Deep-Att with ``--deep-att-cell-impl triton`` (the fused Triton cell,
+issue 16; CUDA, or on a CPU Triton's interpreter with ``TRITON_INTERPRET=1``: far too slow to time).
 """
 
 import argparse
 import json
+import os
 
 import torch
 from fairseq import options, tasks
@@ -48,7 +51,7 @@ def models(a, d):
     E, H, n = str(a.embed), str(a.hidden), str(a.layers)
     deep = build(["--arch", "deep_att_ff", "--encoder-layers", n, "--decoder-layers", n,
                   "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
-                  "--decoder-hidden-size", H, "--dropout", "0.1"], d, a.device)
+                  "--decoder-hidden-size", H, "--dropout", "0.1", "--deep-att-cell-impl", a.cell_impl], d, a.device)
     lstm = build(["--arch", "lstm", "--encoder-layers", n, "--decoder-layers", n,
                   "--encoder-bidirectional", "--encoder-embed-dim", E, "--decoder-embed-dim", E,
                   "--encoder-hidden-size", H, "--decoder-hidden-size", H,
@@ -113,6 +116,8 @@ def get_parser():
     p.add_argument("--beam", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--cell-impl", choices=["loop", "triton"], default="loop",
+                   help="Deep-Att's --deep-att-cell-impl: the Python loop or the fused Triton cell (CUDA)")
     add_device_argument(p)
     return p
 
@@ -120,12 +125,17 @@ def get_parser():
 def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
+    if a.cell_impl == "triton" and a.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("error: --cell-impl triton runs Triton kernels, which need --device cuda (or "
+                         "TRITON_INTERPRET=1 before triton is imported: the interpreter, far too slow to time)")
     if a.device != "cpu":
         print(describe(a.device), flush=True)
     if a.threads:
         torch.set_num_threads(a.threads)
     d = dictionary(a.vocab)
     results = {}
+    if a.cell_impl != "loop":
+        print(f"deep_att_ff with --deep-att-cell-impl {a.cell_impl}", flush=True)
     for name, model in models(a, d).items():
         results[name] = {
             "params": sum(q.numel() for q in model.parameters()),
