@@ -3,8 +3,10 @@
 For each family and precision: train ``--updates`` updates (``python -m fairseq_cli.train ...
 --user-dir fairseq_deep`` with the precision's flag), then decode the test set with
 ``fairseq_cli.generate`` in the same precision, and print one markdown table (precision x family:
-trained?, last training loss, final loss scale, test sentences decoded / in the test set, the
-error that stopped a run).  Numbers go to ``WORK_DIR/results.json`` too.
+trained?, updates reached, last training loss, last and smallest loss scale, fairseq's count of
+overflowed steps, test sentences decoded / in the test set, the error that stopped a run).  Numbers
+go to ``WORK_DIR/results.json`` too, rewritten as each run ends (and each finished run's table row
+goes to stderr), so a matrix cut short keeps what it measured; ``--run-timeout`` caps each run.
 
 Precisions: ``fp32``; ``fp16`` (fairseq's FP16Optimizer: the model in half, float32 master
 weights, dynamic loss scale); ``memory_efficient_fp16``; ``amp`` (autocast + GradScaler; CUDA
@@ -32,6 +34,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,6 +138,29 @@ def last_error(text):
     return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "")[:200]
 
 
+def _scale_stats(row, stats, text):
+    """Loss-scale figures of a run: the last and the smallest logged scale and fairseq's count of
+    overflowed (skipped) steps, from its ``train_inner`` logs and "gradient overflow" notes."""
+    scales = [float(s["loss_scale"]) for s in stats if "loss_scale" in s]
+    if scales:
+        row["loss_scale"], row["min_scale"] = scales[-1], min(scales)
+    row["overflows"] = len(re.findall(r"gradient overflow detected", text))
+
+
+def _run_logged(cmd, log_path, env, timeout):
+    """Run ``cmd``; its output goes to ``log_path`` too.  (returncode or None on timeout, output)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        code, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as stop:
+        code = None
+        text = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                       for b in (stop.stdout, stop.stderr))
+    with open(log_path, "w") as f:
+        f.write(text)
+    return code, text
+
+
 def run_one(args, family, precision, n_test):
     """Train and decode one (family, precision); a dict of what was seen."""
     row = {"family": family, "precision": precision}
@@ -146,55 +172,64 @@ def run_one(args, family, precision, n_test):
     if args.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
-    train = subprocess.run(train_command(args, family, precision, out), capture_output=True, text=True,
-                           env=env)
+    code, text = _run_logged(train_command(args, family, precision, out), os.path.join(out, "train.log"), env,
+                             args.run_timeout or None)
     row["train_s"] = round(time.time() - t0, 1)
-    with open(os.path.join(out, "train.log"), "w") as f:
-        f.write(train.stdout + train.stderr)
-    stats = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", train.stdout + train.stderr)]
-    row["trained"] = train.returncode == 0
+    stats = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", text)]
+    row["trained"] = code == 0
     if stats:
         row["last_loss"] = float(stats[-1]["loss"])
         row["updates"] = int(stats[-1]["num_updates"])
-        if "loss_scale" in stats[-1]:
-            row["loss_scale"] = float(stats[-1]["loss_scale"])
-    if train.returncode != 0:
-        row["error"] = last_error(train.stderr or train.stdout)
+    _scale_stats(row, stats, text)
+    if code is None:
+        row["error"] = f"stopped by --run-timeout {args.run_timeout:g} s at update {row.get('updates', 0)}"
+        return row
+    if code != 0:
+        row["error"] = last_error(text)
         return row
     checkpoint = os.path.join(out, "checkpoint_last.pt")
-    gen = subprocess.run(generate_command(args, precision, checkpoint), capture_output=True, text=True,
-                         env=env)
-    with open(os.path.join(out, "generate.log"), "w") as f:
-        f.write(gen.stdout + gen.stderr)
-    row["decoded"] = len(re.findall(r"^H-\d+\t", gen.stdout, re.M))
+    code, text = _run_logged(generate_command(args, precision, checkpoint), os.path.join(out, "generate.log"),
+                             env, args.run_timeout or None)
+    row["decoded"] = len(re.findall(r"^H-\d+\t", text, re.M))
     row["test_size"] = n_test
-    if gen.returncode != 0:
-        row["error"] = "generate: " + last_error(gen.stderr or gen.stdout)
+    if code != 0:
+        row["error"] = "generate: " + ("stopped by --run-timeout" if code is None else last_error(text))
     return row
 
 
 def run_matrix(args):
+    """Every (family, precision), ``--jobs`` at a time.  ``WORK_DIR/results.json`` is rewritten and a
+    table row printed as each run ends, so a matrix cut short still leaves what it measured."""
     _, _, n_test = data_languages(args.data)
     os.makedirs(args.work_dir, exist_ok=True)
     jobs = [(f, p) for p in args.precisions for f in args.families]
+    rows, lock = [None] * len(jobs), threading.Lock()
+
+    def one(i):
+        row = run_one(args, jobs[i][0], jobs[i][1], n_test)
+        with lock:
+            rows[i] = row
+            with open(os.path.join(args.work_dir, "results.json"), "w") as f:
+                json.dump({"scale": args.scale, "device": args.device, "updates": args.updates,
+                           "rows": [r for r in rows if r is not None]}, f, indent=1)
+            print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(lambda fp: run_one(args, fp[0], fp[1], n_test), jobs))
-    with open(os.path.join(args.work_dir, "results.json"), "w") as f:
-        json.dump({"scale": args.scale, "device": args.device, "updates": args.updates, "rows": rows}, f,
-                  indent=1)
+        list(pool.map(one, range(len(jobs))))
     return rows
 
 
 def table(rows):
-    lines = ["| precision | family | trained | last loss | loss scale | decoded | note |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| precision | family | trained | updates | last loss | loss scale (last / min) | overflows | decoded | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         trained = {True: "yes", False: "**no**", None: "-"}[r.get("trained")]
         decoded = f"{r['decoded']} / {r['test_size']}" if "decoded" in r else "-"
         loss = f"{r['last_loss']:.3f}" if "last_loss" in r else "-"
-        scale = f"{r['loss_scale']:g}" if "loss_scale" in r else "-"
+        scale = f"{r['loss_scale']:g} / {r['min_scale']:g}" if "loss_scale" in r else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append(f"| {r['precision']} | {r['family']} | {trained} | {loss} | {scale} | {decoded} | {note} |")
+        lines.append(f"| {r['precision']} | {r['family']} | {trained} | {r.get('updates', '-')} | {loss} | {scale} "
+                     f"| {r.get('overflows', '-')} | {decoded} | {note} |")
     return "\n".join(lines)
 
 
@@ -216,6 +251,9 @@ def get_parser():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    p.add_argument("--run-timeout", type=float, default=0,
+                   help="seconds each fairseq-train (and each fairseq-generate) may run; a run stopped "
+                        "by it is reported with the update it reached (0: no limit)")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="everything after this goes to every fairseq-train as it is")
     return p
