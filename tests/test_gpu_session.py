@@ -1,0 +1,127 @@
+"""benchmarks/gpu_session.py: a GPU session's three planned device calls.
+
+No GPU here, so what can go wrong before a GPU minute is spent is tested: every step's command line
+parses with the parser of the script it runs (a typo would cost a whole call), the study's groups
+name systems that exist, the runner keeps to its budget (timeouts cut to what is left, steps
+skipped, background steps and their children killed, the report and tarball written anyway, no
+checkpoint in the tarball), and ``stage`` fills ``.gpu/`` with what the phases read."""
+
+import gzip
+import importlib
+import os
+import sys
+import tarfile
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_session  # noqa: E402
+from gpu_session import PHASES, Phase, Step  # noqa: E402
+
+from fairseq_deep import study  # noqa: E402
+
+VALUES = {"py": sys.executable, "data": "DATA", "spm": "SPM", "ref": "REF", "work": "WORK"}
+STEPS = [(phase, step) for phase, steps in PHASES.items() for step in steps]
+
+
+@pytest.mark.parametrize("phase,step", STEPS, ids=[f"{p}-{s.name}" for p, s in STEPS])
+def test_every_step_parses(monkeypatch, phase, step):
+    argv = gpu_session.expand(step.argv, VALUES)
+    assert argv[0] == sys.executable
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # parse as on the GPU machine
+    if argv[1].startswith("benchmarks"):
+        module = importlib.import_module(os.path.basename(argv[1])[:-3])
+        parse = getattr(module, "get_parser", None)
+        args = parse().parse_args(argv[2:]) if parse else module.parse_args(argv[2:])
+        assert args.device == "cuda"
+    elif argv[1:3] == ["-m", "fairseq_deep.study"]:
+        args = study.get_parser().parse_args(argv[3:])
+        assert args.train_args == "--fp16" and args.minutes * 60 < step.timeout
+        depths = [int(d) for d in args.depths.split(",")]
+        systems = [s for g in args.group for s in study.expand_group(g, depths)[1]]
+        assert len(systems) <= args.jobs  # all at once: one wave within the budget
+    else:
+        assert argv[1:6] == ["-m", "pytest", "-q", "-m", "gpu"]
+        assert {"tests/test_precision.py", "tests/test_ln_lstm_triton.py"} <= set(argv[8:])
+    assert step.timeout <= 500
+
+
+def test_steps_picks_a_subset(capsys):
+    assert gpu_session.main(["run", "speed", "--steps", "dlcl_speed,rnmt_speed", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == ["rnmt_speed", "dlcl_speed"]
+    with pytest.raises(SystemExit, match="no step nope in phase speed; it has ln_lstm_kernel"):
+        gpu_session.main(["run", "speed", "--steps", "nope", "--list"])
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a parent that never reaps it, as in a container, is dead)."""
+    time.sleep(0.2)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _py(code):
+    return ["{py}", "-c", code]
+
+
+def test_runner_keeps_to_its_budget(tmp_path):
+    grandchild = tmp_path / "grandchild.pid"
+    steps = [
+        # background: spawns a grandchild; both must be gone when the phase ends
+        Step("bg", 0, _py(f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; "
+                          f"time.sleep(60)']); open({str(grandchild)!r},'w').write(str(p.pid)); time.sleep(60)"),
+             timeout=60, background=True),
+        Step("writes", 0, _py("import os; w=r'{work}'; open(os.path.join(w,'table.md'),'w').write('| a |');"
+                              "open(os.path.join(w,'checkpoint_last.pt'),'w').write('x');"
+                              "open(os.path.join(w,'big.log'),'w').write('y'*300000); print('done')"), timeout=30),
+        Step("slow", 0, _py("import time; time.sleep(60)"), timeout=2),
+        Step("late", 0, _py("print('never')"), timeout=30),
+    ]
+    t0 = time.monotonic()
+    phase = Phase("t", steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
+                  budget=6, reserve=0, min_step=1.5)
+    phase.run()
+    assert time.monotonic() - t0 < 20
+    status = {r["step"].name: r["status"] for r in phase.rows}
+    assert status["writes"] == "exit 0" and status["slow"].startswith("timed out")
+    assert status["late"].startswith("skipped") or status["late"] == "exit 0"
+    assert status["bg"].startswith("timed out")
+    assert not _alive(int(grandchild.read_text()))
+    summary = (tmp_path / "out" / "t" / "summary.md").read_text()
+    assert "| slow | 0 | timed out" in summary and "| writes | 0 | exit 0 |" in summary
+    assert (tmp_path / "out" / "t" / "writes.log").read_text().strip() == "done"
+    with tarfile.open(tmp_path / "out" / "t.tar.gz") as tar:
+        names = tar.getnames()
+        assert "t/writes/table.md" in names and not any("checkpoint" in n for n in names)
+        big = tar.extractfile("t/writes/big.log").read()
+        assert big.startswith(b"[... cut") and len(big) < 300000
+
+
+def test_stage_fills_the_gpu_folder(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, n in (("train", 300), ("val", 20), ("test", 20)):
+        for lang, word in (("de", "hallo welt"), ("en", "hello world")):
+            with gzip.open(raw / f"{split}.{lang}.gz", "wt") as f:
+                f.writelines(f"{word} {i} {word[::-1]}\n" for i in range(n))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "a-0-py3-none-any.whl").write_bytes(b"wheel")
+    gpu = tmp_path / "gpu"
+    gpu_session.main(["stage", "--gpu-dir", str(gpu), "--wheels", str(wheels), "--multi30k", str(raw),
+                      "--test", "test", "--vocab-size", "60"])
+    assert (gpu / "wheels" / "a-0-py3-none-any.whl").exists()
+    assert (gpu / "m30k" / "spm.model").exists() and (gpu / "m30k" / "ref.gz").exists()
+    assert (gpu / "m30k" / "data-bin" / "test.de-en.de.idx").exists()
+    printed = capsys.readouterr().out
+    assert all(f"gpu_session.py run {p} --out $OUT" in printed for p in PHASES)
+    for phase in PHASES:  # the defaults of run point where stage wrote (relative to the checkout)
+        args = gpu_session.get_parser().parse_args(["run", phase])
+        assert args.data.endswith(os.path.join(".gpu", "m30k", "data-bin"))
