@@ -1,9 +1,12 @@
 """Shared helpers for the tests: tiny models built through fairseq's own argument parsing."""
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 
+import pytest
 import torch
 from fairseq import options, tasks
 from fairseq.data import Dictionary
@@ -104,3 +107,36 @@ def run_cli(*argv, cwd=None, check=True):
 
 def python_module(module: str):
     return [sys.executable, "-m", module]
+
+
+# ---- Triton kernels on CPU: the interpreter (tests/test_ln_lstm_triton.py, tests/test_ff_lstm_triton.py)
+# Triton switches its interpreter on only when TRITON_INTERPRET=1 is set before it is imported, so
+# a test file's interpreter checks (@interpreted) run in a pytest subprocess with the variable set,
+# started by the file's own test_interpreter_checks_in_a_subprocess; the main process never sets it,
+# and its gpu tests compile for CUDA.
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+interpreted = pytest.mark.skipif(
+    not (HAVE_TRITON and INTERPRETING),
+    reason="triton is not installed" if not HAVE_TRITON else
+    "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
+not_interpreted = pytest.mark.skipif(INTERPRETING, reason="for the process without TRITON_INTERPRET")
+
+
+def run_interpreted_tests(test_file: str):
+    """Every @interpreted test of ``test_file``, in a pytest subprocess with TRITON_INTERPRET=1:
+    it must pass, and none may be skipped there."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
+         os.path.abspath(test_file)],
+        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900,
+    )
+    report = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, report
+    assert re.search(r"\d+ passed", run.stdout), report
+    assert "runs in the TRITON_INTERPRET=1 subprocess" not in run.stdout, report  # none skipped there

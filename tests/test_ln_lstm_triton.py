@@ -12,45 +12,20 @@ runs every program in Python.
 On a GPU: ``python -m pytest -m gpu tests/test_ln_lstm_triton.py`` (H = 512 and 1024, fp32 and autocast).
 """
 
-import importlib.util
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from helpers import random_batch, tiny_dictionary
+from helpers import (interpreted, needs_triton, not_interpreted, random_batch, run_interpreted_tests,
+                     tiny_dictionary)
 
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM, LNLSTMRecurrence, _ln_lstm_recurrence
-
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-
-needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
-interpreted = pytest.mark.skipif(
-    not (HAVE_TRITON and INTERPRETING),
-    reason="triton is not installed" if not HAVE_TRITON else
-    "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
-not_interpreted = pytest.mark.skipif(INTERPRETING, reason="for the process without TRITON_INTERPRET")
 
 
 @needs_triton
 @not_interpreted
 def test_interpreter_checks_in_a_subprocess():
     """Every @interpreted test of this file, in a pytest subprocess with TRITON_INTERPRET=1."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
-         os.path.abspath(__file__)],
-        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900,
-    )
-    report = run.stdout[-6000:] + run.stderr[-3000:]
-    assert run.returncode == 0, report
-    assert re.search(r"\d+ passed", run.stdout), report
-    assert "runs in the TRITON_INTERPRET=1 subprocess" not in run.stdout, report  # none skipped there
+    run_interpreted_tests(__file__)
 
 
 def _inputs(T, D, B, H, dtype, device="cpu", seed=0):
