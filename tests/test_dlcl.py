@@ -242,7 +242,6 @@ def test_inference_path_equals_autograd_path(arch, flags):
     torch.testing.assert_close(inference, training.detach(), rtol=1e-5, atol=1e-5)
 
 
-
 def _history_pass(hist, state_cls, x, layers):
     """The inputs of every layer and the readout of a stack of `layers` over `hist`."""
     states = state_cls(hist, x)

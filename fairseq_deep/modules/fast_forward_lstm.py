@@ -34,14 +34,13 @@ runs the recurrence of Eq. 4 with one fused Triton kernel per step, forward and 
 :func:`lstm_recurrence`.
 """
 
-from contextlib import nullcontext
 from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .precision import REDUCED, autocast_enabled
+from .precision import REDUCED, autocast_enabled, no_autocast
 
 FF_MODES = ("half", "whole", "none")
 RECURRENT = "recurrent"
@@ -54,13 +53,6 @@ def wide_dtype(x: Tensor) -> torch.dtype:
     if x.dtype in REDUCED or (x.dtype == torch.float32 and autocast_enabled(x.device.type)):
         return torch.float32
     return x.dtype
-
-
-def no_autocast(x: Tensor):
-    """Autocast off for ``x``'s device while it is on; a no-op context otherwise."""
-    if autocast_enabled(x.device.type):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return nullcontext()
 
 
 def with_dtype(module: nn.Module, dtype: torch.dtype) -> Callable:

@@ -15,7 +15,6 @@ combination is a running ``sum_k w_k * e_k`` over those references.  Autograd th
 per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
 """
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
 
-from .precision import autocast_enabled
+from .precision import no_autocast
 
 
 class HistoryState:
@@ -294,7 +293,7 @@ class _DeferredRow(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight: Tensor, carry: Tensor, entry: Tensor, entries: List[Tensor], row: int, n: int):
-        with _no_autocast(entry):
+        with no_autocast(entry):
             out = _sum_of_products(weight[row, : row + 1], entries)
         ctx.row, ctx.n = row, n
         ctx.save_for_backward(weight, entry)
@@ -307,7 +306,7 @@ class _DeferredRow(torch.autograd.Function):
     def backward(ctx, grad: Optional[Tensor], grad_carry: Optional[Tensor]):
         weight, entry = ctx.saved_tensors
         row, n = ctx.row, ctx.n
-        with _no_autocast(entry):
+        with no_autocast(entry):
             if grad_carry is None:  # the top row of this backward
                 G = entry.new_empty((n, entry.numel()), dtype=entry.dtype if grad is None else grad.dtype)
                 G[row + 1:].zero_()
@@ -325,13 +324,6 @@ class _DeferredRow(torch.autograd.Function):
                 grad_weight = weight.new_zeros(weight.shape)
                 grad_weight[row:, row] = below @ entry.reshape(-1).to(G.dtype)
         return grad_weight, (G if ctx.needs_input_grad[1] else None), grad_entry, None, None, None
-
-
-def _no_autocast(x: Tensor):
-    """Autocast off for ``x``'s device while it is on (the custom function chooses its dtypes)."""
-    if autocast_enabled(x.device.type):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return nullcontext()
 
 
 def _sum_of_products(w: Tensor, entries) -> Tensor:
