@@ -35,21 +35,10 @@ import triton.language as tl
 from torch import Tensor
 
 from .ln_lstm import _custom_bwd, _custom_fwd
+from .ln_lstm_triton import _sigmoid, _tanh
 from .ln_lstm_triton import check_device as _check_device
 
 OPTION = "--deep-att-cell-impl"
-
-
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))  # without overflow
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
 
 
 @triton.jit

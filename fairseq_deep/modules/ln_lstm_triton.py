@@ -37,6 +37,18 @@ from .ln_lstm import _custom_bwd, _custom_fwd
 
 
 @triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))  # without overflow
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _gates(a, gamma, beta, gate, mask, eps, H):
     """The cell's gates from its pre-norm gates a (4 x BLOCK_H, order i, f, o, j): per-gate layer
     norm (biased variance), gain and bias, sigmoid for i, f, o and tanh for j.  Returns the
@@ -48,11 +60,7 @@ def _gates(a, gamma, beta, gate, mask, eps, H):
     rstd = 1.0 / tl.sqrt(var + eps)
     xhat = diff * rstd[:, None]
     g = xhat * gamma + beta
-    sig = 1.0 / (1.0 + tl.exp(-g))
-    e = tl.exp(-2.0 * tl.abs(g))  # tanh without overflow
-    th = (1.0 - e) / (1.0 + e)
-    th = tl.where(g < 0, -th, th)
-    act = tl.where(gate[:, None] < 3, sig, th)
+    act = tl.where(gate[:, None] < 3, _sigmoid(g), _tanh(g))
     i = tl.sum(tl.where(gate[:, None] == 0, act, 0.0), axis=0)
     f = tl.sum(tl.where(gate[:, None] == 1, act, 0.0), axis=0)
     o = tl.sum(tl.where(gate[:, None] == 2, act, 0.0), axis=0)
@@ -89,9 +97,7 @@ def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C
     if CLIP:
         c = tl.minimum(tl.maximum(c, -clip), clip)
     if OUTPUT_TANH:
-        ec = tl.exp(-2.0 * tl.abs(c))
-        tc = (1.0 - ec) / (1.0 + ec)
-        h = o * tl.where(c < 0, -tc, tc)
+        h = o * _tanh(c)
     else:
         h = o * c
     if HAS_PAD:
@@ -140,9 +146,7 @@ def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, 
         dh_cell = tl.where(p, 0.0, dh)
         dc = tl.where(p, 0.0, dc_in)
     if OUTPUT_TANH:  # h = o * tanh(c)
-        ec = tl.exp(-2.0 * tl.abs(c))
-        tc = (1.0 - ec) / (1.0 + ec)
-        tc = tl.where(c < 0, -tc, tc)
+        tc = _tanh(c)
         do = dh_cell * tc
         dc = dc + dh_cell * o * (1.0 - tc * tc)
     else:  # h = o * c
