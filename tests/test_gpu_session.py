@@ -125,3 +125,13 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     for phase in PHASES:  # the defaults of run point where stage wrote (relative to the checkout)
         args = gpu_session.get_parser().parse_args(["run", phase])
         assert args.data.endswith(os.path.join(".gpu", "m30k", "data-bin"))
+
+
+def test_a_step_without_enough_budget_is_skipped(tmp_path):
+    ran = tmp_path / "ran"
+    steps = [Step("first", 0, _py(f"open({str(ran)!r}, 'w').write('x')"), timeout=30)]
+    phase = Phase("t", steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
+                  budget=5, reserve=0, min_step=30)
+    phase.run()
+    assert phase.rows[0]["status"].startswith("skipped") and not ran.exists()
+    assert "| first | 0 | skipped" in (tmp_path / "out" / "t" / "summary.md").read_text()
