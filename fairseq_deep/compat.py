@@ -24,6 +24,15 @@
    ``--memory-efficient-fp16`` with an optimizer that does not support it.  And ``--fp16`` on CPU
    (slow, but what CI can run): flat master weights and fairseq's gradient-overflow handling
    assume CUDA; on a machine without it they work on CPU.
+6. fairseq 0.12.2's encoder layer (the official release, Python <= 3.10) carries a
+   "BetterTransformer" fast path: eight extra parameters per layer (fused copies of the attention
+   and FFN weights, filled when a state dict is loaded) and, in eval mode without grad, a fused
+   kernel that expects batch-first input, a known mask type and fairseq's own sub-modules.  Our
+   stacks call layers time-first, replace layer norms (post-norm DLCL, ReZero) and add parameters,
+   so the fast path would decode wrong or crash, and the unused copies would stop DDP and inflate
+   parameter counts.  :func:`without_better_transformer` turns it off for every encoder layer the
+   package builds (on fairseq versions without it, it only drops the keys of 0.12.2 checkpoints):
+   the same parameters, the same outputs and the same checkpoints on both stacks.
 
 Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs,
 except that ``--bf16`` works there.
@@ -359,6 +368,38 @@ def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
             f"--memory-efficient-fp16 needs an optimizer that keeps float32 state for float16 "
             f"parameters; --optimizer {name} does not. Use --fp16 (float32 master weights) or "
             f"--amp instead.") from None
+
+
+# -- 6. no BetterTransformer fast path in our encoder layers ---------------------------------------
+
+#: the fused copies that fairseq 0.12.2's TransformerEncoderLayerBase adds for its fast path
+BETTER_TRANSFORMER_PARAMS = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias",
+                             "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+
+
+def without_better_transformer(layer):
+    """``layer`` (a fairseq encoder layer, or a subclass) without fairseq 0.12.2's fast path.
+
+    Removes the layer's fused parameter copies (never trained: they are only filled on loading),
+    keeps the fused kernel from being chosen (``can_use_fastpath``; the stacks of this package also
+    never enter fairseq's nested-tensor encoder loop), and drops those keys from any state dict
+    the layer loads, whether 0.12.2's ``_load_from_state_dict`` just made them or a checkpoint
+    written on 0.12.2 holds them.  Returns the layer."""
+    for name in BETTER_TRANSFORMER_PARAMS:
+        if name in layer._parameters:
+            del layer._parameters[name]
+    if hasattr(layer, "can_use_fastpath"):
+        layer.can_use_fastpath = False
+    if _drop_better_transformer_keys not in layer._load_state_dict_pre_hooks.values():
+        layer._register_load_state_dict_pre_hook(_drop_better_transformer_keys)
+    return layer
+
+
+def _drop_better_transformer_keys(state_dict, prefix, *args):
+    """Load-state-dict pre-hook: runs after 0.12.2's ``_load_from_state_dict`` added the fused
+    copies and before torch matches keys, so neither stack sees them as unexpected."""
+    for name in BETTER_TRANSFORMER_PARAMS:
+        state_dict.pop(prefix + name, None)
 
 
 # -- apply -----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ..compat import without_better_transformer
 from ..modules.layer_history import LayerHistory
 from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes, scheme_names
 from .flags import add_new_flag_names
@@ -141,12 +142,13 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
                 layer.final_layer_norm = nn.Identity()
 
     def build_encoder_layer(self, cfg):
-        """fairseq's hook, called once per layer: builds layer ``index`` of N, applies the residual
-        and initialisation schemes of ``cfg`` (modules/residual_schemes.py) and wraps it."""
+        """fairseq's hook, called once per layer: builds layer ``index`` of N (without fairseq
+        0.12.2's fused fast path, compat.py), applies the residual and initialisation schemes of
+        ``cfg`` (modules/residual_schemes.py) and wraps it."""
         index, self._layers_built = self._layers_built, self._layers_built + 1
         if index == 0:
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
-        layer = self.build_layer(cfg, index, cfg.encoder.layers)
+        layer = without_better_transformer(self.build_layer(cfg, index, cfg.encoder.layers))
         return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:

@@ -47,6 +47,7 @@ from fairseq.utils import safe_getattr
 from ..presets import PRENORM, fill_defaults, register_preset, set_default, transformer_big
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
+from ...compat import without_better_transformer
 from ...modules.reorder import reorder_encoder_out
 from .encoder import RNMTPlusEncoder
 from .model import build_embedding
@@ -129,7 +130,8 @@ class TransformerLayers(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, num_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(TransformerEncoderLayerBase(cfg) for _ in range(num_layers))
+        self.layers = nn.ModuleList(without_better_transformer(TransformerEncoderLayerBase(cfg))
+                                    for _ in range(num_layers))
         dim = cfg.encoder.embed_dim
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder.normalize_before else None
 
