@@ -17,6 +17,8 @@ from typing import List, Tuple
 from fairseq.dataclass import FairseqDataclass
 from torch import nn
 
+from .compat import without_better_transformer_keys
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,7 +50,9 @@ def summarise(names: List[str]) -> str:
 
 
 def load_matching(model: nn.Module, state_dict) -> InitReport:
-    """Copy every tensor of `state_dict` whose name and shape match into `model`."""
+    """Copy every tensor of `state_dict` whose name and shape match into `model` (a fairseq
+    0.12.2 checkpoint's fused copies of its encoder layers' weights are not weights: left out)."""
+    state_dict = without_better_transformer_keys(state_dict)
     own = model.state_dict()
     mismatched: List[Tuple[str, tuple, tuple]] = [
         (k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()

@@ -402,6 +402,17 @@ def _drop_better_transformer_keys(state_dict, prefix, *args):
         state_dict.pop(prefix + name, None)
 
 
+def without_better_transformer_keys(state_dict):
+    """A copy of ``state_dict`` without the fused copies of fairseq 0.12.2's encoder layers (a
+    checkpoint of fairseq's own ``transformer`` written on 0.12.2 holds them, zeros unless it was
+    loaded before): the entries ``P.in_proj_weight``, ... of every layer ``P`` that has
+    ``P.self_attn.q_proj.weight``."""
+    suffix = "self_attn.q_proj.weight"
+    fused = {prefix + name for prefix in (k[:-len(suffix)] for k in state_dict if k.endswith("." + suffix))
+             for name in BETTER_TRANSFORMER_PARAMS}
+    return type(state_dict)((k, v) for k, v in state_dict.items() if k not in fused)
+
+
 # -- apply -----------------------------------------------------------------------------------------
 
 _ORIGINAL = {}  # each shim -> the fairseq function it stands in for

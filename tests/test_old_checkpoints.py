@@ -39,6 +39,13 @@ def _old_saved_args(arch):
     return OLD_SAVED_ARGS.get(ARCH_MODEL_NAME_REGISTRY.get(arch), [])
 
 
+def _fairseq_own(key):
+    """A buffer that one fairseq version has and the other not: fairseq 0.12.2's sinusoidal
+    positions keep ``_float_tensor`` (a dtype marker, no value); its ``upgrade_state_dict_named``
+    adds it to a checkpoint that lacks it, and later fairseq drops it when loading."""
+    return key.endswith("embed_positions._float_tensor")
+
+
 @pytest.mark.parametrize("arch", sorted(SAVED["models"]))
 def test_old_state_dict_loads_and_gives_the_same_logits(arch):
     saved = SAVED["models"][arch]
@@ -48,7 +55,7 @@ def test_old_state_dict_loads_and_gives_the_same_logits(arch):
         parser, ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *saved["flags"], *_old_saved_args(arch)])
     model = tasks.translation.TranslationTask(args, d, d).build_model(args).eval()
     state = model.state_dict()
-    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items()} == \
+    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items() if not _fairseq_own(k)} == \
         {k: e[:2] for k, e in saved["entries"].items()}
     fill_parameters(model)
     buffers = {k: torch.tensor(e[2], dtype=getattr(torch, e[0].split(".")[1])).view(e[1])

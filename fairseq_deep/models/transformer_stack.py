@@ -129,6 +129,14 @@ def _takes_over_post_norm(history: LayerHistory, normalize_before: bool) -> bool
     return not normalize_before and getattr(history, "use_layer_norm", False)
 
 
+class FairseqTransformerEncoder(TransformerEncoderBase):
+    """fairseq's own Transformer encoder (the hybrids' Transformer parts), its layers without
+    fairseq 0.12.2's fused fast path (compat.py)."""
+
+    def build_encoder_layer(self, cfg):
+        return without_better_transformer(super().build_encoder_layer(cfg))
+
+
 class HistoryTransformerEncoder(TransformerEncoderBase):
     """Transformer encoder whose layer l+1 reads ``history.next_input()`` (Wang et al. Eq. 7)."""
 

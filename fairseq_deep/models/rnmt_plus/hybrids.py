@@ -37,7 +37,6 @@ from fairseq.models import FairseqEncoder, FairseqEncoderDecoderModel, register_
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
-    TransformerEncoderBase,
     TransformerModel,
 )
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
@@ -48,6 +47,7 @@ from ..presets import PRENORM, fill_defaults, register_preset, set_default, tran
 from .config import RNMTConfig
 from .decoder import RNMTPlusDecoder
 from ...compat import without_better_transformer
+from ..transformer_stack import FairseqTransformerEncoder
 from ...modules.reorder import reorder_encoder_out
 from .encoder import RNMTPlusEncoder
 from .model import build_embedding
@@ -190,7 +190,7 @@ class MultiColumnEncoder(FairseqEncoder):
             elif kind == "transformer":
                 cfg = _transformer_cfg(args)
                 emb = build_embedding(dictionary, cfg.encoder.embed_dim)
-                columns.append(TransformerEncoderBase(cfg, dictionary, emb))
+                columns.append(FairseqTransformerEncoder(cfg, dictionary, emb))
             else:
                 raise ValueError(f"--hybrid-columns: unknown column {kind!r}; use a comma-separated list of {COLUMN_KINDS}")
         self.columns = nn.ModuleList(columns)
@@ -250,8 +250,8 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
         kind = str(args.hybrid_encoder)
         decoder_width = args.decoder_hidden_size if str(args.hybrid_decoder) == "rnmt" else args.decoder_embed_dim
         if kind == "transformer":
-            encoder = TransformerEncoderBase(_transformer_cfg(args), src_dict,
-                                             build_embedding(src_dict, args.encoder_embed_dim))
+            encoder = FairseqTransformerEncoder(_transformer_cfg(args), src_dict,
+                                                build_embedding(src_dict, args.encoder_embed_dim))
             encoder.output_dim = args.encoder_embed_dim
         elif kind == "rnmt":
             encoder = RNMTPlusEncoder(_rnmt_args(args), src_dict, build_embedding(src_dict, args.encoder_embed_dim),
