@@ -23,8 +23,8 @@ per BLOCK elements of the B x H state.  They compute in the dtype of their input
 float64: :class:`.fast_forward_lstm.FFLSTMCell` hands them float32 under float16/bfloat16 and
 autocast (its :func:`~.fast_forward_lstm.wide_dtype`), as it does the loop.  Triton compiles for
 CUDA; on a CPU it runs only in its interpreter (``TRITON_INTERPRET=1`` before triton is imported;
-slow, for tests), as for the LN-LSTM kernels of :mod:`.ln_lstm_triton`, whose device check this
-module shares.
+slow, for tests), as for the LN-LSTM kernels of :mod:`.ln_lstm_triton`, with the device check and
+activations of :mod:`.triton_common`.
 """
 
 from typing import Dict, Tuple
@@ -34,9 +34,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .ln_lstm import _custom_bwd, _custom_fwd
-from .ln_lstm_triton import _sigmoid, _tanh
-from .ln_lstm_triton import check_device as _check_device
+from .precision import custom_bwd, custom_fwd
+from .triton_common import check_device as _check_device
+from .triton_common import sigmoid as _sigmoid
+from .triton_common import tanh as _tanh
 
 OPTION = "--deep-att-cell-impl"
 
@@ -164,7 +165,7 @@ class TritonFFLSTMRecurrence(torch.autograd.Function):
     backward; float32 or float64 inputs of one dtype, on CUDA (or in Triton's interpreter)."""
 
     @staticmethod
-    @_custom_fwd
+    @custom_fwd
     def forward(ctx, f, w_r, theta, h, s):
         f, w_r, theta, h0, s0 = _prepare(f, w_r, theta, h, s)
         hs, ss, zs = _forward(f, w_r, theta, h0, s0, save=True)
@@ -172,7 +173,7 @@ class TritonFFLSTMRecurrence(torch.autograd.Function):
         return hs, hs[-1], ss[-1]
 
     @staticmethod
-    @_custom_bwd
+    @custom_bwd
     def backward(ctx, d_out, dh, ds):
         hs, ss, zs, w_r, theta, h0, s0 = ctx.saved_tensors
         T, B, G = zs.shape

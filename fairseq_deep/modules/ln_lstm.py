@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .precision import REDUCED, autocast_enabled
+from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
 
 def _cell_output(i: Tensor, f: Tensor, o: Tensor, j: Tensor, h: Tensor, c: Tensor, p: Optional[Tensor],
@@ -220,21 +220,13 @@ ln_lstm_recurrence = _script(_ln_lstm_recurrence)
 _forward_saving = _script(_ln_lstm_forward_saving)
 _backward = _script(_ln_lstm_backward)
 
-if hasattr(torch.amp, "custom_fwd"):  # torch >= 2.4
-    _custom_fwd = torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
-    _custom_bwd = torch.amp.custom_bwd(device_type="cuda")
-else:  # pragma: no cover - older torch
-    _custom_fwd = torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
-    _custom_bwd = torch.cuda.amp.custom_bwd
-
-
 class LNLSTMRecurrence(torch.autograd.Function):
     """``ln_lstm_recurrence`` with a hand-written backward through time (same arguments and
     results), for inputs of one dtype; :func:`recurrence` runs it in float32 for reduced-precision
     inputs.  Under CUDA autocast (``--amp``) the loop runs in float32, as the layer norm would."""
 
     @staticmethod
-    @_custom_fwd
+    @custom_fwd
     def forward(ctx, xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps):
         hs, cs, xhats, rstds, acts = _forward_saving(xw, h, c, w_hh, gamma, beta, pad, cell_clip,
                                                      output_tanh, eps)
@@ -243,7 +235,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
         return hs[:, 1:].transpose(0, 1), hs[:, -1], cs[:, -1]
 
     @staticmethod
-    @_custom_bwd
+    @custom_bwd
     def backward(ctx, d_out, dh, dc):
         hs, cs, xhats, rstds, acts, w_hh, gamma, pad = ctx.saved_tensors
         D, T, B, H = xhats.size(0), xhats.size(1), xhats.size(2), hs.size(3)
@@ -279,22 +271,7 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
     casts are autograd's own, so the gradients come back in each input's dtype.  Outputs return
     in the input's dtype, or in float32 under autocast (as autocast's float32 ops do).  Float32
     and float64 inputs run as they are."""
-    return _in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
-
-
-def _in_float32_when_reduced(loop, tensors, *options) -> Tuple[Tensor, Tensor, Tensor]:
-    """``loop(*tensors, *options)`` under the precision rule of :func:`recurrence`; ``tensors``
-    starts with (xw, h, c)."""
-    xw, h, c = tensors[:3]
-    device_type = xw.device.type
-    autocast = autocast_enabled(device_type)
-    if not autocast and all(t.dtype not in REDUCED for t in tensors):
-        return loop(*tensors, *options)
-    with torch.autocast(device_type=device_type, enabled=False):
-        out, h_n, c_n = loop(*(t.float() for t in tensors), *options)
-    if autocast:
-        return out, h_n, c_n
-    return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
+    return in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
 
 
 def _plain_lstm_recurrence(
@@ -346,7 +323,7 @@ def plain_recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, pad: Option
     """:func:`plain_lstm_recurrence` with :func:`recurrence`'s precision rule: in float32 for
     float16/bfloat16 inputs and under autocast, outputs back in the input's dtype (float32 under
     autocast)."""
-    return _in_float32_when_reduced(plain_lstm_recurrence, (xw, h, c, w_hh), pad, cell_clip, output_tanh)
+    return in_float32_when_reduced(plain_lstm_recurrence, (xw, h, c, w_hh), pad, cell_clip, output_tanh)
 
 
 class LayerNormLSTM(nn.Module):

@@ -33,19 +33,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .ln_lstm import _custom_bwd, _custom_fwd
+from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
+from .triton_common import check_device as _check_device
+from .triton_common import sigmoid as _sigmoid
+from .triton_common import tanh as _tanh
 
-
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))  # without overflow
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
+OPTION = "--rnmt-lstm-impl"
 
 
 @triton.jit
@@ -180,26 +173,9 @@ def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, 
     tl.store(DH + row * H + cols, dh_skip, mask=col_ok)
 
 
-# Triton fixes the mode when it is imported: its own library (tl.sum, ...) and these kernels are
-# interpreted if TRITON_INTERPRET=1 was set then, compiled for the GPU otherwise.
-INTERPRETED = type(_fwd_step).__name__ == "InterpretedFunction"
-_LIBRARY_INTERPRETED = type(tl.sum).__name__ == "InterpretedFunction"
-
-
-def check_device(x: Tensor, option: str = "--rnmt-lstm-impl", module: str = "LayerNormLSTM(impl='triton')"):
-    """Triton needs a CUDA tensor, or its interpreter.  ``option`` and ``module``: the switch that
-    chose the kernels, for the message (the fused Deep-Att cell of :mod:`.ff_lstm_triton` passes its own)."""
-    if INTERPRETED != _LIBRARY_INTERPRETED:
-        raise RuntimeError(
-            "TRITON_INTERPRET changed between the import of triton and of fairseq_deep.modules.ln_lstm_triton: "
-            "set it (or not) before anything imports triton"
-        )
-    if x.device.type != "cuda" and not INTERPRETED:
-        raise RuntimeError(
-            f"{option} triton ({module}) runs Triton kernels, which need a CUDA "
-            f"device or Triton's CPU interpreter (TRITON_INTERPRET=1 before triton is imported; slow: for "
-            f"tests); the tensors are on {x.device}.  Use {option} loop (the default) on a CPU."
-        )
+def check_device(x: Tensor):
+    """Triton needs a CUDA tensor, or its interpreter."""
+    _check_device(x, OPTION, "LayerNormLSTM(impl='triton')")
 
 
 _SCALARS: Dict[Tuple, Tensor] = {}
@@ -267,7 +243,7 @@ class TritonLNLSTMRecurrence(torch.autograd.Function):
     backward; float32 or float64 inputs of one dtype, on CUDA (or in Triton's interpreter)."""
 
     @staticmethod
-    @_custom_fwd
+    @custom_fwd
     def forward(ctx, xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps):
         (xw, h0, c0, w, g, bt), pad8 = _prepare(xw, h, c, w_hh, gamma, beta, pad)
         hs, cs, a_all = _forward(xw, h0, c0, w, g, bt, pad8, cell_clip, output_tanh, eps, save=True)
@@ -277,7 +253,7 @@ class TritonLNLSTMRecurrence(torch.autograd.Function):
         return hs, hs[-1], cs[-1]
 
     @staticmethod
-    @_custom_bwd
+    @custom_bwd
     def backward(ctx, d_out, dh, dc):
         hs, cs, a_all, h0, c0, w, gamma, beta, pad = ctx.saved_tensors
         cell_clip, output_tanh, eps = ctx.options
@@ -324,6 +300,4 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
                eps: float) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`.ln_lstm.recurrence` (same arguments, results and precision rule: float16/bfloat16
     and autocast run in float32) with the fused Triton kernels."""
-    from .ln_lstm import _in_float32_when_reduced
-
-    return _in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
+    return in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
