@@ -113,6 +113,31 @@ def test_admin_profile_follows_the_authors_recurrence_and_is_kept():
             assert torch.equal(value, state[name]), name
 
 
+def test_admin_layer_is_reentrant():
+    """Design: nothing is stored on a module during forward.  A second pass through the same Admin
+    layer while one is in flight (here nested, from inside the first one's self-attention) leaves
+    the first pass's sublayer count alone: the outer output equals a pass run alone."""
+    model, task = build_model("transformer_admin", ["--encoder-layers", "1", "--decoder-layers", "1"])
+    layer = model.encoder.layers[0]
+    with torch.no_grad():
+        layer.admin_omega.uniform_(0.5, 2.0)  # every sublayer its own omega
+    x = torch.randn(5, 2, layer.embed_dim)
+    with torch.no_grad():
+        alone = layer(x, encoder_padding_mask=None)
+        nested = {}
+
+        def second_pass(module, args, out):
+            if "out" not in nested:
+                nested["out"] = None  # once
+                nested["out"] = layer(x, encoder_padding_mask=None)
+
+        handle = layer.self_attn.register_forward_hook(second_pass)
+        outer = layer(x, encoder_padding_mask=None)
+        handle.remove()
+    torch.testing.assert_close(outer, alone, rtol=0, atol=0)
+    torch.testing.assert_close(nested["out"], alone, rtol=0, atol=0)
+
+
 def test_rezero_layers_are_the_identity_at_initialisation():
     model, task = build_model("transformer_rezero", ["--dropout", "0.3"])
     model.train()  # dropout on: alpha = 0 still gives back the input exactly

@@ -37,10 +37,12 @@ standard, Admin and ReZero residuals but not with DeepNorm, which sets the same 
 A layer that has its own residual connection (``--ta-no-encoder-residual``) takes none of them.
 """
 
+import itertools
 import logging
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -209,34 +211,46 @@ def _mean_over_workers(value: Tensor) -> Tensor:
     return value
 
 
+# The sublayer calls of the Admin layer forward passes in flight: one counter per call, set and
+# reset by ``AdminResidual.forward`` (a context variable, so nothing is written on the module and
+# two passes in flight, nested or on two threads, each count their own sublayers).
+_ADMIN_SUBLAYER: ContextVar[Iterator[int]] = ContextVar("admin_sublayer")
+
+
 class AdminResidual:
     """``residual_connection``: residual * omega_i + x, omega_i (width d) of the layer's sublayer i.
 
-    fairseq's layers do not say which sublayer calls ``residual_connection``: ``forward`` counts
-    the calls (it always runs the sublayers in the same order), so sublayer i uses row i of
-    ``admin_omega``.
+    fairseq's layers do not say which sublayer calls ``residual_connection``: each ``forward``
+    counts its own calls (it always runs the sublayers in the same order), so sublayer i uses row i
+    of ``admin_omega``.  The count lives in a context variable, not on the module: the layer is
+    re-entrant.  The first training forward profiles the layer (Liu et al. 2020, Sec. 4.3: it sets
+    ``admin_omega`` and the buffer ``admin_profiled``, once); after that, and after a profiled
+    checkpoint is loaded, a forward writes nothing.
     """
 
-    def forward(self, *args, **kwargs):
-        self._admin_sublayer = 0
-        return super().forward(*args, **kwargs)
+    _admin_done = False  # a Python copy of the buffer admin_profiled: no device sync per step
 
-    def _admin_needs_profile(self) -> bool:
-        if getattr(self, "_admin_done", False):  # read the buffer once, not at every step
-            return False
+    def forward(self, *args, **kwargs):
+        token = _ADMIN_SUBLAYER.set(itertools.count())
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            _ADMIN_SUBLAYER.reset(token)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._admin_done = bool(self.admin_profiled)
-        return not self._admin_done
 
     def residual_connection(self, x, residual):
-        index = self._admin_sublayer
-        self._admin_sublayer += 1
-        if self.training and self._admin_needs_profile():
+        index = next(_ADMIN_SUBLAYER.get())
+        if self.training and not self._admin_done:
             with torch.no_grad():  # through .data: the rows set earlier are saved for backward
                 omega = self.admin_omega.data[index].fill_(self.admin_profile.ratio)
                 variance = torch.stack([(residual.float() * omega.float()).var(), x.float().var()])
                 self.admin_profile.ratio = float(_mean_over_workers(variance).sum().sqrt())
                 if index == self.admin_omega.size(0) - 1:
                     self.admin_profiled.fill_(True)
+                    self._admin_done = True
                     logger.debug(f"Admin profile: omega = {self.admin_omega.data[:, 0].tolist()}")
         return residual * self.admin_omega[index] + x
 
