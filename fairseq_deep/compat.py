@@ -6,8 +6,9 @@
 2. Evaluation covers every sentence: fairseq 0.12's ``batch_by_size`` drops the last batch when
    its size is not a multiple of ``--required-batch-size-multiple`` (fairseq issue #5036); we give
    the dropped sentences back as a final, smaller batch.
-3. Clear checkpoint errors: a refused (unsafe) or truncated checkpoint, and a checkpoint of another
-   architecture, stop with a message naming the file, the cause and the fix, instead of torch's
+3. Clear checkpoint errors: a refused (unsafe) or truncated checkpoint, a checkpoint of another
+   architecture, and one written by another plugin or other model code (a model nothing here
+   registers; parameters that do not fit the model as this code builds it) stop with a message naming the file, the cause and the fix, instead of torch's
    advice to switch the weights-only check off, or fairseq's bare "please ensure that the architectures match".
 4. ``torchrun`` on CPU: fairseq divides by ``torch.cuda.device_count()``, keeps the default
    ``nccl`` backend, ignores torchrun's ``WORLD_SIZE`` when the default world size is 1, and passes
@@ -137,8 +138,48 @@ def _raised_by_torch_load(exc: BaseException) -> bool:
 
 
 def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
-    """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file raises CheckpointError."""
-    return _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
+    """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file, or one whose model no
+    loaded plugin registers, raises CheckpointError."""
+    state = _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
+    _check_model_registered(path, state)
+    return state
+
+
+def _saved_model_cfg(state):
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    if cfg is not None:
+        return cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)
+    return state.get("args") if isinstance(state, dict) else None
+
+
+def _cfg_get(cfg, key):
+    return cfg.get(key, None) if hasattr(cfg, "get") else getattr(cfg, key, None)
+
+
+def _check_model_registered(path, state):
+    """A checkpoint of another plugin (or of a newer fairseq) names a model that nothing here
+    registers; fairseq would stop with ``IndexError: Replacement index 1 out of range``."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    model_cfg = _saved_model_cfg(state)
+    if model_cfg is None:
+        return
+    name = _cfg_get(model_cfg, "_name") or _cfg_get(model_cfg, "arch")
+    if name is None or name in ARCH_MODEL_REGISTRY or name in MODEL_REGISTRY:
+        return
+    cfg = state.get("cfg") or {}
+    common = cfg.get("common") if hasattr(cfg, "get") else None
+    user_dir = (_cfg_get(common, "user_dir") if common is not None else None) or \
+        _cfg_get(state.get("args") or argparse.Namespace(), "user_dir")
+    import fairseq
+
+    raise CheckpointError(
+        f"{path} holds a model of --arch {name}, which neither fairseq {fairseq.__version__} nor a loaded "
+        f"plugin registers: it was written "
+        + (f"with the plugin --user-dir {user_dir}" if user_dir else "by another plugin or a newer fairseq")
+        + ". Load it with the plugin and the fairseq that wrote it (fairseq_deep's architectures: "
+          "fairseq-deep-list-archs)"
+    )
 
 
 def torch_load_checked(path):
@@ -194,6 +235,30 @@ def _model_summary(model_cfg) -> str:
         if get(key) is not None:
             parts.append(f"--{key.replace('_', '-')} {get(key)}")
     return " ".join(parts)
+
+
+def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
+    """fairseq's ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, the hub):
+    parameters that do not fit the model (a checkpoint of other model code: a newer fairseq or
+    fairseq_deep, another plugin) raise CheckpointError naming the file and the keys."""
+    try:
+        return fairseq_original(load_model_ensemble_and_task_checked)(filenames, *args, **kwargs)
+    except RuntimeError as e:
+        text = str(e)
+        if not text.startswith("Error(s) in loading state_dict"):
+            raise
+        keys = {kind: re.findall(r'"([^"]+)"', found.group(1)) for kind in ("Missing", "Unexpected")
+                for found in [re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)]
+                if found}
+        parts = [f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                 for kind, v in keys.items()]
+        model = text.splitlines()[0].rsplit(" for ", 1)[-1].rstrip(":")
+        raise CheckpointError(
+            f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit {model} as this "
+            f"code builds it ({'; '.join(parts) or 'different names or shapes'}): it was written by "
+            f"other model code (a newer or older fairseq or fairseq_deep, another plugin). Load it with "
+            f"the versions that wrote it"
+        ) from e
 
 
 def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
@@ -443,6 +508,7 @@ def apply():
     for owner, name, shim, as_classmethod in [
         (data_utils, "batch_by_size", batch_by_size_all, False),                          # 2
         (checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu_checked, False),  # 3
+        (checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task_checked, False),
         (data_utils, "infer_language_pair", infer_language_pair_checked, False),
         (Dictionary, "load", load_dictionary_checked, True),
         (trainer.Trainer, "load_checkpoint", trainer_load_checkpoint_checked, False),

@@ -225,3 +225,27 @@ def test_what_counts_as_a_user_error():
 
     assert is_user_error(CheckpointError("x.pt is not a complete checkpoint")) and issubclass(CheckpointError, RuntimeError)
 
+
+
+def test_checkpoint_of_another_plugin_or_other_model_code(synthetic_bin, trained, tmp_path):
+    """Issue 23: a checkpoint whose model no loaded plugin registers (another plugin's, or a newer
+    fairseq's), and one whose parameters do not fit the model as this code builds it, end in one
+    line naming the file and what is missing."""
+    import torch
+
+    save, _ = trained
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
+    other = dict(state, cfg={**state["cfg"], "common": {**state["cfg"]["common"], "user_dir": "/opt/other_plugin"}})
+    model_args = vars(other["cfg"]["model"]).copy()
+    model_args.update(arch="other_transformer", _name="other_transformer")
+    other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
+    torch.save(other, tmp_path / "other.pt")
+    renamed = dict(state, model={k.replace("self_attn.q_proj", "self_attn.qkv_proj"): v
+                                 for k, v in state["model"].items()})
+    torch.save(renamed, tmp_path / "renamed.pt")
+    generate = ["fairseq-deep-generate", str(synthetic_bin), "--cpu", "--gen-subset", "test", "--beam", "1"]
+    assert_user_error(run(*generate, "--path", str(tmp_path / "other.pt")), "fairseq-deep-generate",
+                      str(tmp_path / "other.pt"), "--arch other_transformer", "--user-dir /opt/other_plugin")
+    assert_user_error(run(*generate, "--path", str(tmp_path / "renamed.pt")), "fairseq-deep-generate",
+                      str(tmp_path / "renamed.pt"), "missing (encoder.layers.0.self_attn.q_proj.weight",
+                      "unexpected (encoder.layers.0.self_attn.qkv_proj.weight")
