@@ -97,11 +97,27 @@ def checkpoint_safe_globals():
     return types
 
 
+def _torch_version():
+    return tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+
+
+def _as_safe_global(obj):
+    """``obj``, or ``(obj, "module.name")`` for an object torch cannot name (``typing.Any`` has no
+    ``__qualname__`` before Python 3.10); torch < 2.5 takes no such pair (None: left out)."""
+    if hasattr(obj, "__qualname__") and hasattr(obj, "__name__"):
+        return obj
+    if _torch_version() < (2, 5):
+        return None
+    return (obj, f"{obj.__module__}.{getattr(obj, '_name', None) or repr(obj).rsplit('.', 1)[-1]}")
+
+
 def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is None:  # torch < 2.4 has no weights-only default: nothing to do
         return
-    add(checkpoint_safe_globals())
+    # torch 2.4 (the newest for Python 3.8) does not load weights-only by default either; there a
+    # checkpoint loaded with an explicit weights_only=True whose config holds typing.Any is refused
+    add([g for g in map(_as_safe_global, checkpoint_safe_globals()) if g is not None])
 
 
 # -- 2. evaluation covers every sentence ----------------------------------------------------------

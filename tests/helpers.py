@@ -12,6 +12,7 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
+from fairseq_deep.compat import without_better_transformer
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
@@ -42,6 +43,13 @@ def tiny_flags(arch: str):
     return TINY
 
 
+def dtype_marker(key: str) -> bool:
+    """fairseq 0.12.2's sinusoidal positions keep a buffer ``_float_tensor`` (``torch.FloatTensor(1)``,
+    uninitialised memory) that only marks a dtype: its value differs from run to run, and later
+    fairseq has none.  State-dict comparisons leave it out."""
+    return key.endswith("embed_positions._float_tensor")
+
+
 def tiny_dictionary(n_symbols: int = 20) -> Dictionary:
     d = Dictionary()
     for i in range(n_symbols):
@@ -58,11 +66,18 @@ def parse_model_args(arch: str, extra=()):
 
 
 def build_model(arch: str, extra=(), dictionary=None, seed: int = 1):
+    """A tiny model of ``arch``, in eval mode.  fairseq's own architectures (the references our
+    special settings must equal) come without fairseq 0.12.2's fused encoder fast path, as ours do:
+    once a state dict is loaded, 0.12.2's own Transformer takes it and, with torch 2.x, fails on a
+    padded batch ("Mask Type should be defined")."""
     args = parse_model_args(arch, extra)
     d = dictionary or tiny_dictionary()
     task = tasks.translation.TranslationTask(args, d, d)
     torch.manual_seed(seed)
     model = task.build_model(args)
+    if not type(model).__module__.startswith("fairseq_deep"):
+        for layer in getattr(model.encoder, "layers", []):
+            without_better_transformer(layer)
     return model.eval(), task
 
 

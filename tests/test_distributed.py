@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from helpers import PLUGIN_DIR, tiny_flags
+from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
 
@@ -29,8 +29,10 @@ FAMILIES = [
     # update whose norm exceeds the first one is skipped, so skips happen within a few updates.
     # Every worker must take the same decision: one diverging worker would change the all-reduced
     # gradients of the next updates and so rank 0's parameters.
+    # --seed 1: a run that skips some updates but not all on both fairseq stacks (with --seed 5,
+    # fairseq 0.12.2's run skips none, and the check below would test nothing)
     pytest.param("rnmt_plus", ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "1",
-                               "--adaptive-clip-threshold", "0.01"], id="rnmt_plus-adaptive_clip"),
+                               "--adaptive-clip-threshold", "0.01", "--seed", "1"], id="rnmt_plus-adaptive_clip"),
 ]
 
 UPDATES = 4
@@ -90,6 +92,8 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, tmp_path, arch, flag
     b = torch.load(tmp_path / "two" / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     assert a["model"].keys() == b["model"].keys()
     for name in a["model"]:
+        if dtype_marker(name):
+            continue
         torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5,
                                    msg=lambda m, n=name: f"{n}: {m}")
     la = [s for _, k, _, s in a["extra_state"]["metrics"]["train"] if k == "loss"][0]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from fairseq import options, tasks
 
-from helpers import tiny_dictionary
+from helpers import dtype_marker, tiny_dictionary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
 from make_models_before_issue13 import fill_parameters  # noqa: E402
@@ -39,13 +39,6 @@ def _old_saved_args(arch):
     return OLD_SAVED_ARGS.get(ARCH_MODEL_NAME_REGISTRY.get(arch), [])
 
 
-def _fairseq_own(key):
-    """A buffer that one fairseq version has and the other not: fairseq 0.12.2's sinusoidal
-    positions keep ``_float_tensor`` (a dtype marker, no value); its ``upgrade_state_dict_named``
-    adds it to a checkpoint that lacks it, and later fairseq drops it when loading."""
-    return key.endswith("embed_positions._float_tensor")
-
-
 @pytest.mark.parametrize("arch", sorted(SAVED["models"]))
 def test_old_state_dict_loads_and_gives_the_same_logits(arch):
     saved = SAVED["models"][arch]
@@ -55,7 +48,7 @@ def test_old_state_dict_loads_and_gives_the_same_logits(arch):
         parser, ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *saved["flags"], *_old_saved_args(arch)])
     model = tasks.translation.TranslationTask(args, d, d).build_model(args).eval()
     state = model.state_dict()
-    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items() if not _fairseq_own(k)} == \
+    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items() if not dtype_marker(k)} == \
         {k: e[:2] for k, e in saved["entries"].items()}
     fill_parameters(model)
     buffers = {k: torch.tensor(e[2], dtype=getattr(torch, e[0].split(".")[1])).view(e[1])
@@ -64,4 +57,6 @@ def test_old_state_dict_loads_and_gives_the_same_logits(arch):
     with torch.no_grad():
         logits, _ = model(torch.tensor(SAVED["src"]), torch.tensor(SAVED["lengths"]), torch.tensor(SAVED["prev"]))
     expected = torch.tensor(saved["logits"], dtype=torch.float32).view(saved["logits_shape"])
-    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    # exact on the torch that wrote them; other torch versions' kernels differ in the last bits
+    # (torch 2.4, the newest on Python 3.8: at most 6e-8)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)

@@ -26,7 +26,7 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.sequence_generator import SequenceGenerator
 
-from helpers import PLUGIN_DIR, TINY, random_batch, run_cli, tiny_dictionary
+from helpers import PLUGIN_DIR, TINY, dtype_marker, random_batch, run_cli, tiny_dictionary
 
 from fairseq_deep.compat import BETTER_TRANSFORMER_PARAMS
 
@@ -82,7 +82,7 @@ def as_written_by_fairseq_0_12_2(model, state):
 
 
 def as_written_by_later_fairseq(state):
-    return {k: v for k, v in state.items() if not k.endswith("._float_tensor")}
+    return {k: v for k, v in state.items() if not dtype_marker(k)}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
