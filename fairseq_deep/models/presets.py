@@ -1,4 +1,5 @@
-"""Helpers of every named architecture (``register_model_architecture`` functions) of the package.
+"""Helpers of every named architecture (``--arch``) of the package: each is registered with
+:func:`register_preset` (which calls fairseq's ``register_model_architecture``).
 
 Presets only fill defaults, so a value given on the command line wins; what a preset's *name*
 states (a depth, a column count, an encoder kind) it owns, and a conflicting flag stops with an
@@ -73,13 +74,23 @@ def fix_depth(arch: str, args, encoder_layers: int, decoder_layers: Optional[int
         fix_option(arch, args, "decoder_layers", decoder_layers, family, f"{decoder_layers} decoder layers")
 
 
+def same_as(name: str, default=None) -> Callable:
+    """A default of ``defaults`` that is another option's value (``default`` when unset), read
+    when the preset runs: ``{"attention_dropout": same_as("dropout")}``."""
+    return lambda args: safe_getattr(args, name, default)
+
+
 def register_preset(model: str, name: str, doc: str, parent: Optional[Callable] = None,
                     fixed: Optional[Dict] = None, defaults: Optional[Dict] = None,
-                    depth: Optional[Tuple[int, Optional[int]]] = None, instead: Optional[str] = None):
+                    depth: Optional[Tuple[int, Optional[int]]] = None, instead: Optional[str] = None,
+                    options: Optional[type] = None):
     """Register ``--arch name`` of ``model``: a preset that owns ``depth`` (encoder layers, and
     decoder layers unless None: :func:`fix_depth`) and the options of ``fixed`` (a conflicting
-    flag stops and points to ``--arch instead``, by default ``model``), fills ``defaults``, then
-    chains to ``parent`` (a preset of this package or fairseq's), which fills the rest."""
+    flag stops and points to ``--arch instead``, by default ``model``), fills ``defaults`` (in
+    order; a callable value, such as :func:`same_as`, is called with the namespace), then the
+    defaults of the dataclass ``options`` (a family's base preset: each option's default is
+    stated once, in its dataclass), then chains to ``parent`` (a preset of this package or
+    fairseq's), which fills the rest."""
 
     def preset(args):
         if depth is not None:
@@ -87,7 +98,9 @@ def register_preset(model: str, name: str, doc: str, parent: Optional[Callable] 
         for key, value in (fixed or {}).items():
             fix_option(name, args, key, value, instead or model)
         for key, value in (defaults or {}).items():
-            set_default(args, key, value)
+            set_default(args, key, value(args) if callable(value) else value)
+        if options is not None:
+            fill_defaults(args, options())
         if parent is not None:
             parent(args)
 

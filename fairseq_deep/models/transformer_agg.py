@@ -14,7 +14,7 @@ from typing import List
 
 from torch import Tensor
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wmt_en_de_big
@@ -112,11 +112,9 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
 # ---------------------------------------------------------------------------------------------
 
 
-@register_model_architecture("transformer_agg", "transformer_agg")
-def agg_base_architecture(args):
-    """Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off."""
-    fill_defaults(args, TransformerAggConfig())
-    fairseq_transformer_base(args)
+agg_base_architecture = register_preset(
+    "transformer_agg", "transformer_agg", "Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off.",
+    fairseq_transformer_base, options=TransformerAggConfig)
 
 
 PRESETS = {  # name: (Table 1 row, option defaults)
@@ -131,7 +129,8 @@ PRESETS = {  # name: (Table 1 row, option defaults)
 
 
 def agg_big_architecture(args):
-    """Transformer-Big (Table 2) in the aggregation stack: fairseq's Big preset, every technique off."""
+    """Transformer-Big (Table 2) in the aggregation stack: fairseq's Big preset, every technique off
+    (the parent of the ``_big`` presets, not an ``--arch`` itself)."""
     fill_defaults(args, TransformerAggConfig())
     transformer_vaswani_wmt_en_de_big(args)
 

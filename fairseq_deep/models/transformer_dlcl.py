@@ -6,7 +6,7 @@ Translation.  The model is fairseq's `transformer` with its layer loops handed t
 ``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
 """
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.models.transformer.transformer_legacy import (
@@ -15,7 +15,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.layer_history import DLCLConfig, build_dlcl
-from .presets import PRENORM, fill_defaults, first_line, register_preset, set_default
+from .presets import PRENORM, first_line, register_preset
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 
@@ -49,75 +49,37 @@ class TransformerDLCLModel(TechniqueTransformerModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _dlcl_defaults(args, stacks="both"):
-    set_default(args, "dlcl_stacks", stacks)
-    fill_defaults(args, DLCLConfig())
+_POSTNORM = {"encoder_normalize_before": False, "decoder_normalize_before": False}
+# pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2): fairseq's
+# ``transformer_wmt_en_de_big_t2t`` without the Big sizes
+_PRENORM_BASE = {**PRENORM, "attention_dropout": 0.1, "activation_dropout": 0.1}
+_DLCL_OFF = {"dlcl_stacks": "none"}
 
-
-def _prenorm(args):
-    """Pre-norm Transformer-Base as in tensor2tensor (Wang et al. Sec. 4.2): fairseq's
-    ``transformer_wmt_en_de_big_t2t`` without the Big sizes."""
-    for name, value in {**PRENORM, "attention_dropout": 0.1, "activation_dropout": 0.1}.items():
-        set_default(args, name, value)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_dlcl")
-def dlcl_base_architecture(args):
-    """Pre-norm DLCL (Base): the paper's main system, 6+6 layers."""
-    _dlcl_defaults(args)
-    _prenorm(args)
-    fairseq_transformer_base(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_dlcl_postnorm")
-def dlcl_postnorm_architecture(args):
-    """Post-norm DLCL (Base), Eq. 9."""
-    set_default(args, "encoder_normalize_before", False)
-    set_default(args, "decoder_normalize_before", False)
-    _dlcl_defaults(args)
-    fairseq_transformer_base(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_dlcl_big")
-def dlcl_big_architecture(args):
-    """Pre-norm DLCL (Big): fairseq's pre-norm Transformer Big (``transformer_wmt_en_de_big_t2t``)."""
-    _dlcl_defaults(args)
-    transformer_wmt_en_de_big_t2t(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_prenorm")
-def prenorm_architecture(args):
-    """Plain pre-norm Transformer-Base (Table 1 baseline): DLCL off."""
-    _dlcl_defaults(args, stacks="none")
-    dlcl_base_architecture(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_prenorm_big")
-def prenorm_big_architecture(args):
-    """Plain pre-norm Transformer Big: DLCL off."""
-    _dlcl_defaults(args, stacks="none")
-    dlcl_big_architecture(args)
-
-
-@register_model_architecture("transformer_dlcl", "transformer_postnorm")
-def postnorm_architecture(args):
-    """Plain post-norm Transformer-Base (Vaswani et al.), the same as fairseq's `transformer`."""
-    _dlcl_defaults(args, stacks="none")
-    dlcl_postnorm_architecture(args)
-
-
-def postnorm_big_architecture(args):
-    """Plain post-norm Transformer-Big (Wang et al. Table 1, post-norm "Transformer (Big)", 211M;
-    Vaswani et al.): fairseq's ``transformer_vaswani_wmt_en_de_big`` (1024/4096/16 heads, dropout
-    0.3), DLCL off."""
-    set_default(args, "encoder_normalize_before", False)
-    set_default(args, "decoder_normalize_before", False)
-    _dlcl_defaults(args, stacks="none")
-    transformer_vaswani_wmt_en_de_big(args)
-
-
-register_preset("transformer_dlcl", "transformer_postnorm_big", first_line(postnorm_big_architecture) + ".",
-                postnorm_big_architecture)
+dlcl_base_architecture = register_preset(
+    "transformer_dlcl", "transformer_dlcl", "Pre-norm DLCL (Base): the paper's main system, 6+6 layers.",
+    fairseq_transformer_base, defaults=_PRENORM_BASE, options=DLCLConfig)
+dlcl_postnorm_architecture = register_preset(
+    "transformer_dlcl", "transformer_dlcl_postnorm", "Post-norm DLCL (Base), Eq. 9.",
+    fairseq_transformer_base, defaults=_POSTNORM, options=DLCLConfig)
+dlcl_big_architecture = register_preset(
+    "transformer_dlcl", "transformer_dlcl_big",
+    "Pre-norm DLCL (Big): fairseq's pre-norm Transformer Big (``transformer_wmt_en_de_big_t2t``).",
+    transformer_wmt_en_de_big_t2t, options=DLCLConfig)
+prenorm_architecture = register_preset(
+    "transformer_dlcl", "transformer_prenorm", "Plain pre-norm Transformer-Base (Table 1 baseline): DLCL off.",
+    dlcl_base_architecture, defaults=_DLCL_OFF)
+prenorm_big_architecture = register_preset(
+    "transformer_dlcl", "transformer_prenorm_big", "Plain pre-norm Transformer Big: DLCL off.",
+    dlcl_big_architecture, defaults=_DLCL_OFF)
+postnorm_architecture = register_preset(
+    "transformer_dlcl", "transformer_postnorm",
+    "Plain post-norm Transformer-Base (Vaswani et al.), the same as fairseq's `transformer`.",
+    dlcl_postnorm_architecture, defaults=_DLCL_OFF)
+postnorm_big_architecture = register_preset(
+    "transformer_dlcl", "transformer_postnorm_big",
+    "Plain post-norm Transformer-Big (Wang et al. Table 1, post-norm \"Transformer (Big)\", 211M; Vaswani "
+    "et al.): fairseq's ``transformer_vaswani_wmt_en_de_big`` (1024/4096/16 heads, dropout 0.3), DLCL off.",
+    transformer_vaswani_wmt_en_de_big, defaults={**_POSTNORM, **_DLCL_OFF}, options=DLCLConfig)
 # Table 6 "+ big encoder": pre-norm Transformer-Base whose encoder is Transformer-Big's (1024
 # wide, FFN 4096, 16 heads); the decoder stays Base (its encoder attention reads 1024-wide keys).
 register_preset("transformer_dlcl", "transformer_prenorm_big_encoder",

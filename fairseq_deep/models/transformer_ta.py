@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 from torch import Tensor
 
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
@@ -29,7 +29,7 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
 from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
-from .presets import PRENORM, fill_defaults, first_line, register_preset, set_default
+from .presets import PRENORM, first_line, register_preset
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 MEMORY_KEY = "transparent_memory"
@@ -158,42 +158,22 @@ class TransformerTAModel(TechniqueTransformerModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def _ta_defaults(args, disable=False, no_residual=False):
-    set_default(args, "ta_disable", disable)
-    set_default(args, "encoder_no_residual", no_residual)
-    fill_defaults(args, TransparentAttentionConfig())
-    set_default(args, "attention_dropout", 0.1)
-    set_default(args, "activation_dropout", 0.1)
+_TA_BASE = {"attention_dropout": 0.1, "activation_dropout": 0.1}
 
-
-@register_model_architecture("transformer_ta", "transformer_ta")
-def ta_base_architecture(args):
-    """Transformer Base with transparent attention (Bapna et al. 2018), 6+6 layers."""
-    _ta_defaults(args)
-    fairseq_transformer_base(args)
-
-
-@register_model_architecture("transformer_ta", "transformer_ta_baseline")
-def ta_baseline_architecture(args):
-    """Transformer Base without transparent attention (Table 1, 'Baseline')."""
-    _ta_defaults(args, disable=True)
-    fairseq_transformer_base(args)
-
-
-@register_model_architecture("transformer_ta", "transformer_ta_nores")
-def ta_nores_architecture(args):
-    """Transformer Base without transparent attention nor encoder residuals (Table 1, 'Baseline - residuals')."""
-    _ta_defaults(args, disable=True, no_residual=True)
-    fairseq_transformer_base(args)
-
-
-@register_model_architecture("transformer_ta", "transformer_ta_prenorm")
-def ta_prenorm_architecture(args):
-    """Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize,
-    transform, dropout, residual-add; the final encoder norm applies to each memory)."""
-    for name, value in PRENORM.items():
-        set_default(args, name, value)
-    ta_base_architecture(args)
+ta_base_architecture = register_preset(
+    "transformer_ta", "transformer_ta", "Transformer Base with transparent attention (Bapna et al. 2018), 6+6 layers.",
+    fairseq_transformer_base, defaults=_TA_BASE, options=TransparentAttentionConfig)
+ta_baseline_architecture = register_preset(
+    "transformer_ta", "transformer_ta_baseline", "Transformer Base without transparent attention (Table 1, 'Baseline').",
+    ta_base_architecture, defaults={"ta_disable": True})
+ta_nores_architecture = register_preset(
+    "transformer_ta", "transformer_ta_nores",
+    "Transformer Base without transparent attention nor encoder residuals (Table 1, 'Baseline - residuals').",
+    ta_base_architecture, defaults={"ta_disable": True, "encoder_no_residual": True})
+ta_prenorm_architecture = register_preset(
+    "transformer_ta", "transformer_ta_prenorm",
+    "Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize, transform, "
+    "dropout, residual-add; the final encoder norm applies to each memory).", ta_base_architecture, defaults=PRENORM)
 
 
 # Chen et al.'s (2018) Transformer Big (App. A.2), Bapna et al.'s "(Big)" column (Sec. 3: "the

@@ -3,22 +3,15 @@ grid of Tables 2-6.  Presets fill defaults (a command-line value wins) and chain
 what a preset's name states (depth, columns, width, no F-F, Uni, Deep-ED) is fixed, and a
 conflicting flag is an error naming it.  Optimisation settings live in the recipes."""
 
-from fairseq.models import register_model_architecture
-
-from ..presets import fill_defaults, register_preset
+from ..presets import register_preset
 from .config import DeepAttConfig
 
 
-@register_model_architecture("deep_att", "deep_att")
-def deep_att_architecture(args):
-    """Deep-Att with F-F connections, n_e = 9, n_d = 7, two interleaved columns (Table 1: 37.7)."""
-    fill_defaults(args, DeepAttConfig())
-
-
-@register_model_architecture("deep_att", "deep_att_ff")
-def deep_att_ff(args):
-    """Deep-Att with F-F connections (the paper's final model)."""
-    deep_att_architecture(args)
+deep_att_architecture = register_preset(
+    "deep_att", "deep_att", "Deep-Att with F-F connections, n_e = 9, n_d = 7, two interleaved columns (Table 1: 37.7).",
+    options=DeepAttConfig)
+deep_att_ff = register_preset("deep_att", "deep_att_ff", "Deep-Att with F-F connections (the paper's final model).",
+                              deep_att_architecture)
 
 
 deep_ed_ff = register_preset("deep_att", "deep_ed_ff",

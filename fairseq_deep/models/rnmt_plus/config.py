@@ -72,8 +72,13 @@ class RNMTConfig(TransparentReadoutConfig):
 @dataclass
 class RNMTPlusConfig(RNMTConfig, DLCLConfig):
     """Options of ``rnmt_plus``: RNMT+'s, the Transformer-named ones, and layer combination over
-    the LSTM stacks (``--dlcl-*``; the ``rnmt_plus`` preset turns it off: ``--dlcl-stacks none``)."""
+    the LSTM stacks (``--dlcl-*``, off by default here: ``--dlcl-stacks none``)."""
 
+    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
+        default="none",
+        metadata={"help": "LSTM stacks that combine their layers with DLCL (Wang et al. 2019, pre-norm Eq. 8); "
+                  "'none' (RNMT+ as published) gives the plain residual stacks"},
+    )
     encoder_embed_dim: int = field(default=1024, metadata={"help": "source embedding dimension"})
     decoder_embed_dim: int = field(default=1024, metadata={"help": "target embedding dimension"})
     encoder_layers: int = field(default=6, metadata={"help": "bidirectional LSTM layers of the encoder"})

@@ -13,27 +13,17 @@ residuals) is fixed, and a conflicting flag is an error that names it.  Optimisa
   residuals" rows; only the 6-layer one trained in the paper).
 """
 
-from fairseq.models import register_model_architecture
-from ..presets import fill_defaults, register_preset, set_default
+from ..presets import register_preset, same_as
 from .config import RNMTPlusConfig
 
-
-@register_model_architecture("rnmt_plus", "rnmt_plus")
-def rnmt_plus_architecture(args):
-    """RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads."""
-    set_default(args, "dropout", RNMTPlusConfig.dropout)
-    set_default(args, "attention_dropout", args.dropout)  # "all dropout types" share one rate
-    set_default(args, "dlcl_stacks", "none")  # RNMT+ as published; --dlcl-stacks adds DLCL
-    fill_defaults(args, RNMTPlusConfig())
-
-
-@register_model_architecture("rnmt_plus", "rnmt_plus_512")
-def rnmt_plus_512(args):
-    """The smaller RNMT+ of Bapna et al. (2018, Sec. 2.2): 512 units, 6 + 8 layers."""
-    for name in ("encoder_embed_dim", "decoder_embed_dim", "encoder_hidden_size", "decoder_hidden_size"):
-        set_default(args, name, 512)
-    set_default(args, "encoder_layers", 6)
-    rnmt_plus_architecture(args)
+rnmt_plus_architecture = register_preset(
+    "rnmt_plus", "rnmt_plus", "RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads.",
+    # "all dropout types" share one rate; RNMT+ as published has no DLCL (RNMTPlusConfig: --dlcl-stacks none)
+    defaults={"attention_dropout": same_as("dropout", RNMTPlusConfig.dropout)}, options=RNMTPlusConfig)
+rnmt_plus_512 = register_preset(
+    "rnmt_plus", "rnmt_plus_512", "The smaller RNMT+ of Bapna et al. (2018, Sec. 2.2): 512 units, 6 + 8 layers.",
+    rnmt_plus_architecture, defaults={name: 512 for name in ("encoder_embed_dim", "decoder_embed_dim",
+                                                              "encoder_hidden_size", "decoder_hidden_size")})
 
 
 VARIANTS = {  # name part: (what, the options it owns)
