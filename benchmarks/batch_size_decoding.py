@@ -1,0 +1,112 @@
+"""Does a trained model translate the same at ``--batch-size 1`` and at ``--batch-size 64``?
+
+Issue 23: on the official fairseq 0.12.2, post-norm models of the package decoded through the
+layers' fused "BetterTransformer" path and their translations depended on the batch size (a
+transparent-attention model: BLEU 21.96 at batch size 1, 40.81 at 64).  This script trains each
+system with the real ``fairseq-train`` for a few minutes on real data, decodes the test set with
+``fairseq-generate`` at both batch sizes from the same checkpoint, and counts the sentences whose
+hypothesis differs; fairseq's own post-norm ``transformer`` runs beside them as the reference
+(on 0.12.2 it still takes the fused path: the bug the package turns off for its own layers).
+
+Decoding in a padded batch is not bit-for-bit the same arithmetic as decoding alone (other matrix
+shapes, other summation orders), so scores agree to about 1e-6 and a beam can part at a near-tie;
+the count of differing hypotheses of fairseq's reference on ve-fairseq is that floor.
+
+    python benchmarks/batch_size_decoding.py --data M30K_BIN --out bsz --minutes 3
+    (run it with the Python of each stack: 3.10 + fairseq 0.12.2, 3.11 + ve-fairseq)
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+PLUGIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_deep")
+
+SYSTEMS = {  # name: (arch, flags); all post-norm: the layers 0.12.2's fused path would take
+    "fairseq transformer (reference)": ("transformer", []),
+    "transformer_ta": ("transformer_ta", []),
+    "transformer_dlcl_postnorm": ("transformer_dlcl_postnorm", []),
+    "transformer_rezero": ("transformer_rezero", []),
+}
+
+
+def hypotheses(log):
+    return {int(i): (float(score), text) for i, score, text in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", log, re.M)}
+
+
+def run(argv, log_path):
+    with open(log_path, "w") as log:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True,
+                              env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")))
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} ... failed; see {log_path}")
+    return proc.stdout
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="fairseq-preprocess output with a test split")
+    p.add_argument("--out", required=True)
+    p.add_argument("--minutes", type=float, default=3.0, help="training time per system")
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated names of " + ", ".join(SYSTEMS))
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import fairseq
+    import torch
+
+    rows = []
+    for name in args.systems.split(","):
+        arch, flags = SYSTEMS[name]
+        save = os.path.join(args.out, arch)
+        w = str(args.width)
+        t0 = time.time()
+        if not os.path.exists(os.path.join(save, "checkpoint_last.pt")):
+            run([sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch, *flags,
+                 "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
+                 "--encoder-embed-dim", w, "--decoder-embed-dim", w, "--encoder-ffn-embed-dim", str(2 * args.width),
+                 "--decoder-ffn-embed-dim", str(2 * args.width), "--encoder-attention-heads", "4",
+                 "--decoder-attention-heads", "4", "--share-all-embeddings", "--dropout", "0.1",
+                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler",
+                 "inverse_sqrt", "--warmup-updates", "400", "--criterion", "label_smoothed_cross_entropy",
+                 "--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", "100000",
+                 "--stop-time-hours", str(args.minutes / 60), "--disable-validation", "--no-epoch-checkpoints",
+                 "--save-dir", save, "--seed", "1", "--cpu", "--num-workers", "0", "--no-progress-bar"],
+                os.path.join(args.out, f"{arch}.train.log"))
+        train_s = time.time() - t0
+        hyps, seconds = {}, {}
+        for bsz in (1, 64):
+            t0 = time.time()
+            hyps[bsz] = hypotheses(run(
+                [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
+                 "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
+                 "--beam", str(args.beam), "--batch-size", str(bsz), "--cpu", "--num-workers", "0"],
+                os.path.join(args.out, f"{arch}.generate{bsz}.log")))
+            seconds[bsz] = time.time() - t0
+        one, many = hyps[1], hyps[64]
+        same = [i for i in one if i in many and one[i][1] == many[i][1]]
+        rows.append(dict(system=name, arch=arch, sentences=len(one), decoded_64=len(many),
+                         differing=len(one) - len(same),
+                         max_score_diff=max((abs(one[i][0] - many[i][0]) for i in same), default=0.0),
+                         train_s=round(train_s), generate_s={b: round(s, 1) for b, s in seconds.items()}))
+        print(json.dumps(rows[-1]), flush=True)
+    header = (f"fairseq {fairseq.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; "
+              f"{args.layers}+{args.layers} layers, width {args.width}, {args.minutes} min of training, beam {args.beam}")
+    lines = [header, "", "| system | sentences | hypotheses differing (bsz 1 vs 64) | max score diff (same hyps) |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['system']} | {r['sentences']} | {r['differing']} | {r['max_score_diff']:.1e} |" for r in rows]
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(header=header, rows=rows), f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
