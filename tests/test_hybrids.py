@@ -141,3 +141,49 @@ def test_every_hybrid_trains_and_decodes_through_the_cli_and_frozen_parts_do_not
     merge_after = _params(multi / "checkpoint_last.pt", "encoder.merge.")
     assert merge_after  # the merge layer is trained
     assert len(_generate(synthetic_bin, multi / "checkpoint_last.pt")) == 101
+
+
+# ---- the residual and initialisation schemes (issue 26) ----------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["--deepnorm", "--admin", "--rezero"])
+def test_residual_schemes_stop_with_one_line_on_a_hybrid(scheme):
+    """The hybrids' Transformer parts are pre-norm, their RNMT+ parts LSTMs: a residual scheme
+    does not apply, and says so (not an unknown flag, not a silently plain model)."""
+    from fairseq_deep.errors import UserError
+
+    with pytest.raises(UserError, match=f"{scheme} replaces .* a hybrid's Transformer parts are pre-norm"):
+        build("hybrid_transformer_rnmt", [scheme])
+
+
+def _transformer_layers(model):
+    """(index within its stack, stack size, layer) of every Transformer layer of a model."""
+    from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+    found = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            layers = [m for m in module if isinstance(m, (TransformerEncoderLayerBase, TransformerDecoderLayerBase))]
+            found += [(i, len(module), layer) for i, layer in enumerate(layers)]
+    return found
+
+
+@pytest.mark.parametrize("arch,extra,expected", [
+    ("hybrid_transformer_rnmt", [], 2), ("hybrid_rnmt_transformer", [], 2), ("hybrid_cascaded", [], 2),
+    ("hybrid_multicolumn", ["--hybrid-columns", "transformer,rnmt,transformer"], 4),
+])
+def test_ds_init_reaches_every_transformer_layer_of_a_hybrid(arch, extra, expected):
+    """DS-Init (Zhang et al. 2019): every weight of Transformer layer l within the Xavier range
+    times alpha / sqrt(l) (l counted within each Transformer part); the RNMT+ parts keep theirs."""
+    alpha = 0.01
+    model, _ = build(arch, [*extra, "--ds-init", "--ds-init-alpha", str(alpha)])
+    layers = _transformer_layers(model)
+    assert len(layers) == expected
+    for index, _, layer in layers:
+        for linear in (m for m in layer.modules() if isinstance(m, torch.nn.Linear)):
+            fan_out, fan_in = linear.weight.shape
+            bound = alpha / (index + 1) ** 0.5 * (6 / (fan_in + fan_out)) ** 0.5
+            assert 0.5 * bound < linear.weight.abs().max().item() <= bound
+    plain, _ = build(arch, extra)
+    for _, _, layer in _transformer_layers(plain):  # without --ds-init: fairseq's own, wider range
+        assert max(m.weight.abs().max().item() for m in layer.modules() if isinstance(m, torch.nn.Linear)) > 0.1

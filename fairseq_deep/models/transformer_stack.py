@@ -131,10 +131,31 @@ def _takes_over_post_norm(history: LayerHistory, normalize_before: bool) -> bool
 
 class FairseqTransformerEncoder(TransformerEncoderBase):
     """fairseq's own Transformer encoder (the hybrids' Transformer parts), its layers without
-    fairseq 0.12.2's fused fast path (compat.py)."""
+    fairseq 0.12.2's fused fast path (compat.py) and under the initialisation scheme of ``cfg``
+    (``--ds-init``; the hybrids refuse the residual schemes, their Transformer parts being pre-norm)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens)
 
     def build_encoder_layer(self, cfg):
-        return without_better_transformer(super().build_encoder_layer(cfg))
+        index, self._layers_built = self._layers_built, self._layers_built + 1
+        layer = without_better_transformer(TransformerEncoderLayerBase(cfg, return_fc=self.return_fc))
+        return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers), cfg)
+
+
+class FairseqTransformerDecoder(TransformerDecoderBase):
+    """fairseq's own Transformer decoder (a hybrid's Transformer decoder), its layers under the
+    initialisation scheme of ``cfg`` (``--ds-init``), as :class:`FairseqTransformerEncoder`."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        index, self._layers_built = self._layers_built, self._layers_built + 1
+        layer = TransformerDecoderLayerBase(cfg, no_encoder_attn)
+        return wrap_layer(apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers), cfg)
 
 
 class HistoryTransformerEncoder(TransformerEncoderBase):

@@ -395,11 +395,11 @@ class DLCLConfig(FairseqDataclass):
 
 def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_before: bool):
     """The history a stack uses under the ``--dlcl-*`` options of ``cfg`` (residual when DLCL is
-    off there; a model without the options, such as a hybrid's RNMT+ part, has the defaults of
-    :class:`DLCLConfig` but for ``--dlcl-stacks``, which is then ``none``)."""
+    off there).  ``cfg`` is a model's options, whose dataclass composes :class:`DLCLConfig` and
+    states the model's default of ``--dlcl-stacks`` (``both`` for ``transformer_dlcl``, ``none``
+    for RNMT+ and the hybrids' RNMT+ parts, :class:`~fairseq_deep.models.rnmt_plus.config.RNMTPlusConfig`)."""
     opts = DLCLConfig.from_namespace(cfg)
-    stacks = opts.dlcl_stacks if hasattr(cfg, "dlcl_stacks") else "none"
-    if stacks not in ("both", prefix):
+    if opts.dlcl_stacks not in ("both", prefix):
         return LayerHistory(num_layers)
     return DynamicLinearCombination(
         num_layers,

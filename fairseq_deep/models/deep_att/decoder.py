@@ -26,12 +26,14 @@ from torch import Tensor, nn
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
 from ...modules.reorder import reorder_batch
+from .config import DeepAttConfig
 from .encoder import cell_impl
 
 
 class DeepAttDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, context_dim: int):
         super().__init__(dictionary)
+        args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.max_target_positions = args.max_target_positions
         self.dropout = args.dropout

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ...modules.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
 from ...modules.reorder import reorder_encoder_out
+from .config import DeepAttConfig
 
 
 def interface_dim(hidden: int, columns: int, ff_mode: str) -> int:
@@ -59,6 +60,7 @@ def to_front_index(pad_mask: Tensor) -> Tensor:
 class DeepAttEncoder(FairseqEncoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
+        args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
         self.max_source_positions = args.max_source_positions

@@ -32,13 +32,14 @@ class DeepAttModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["deep_att"](args)  # the defaults of options added since a checkpoint
         refuse_options(args, "deep_att")  # --checkpoint-activations, --encoder-layerdrop
-        enc_embed = build_embedding(task.source_dictionary, args.encoder_embed_dim)
-        dec_embed = build_embedding(task.target_dictionary, args.decoder_embed_dim)
-        encoder = DeepAttEncoder(args, task.source_dictionary, enc_embed)
-        decoder = DeepAttDecoder(args, task.target_dictionary, dec_embed, encoder.output_dim)
+        opts = DeepAttConfig.from_namespace(args)
+        enc_embed = build_embedding(task.source_dictionary, opts.encoder_embed_dim)
+        dec_embed = build_embedding(task.target_dictionary, opts.decoder_embed_dim)
+        encoder = DeepAttEncoder(opts, task.source_dictionary, enc_embed)
+        decoder = DeepAttDecoder(opts, task.target_dictionary, dec_embed, encoder.output_dim)
         model = cls(encoder, decoder)
-        if args.ff_init_std > 0:
-            paper_init_(model, args.ff_init_std)
+        if opts.ff_init_std > 0:
+            paper_init_(model, opts.ff_init_std)
         return model
 
 

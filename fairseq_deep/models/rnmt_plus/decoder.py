@@ -25,6 +25,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_batch
+from .config import RNMTPlusConfig
 from .stack import build_history, layer_output, run_stack
 
 CACHE = "rnmt_state"
@@ -33,6 +34,7 @@ CACHE = "rnmt_state"
 class RNMTPlusDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_output_dim: int):
         super().__init__(dictionary)
+        args = RNMTPlusConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
         self.max_target_positions = args.max_target_positions
@@ -62,8 +64,8 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         self.layers = nn.ModuleList(
             LayerNormLSTM((E if i == 0 else H) + C, H, cell_clip=args.rnmt_cell_clip,
                           output_tanh=args.rnmt_output_tanh, init_scale=init,
-                          layer_norm=not getattr(args, "rnmt_no_layer_norm", False),
-                          impl=str(getattr(args, "rnmt_lstm_impl", "loop")))
+                          layer_norm=not args.rnmt_no_layer_norm,
+                          impl=str(args.rnmt_lstm_impl))
             for i in range(self.num_layers)
         )
         self.history = build_history(args, "decoder", self.num_layers, H)

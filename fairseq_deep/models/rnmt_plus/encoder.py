@@ -28,6 +28,7 @@ from ...modules.layer_history import LayerHistory
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_encoder_out
 from ...modules.transparent_attention import TransparentReadout
+from .config import RNMTPlusConfig
 from .stack import build_history, layer_output, run_stack
 
 
@@ -35,6 +36,7 @@ class RNMTPlusEncoder(FairseqEncoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, output_dim: int,
                  num_layers: Optional[int] = None):
         super().__init__(dictionary)
+        args = RNMTPlusConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
         self.padding_idx = embed_tokens.padding_idx
         self.embed_tokens = embed_tokens
         self.max_source_positions = args.max_source_positions
@@ -54,14 +56,14 @@ class RNMTPlusEncoder(FairseqEncoder):
         self.layers = nn.ModuleList(
             LayerNormLSTM(E if i == 0 else 2 * H, H, bidirectional=True, cell_clip=args.rnmt_cell_clip,
                           output_tanh=args.rnmt_output_tanh, init_scale=init,
-                          layer_norm=not getattr(args, "rnmt_no_layer_norm", False),
-                          impl=str(getattr(args, "rnmt_lstm_impl", "loop")))
+                          layer_norm=not args.rnmt_no_layer_norm,
+                          impl=str(args.rnmt_lstm_impl))
             for i in range(self.num_layers)
         )
         self.output_dim = output_dim
         self.output_projection = nn.Linear(2 * H, output_dim)
         self.transparent_attention = None
-        if getattr(args, "rnmt_transparent", False):
+        if args.rnmt_transparent:
             self.transparent_attention = TransparentReadout.from_options(args, self.num_layers, 1)
         self.history = build_history(args, "encoder", self.num_layers, 2 * H)
         if self.transparent_attention is not None and type(self.history) is not LayerHistory:

@@ -20,9 +20,10 @@ def build_embedding(dictionary, dim: int) -> nn.Embedding:
     return emb
 
 
-def shared_embeddings(args, src_dict, tgt_dict):
-    """(encoder embedding, decoder embedding) honouring --share-all-embeddings."""
-    if getattr(args, "share_all_embeddings", False):
+def shared_embeddings(args: RNMTPlusConfig, src_dict, tgt_dict):
+    """(encoder embedding, decoder embedding) honouring --share-all-embeddings (which sets
+    ``args.share_decoder_input_output_embed``)."""
+    if args.share_all_embeddings:
         if src_dict != tgt_dict:
             raise ValueError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess --joined-dictionary)")
         if args.encoder_embed_dim != args.decoder_embed_dim:
@@ -43,9 +44,10 @@ class RNMTPlusModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["rnmt_plus"](args)  # the defaults of options added since a checkpoint
         refuse_options(args, "rnmt_plus")  # --checkpoint-activations, --encoder-layerdrop
-        enc_emb, dec_emb = shared_embeddings(args, task.source_dictionary, task.target_dictionary)
-        encoder = RNMTPlusEncoder(args, task.source_dictionary, enc_emb, output_dim=args.decoder_hidden_size)
-        decoder = RNMTPlusDecoder(args, task.target_dictionary, dec_emb, encoder_output_dim=encoder.output_dim)
+        opts = RNMTPlusConfig.from_namespace(args)
+        enc_emb, dec_emb = shared_embeddings(opts, task.source_dictionary, task.target_dictionary)
+        encoder = RNMTPlusEncoder(opts, task.source_dictionary, enc_emb, output_dim=opts.decoder_hidden_size)
+        decoder = RNMTPlusDecoder(opts, task.target_dictionary, dec_emb, encoder_output_dim=encoder.output_dim)
         return cls(encoder, decoder)
 
     def max_positions(self):

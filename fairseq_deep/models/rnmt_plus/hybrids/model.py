@@ -1,0 +1,84 @@
+"""The ``rnmt_hybrid`` model: an encoder and a decoder of RNMT+ and the Transformer (Chen et al.
+2018, Sec. 6), chosen by ``--hybrid-encoder`` / ``--hybrid-decoder``."""
+
+import logging
+import os
+
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
+from fairseq.models.transformer import TransformerModel
+
+from ....modules.residual_schemes import ResidualSchemesConfig
+from ..decoder import RNMTPlusDecoder
+from ..encoder import RNMTPlusEncoder
+from ..model import build_embedding
+from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
+from .config import RNMTHybridConfig, check_hybrid_schemes, rnmt_options, transformer_cfg
+from .encoders import CascadedEncoder, MultiColumnEncoder, load_encoder_weights
+
+logger = logging.getLogger(__name__)
+
+
+@register_model("rnmt_hybrid")
+class RNMTHybridModel(FairseqEncoderDecoderModel):
+    @classmethod
+    def add_args(cls, parser):
+        TransformerModel.add_args(parser)
+        gen_parser_from_dataclass(parser, RNMTHybridConfig(), delete_default=True, with_prefix="")
+        gen_parser_from_dataclass(parser, ResidualSchemesConfig(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        ARCH_CONFIG_REGISTRY["rnmt_hybrid"](args)  # the defaults of options added since a checkpoint
+        check_hybrid_schemes(args)
+        opts, cfg = RNMTHybridConfig.from_namespace(args), transformer_cfg(args)
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        kind, rnmt_decoder = str(opts.hybrid_encoder), str(opts.hybrid_decoder) == "rnmt"
+        decoder_width = opts.decoder_hidden_size if rnmt_decoder else cfg.decoder.embed_dim
+        if kind == "transformer":
+            encoder = FairseqTransformerEncoder(cfg, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim))
+            encoder.output_dim = cfg.encoder.embed_dim
+        elif kind == "rnmt":
+            encoder = RNMTPlusEncoder(rnmt_options(args), src_dict, build_embedding(src_dict, cfg.encoder.embed_dim),
+                                      output_dim=decoder_width, num_layers=opts.rnmt_encoder_layers)
+        elif kind == "cascaded":
+            encoder = CascadedEncoder(args, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim))
+        else:  # each column has its own embedding
+            kinds = [k.strip() for k in opts.hybrid_columns.split(",") if k.strip()]
+            encoder = MultiColumnEncoder(args, src_dict, kinds, output_dim=decoder_width)
+        cls.load_pretrained(opts, encoder)
+
+        dec_emb = build_embedding(tgt_dict, cfg.decoder.embed_dim)
+        if rnmt_decoder:
+            decoder = RNMTPlusDecoder(rnmt_options(args), tgt_dict, dec_emb, encoder_output_dim=encoder.output_dim)
+        else:
+            if encoder.output_dim != cfg.decoder.embed_dim:
+                raise ValueError(f"the encoder output ({encoder.output_dim}) must have --decoder-embed-dim ({cfg.decoder.embed_dim})")
+            decoder = FairseqTransformerDecoder(cfg, tgt_dict, dec_emb)
+        return cls(encoder, decoder)
+
+    @staticmethod
+    def load_pretrained(args, encoder):
+        paths = [p.strip() for p in (args.hybrid_pretrained or "").split(",")]
+        if not any(paths):
+            return
+        parts = encoder.pretrained_parts() if hasattr(encoder, "pretrained_parts") else [encoder]
+        if len(paths) != len(parts):
+            raise ValueError(f"--hybrid-pretrained has {len(paths)} entries for {len(parts)} pre-trainable encoder "
+                             f"parts ({', '.join(type(p).__name__ for p in parts)}); use '' for a part to train from scratch")
+        for path, part in zip(paths, parts):
+            if not path:
+                continue
+            if args.hybrid_freeze_pretrained:  # also when only rebuilt for a checkpoint of this model
+                for p in part.parameters():
+                    p.requires_grad_(False)
+            if not os.path.exists(path):  # as fairseq's --load-pretrained-encoder-from
+                logger.warning("--hybrid-pretrained: %s does not exist, %s not loaded (expected when "
+                               "the model itself is loaded from a checkpoint)", path, type(part).__name__)
+                continue
+            load_encoder_weights(part, path)
+            logger.info("loaded %s from %s%s", type(part).__name__, path,
+                        " (frozen)" if args.hybrid_freeze_pretrained else "")
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
