@@ -1,0 +1,111 @@
+"""docs/design.md stays true to the code (issue 26): its layout names every module of the package,
+under its folder, and the package's import graph has no cycle."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fairseq_deep"
+
+
+def layout_block(text: str) -> str:
+    section = text[text.index("## Layout"):]
+    return section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
+
+
+def named_modules(block: str) -> set:
+    """Paths (relative to the repository) that the layout names: a line's names are what comes
+    before its description (two spaces or more); ``folder/`` opens a folder for the lines indented
+    under it; every ``name.py`` among the names is a module of the innermost open folder."""
+    named, folders = set(), []  # folders: (indent, name)
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        names = re.split(r"\s{2,}", line.strip())[0]
+        if names.endswith("/") or re.search(r"\w+\.py\b", names):
+            while folders and folders[-1][0] >= indent:
+                folders.pop()
+        prefix = "/".join(name for _, name in folders)
+        if names.endswith("/"):
+            folders.append((indent, names.rstrip("/")))
+            continue
+        for module in re.findall(r"\b(\w+\.py)\b", names):
+            named.add(f"{prefix}/{module}" if prefix else module)
+    return named
+
+
+def package_modules() -> set:
+    """Every module of the package; a subpackage's ``__init__.py`` is named by its folder."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name == "__init__.py" and path.parent != PACKAGE:
+            rel = path.parent.relative_to(ROOT).as_posix() + "/"
+        found.add(rel)
+    return found
+
+
+def test_the_layout_names_every_module():
+    block = layout_block((ROOT / "docs" / "design.md").read_text())
+    named = named_modules(block)
+    folders = {line.split()[0] for line in block.splitlines() if line.strip() and line.split()[0].endswith("/")}
+    missing = []
+    for module in sorted(package_modules()):
+        if module.endswith("/"):
+            if module.split("/")[-2] + "/" not in folders:
+                missing.append(module)
+        elif module not in named:
+            missing.append(module)
+    assert not missing, f"docs/design.md's layout does not name {missing}: add a line for each"
+    stale = sorted(m for m in named if not (ROOT / m).is_file())
+    assert not stale, f"docs/design.md's layout names modules that do not exist: {stale}"
+
+
+def test_the_layout_reader_sees_a_missing_module():
+    """The check itself: a layout without one module's line misses exactly that module."""
+    block = layout_block((ROOT / "docs" / "design.md").read_text())
+    without = "\n".join(line for line in block.splitlines() if not line.strip().startswith("triton_common.py"))
+    assert named_modules(block) - named_modules(without) == {"fairseq_deep/modules/triton_common.py"}
+
+
+def _imports(path: Path, module: str):
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def test_no_import_cycle():
+    """No two modules import each other, directly or through others (imports inside functions
+    count: they only defer the circle)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    graph = {name: {m for m in _imports(path, name) if m in modules and m != name} for name, path in modules.items()}
+
+    def cycle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return trail + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, sorted(graph)) if c]
+    assert not cycles, f"import cycle: {' -> '.join(cycles[0])}"
