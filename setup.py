@@ -70,6 +70,7 @@ setup(
             "fairseq-deep-plot-training = fairseq_deep.diagnostics.plot_training:cli_main",
             "fairseq-deep-list-archs = fairseq_deep.cli:list_archs_main",
             "fairseq-deep-study = fairseq_deep.study:cli_main",
+            "fairseq-deep-grow = fairseq_deep.grow:cli_main",
         ],
     },
     classifiers=[
