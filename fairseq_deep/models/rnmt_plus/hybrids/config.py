@@ -59,7 +59,7 @@ def component_dropout(args, component: str, kind: str = "dropout") -> float:
     """The `kind` ("dropout" or "attention_dropout") of a hybrid's `component` ("transformer" or
     "rnmt"): --hybrid-<component>-<kind>, or --<kind> when that is negative (the default, and
     checkpoints made before the option)."""
-    value = safe_getattr(args, f"hybrid_{component}_{kind}", -1.0)
+    value = getattr(RNMTHybridConfig.from_namespace(args), f"hybrid_{component}_{kind}")
     return float(value) if value is not None and value >= 0 else float(safe_getattr(args, kind, 0.0))
 
 
