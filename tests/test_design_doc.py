@@ -5,6 +5,8 @@ import ast
 import re
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fairseq_deep"
 
@@ -120,3 +122,61 @@ def test_every_preset_goes_through_register_preset():
     callers = [path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py")
                if path != PACKAGE / "models" / "presets.py" and "register_model_architecture(" in path.read_text()]
     assert not callers, f"register_model_architecture called outside models/presets.py: {callers}"
+
+
+# ---- "Options: one home each": readers take their options from the dataclass ----------------------
+
+SIZES = ("encoder_embed_dim", "decoder_embed_dim", "encoder_hidden_size", "decoder_hidden_size", "dropout")
+
+
+def _built_twice(arch, build):
+    """``build(args)`` from the preset's full namespace and from one holding only the sizes (an
+    older checkpoint's): the same module, when every other option takes its dataclass default."""
+    from argparse import Namespace
+
+    from helpers import parse_model_args
+
+    full = parse_model_args(arch)
+    sparse = Namespace(**{name: getattr(full, name) for name in SIZES})
+    modules = []
+    for args in (full, sparse):
+        torch.manual_seed(0)
+        modules.append(build(args))
+    return modules
+
+
+def _same(a, b):
+    assert a.state_dict().keys() == b.state_dict().keys()
+    for name, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[name]), name
+
+
+def test_rnmt_plus_reads_its_options_from_its_dataclass():
+    from fairseq_deep.models.rnmt_plus import RNMTPlusDecoder, RNMTPlusEncoder
+
+    from helpers import tiny_dictionary
+
+    d = tiny_dictionary()
+
+    def build(args):
+        enc = RNMTPlusEncoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), output_dim=32)
+        return torch.nn.ModuleList([enc, RNMTPlusDecoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()),
+                                                         encoder_output_dim=32)])
+
+    _same(*_built_twice("rnmt_plus", build))
+
+
+def test_deep_att_reads_its_options_from_its_dataclass():
+    from fairseq_deep.models.deep_att.decoder import DeepAttDecoder
+    from fairseq_deep.models.deep_att.encoder import DeepAttEncoder
+
+    from helpers import tiny_dictionary
+
+    d = tiny_dictionary()
+
+    def build(args):
+        enc = DeepAttEncoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()))
+        dec = DeepAttDecoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), enc.output_dim)
+        return torch.nn.ModuleList([enc, dec])
+
+    _same(*_built_twice("deep_att", build))
