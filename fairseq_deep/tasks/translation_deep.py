@@ -7,7 +7,9 @@
   ``--tensorboard-logdir``; per update (all micro-batches and workers together), averaged over
   the log interval like every other train metric;
 * ``--log-ta-weights {last,all}``: logs the transparent attention weights s_{i,j} (Eq. 1) as
-  ``ta_s{i}_{j}`` (``last``: j = M only, as in Fig. 4).
+  ``ta_s{i}_{j}`` (``last``: j = M only, as in Fig. 4);
+* ``--freeze-grown-from N[,M]``: the bottom N encoder (M decoder) layers do not train (Wu et al.
+  2019's frozen bottom, for a model grown by ``fairseq-deep-grow``).
 
 Both are off by default, and then ``train_step`` is the translation task's own: no hook, no cost.
 """
@@ -46,6 +48,12 @@ class TranslationDeepConfig(TranslationConfig, AdaptiveClipConfig):
         metadata={"help": "log the transparent attention weights s_{i,j} as 'ta_s{i}_{j}': of the "
                   "last decoder layer (Fig. 4 of Bapna et al.) or of all"},
     )
+    freeze_grown_from: str = field(
+        default="",
+        metadata={"help": "N or N,M: freeze the bottom N encoder layers (and M decoder layers) of a model grown "
+                  "from a shallow one by fairseq-deep-grow, as Wu et al. (2019) train the new layers on top "
+                  "of a fixed bottom; embeddings and everything outside the layers still train"},
+    )
 
 
 @register_task("translation_deep", dataclass=TranslationDeepConfig)
@@ -54,6 +62,11 @@ class TranslationDeepTask(AdaptiveClipTaskMixin, TranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
+        if self.cfg.freeze_grown_from:
+            from ..grow import freeze_bottom_layers
+
+            frozen = freeze_bottom_layers(model, self.cfg.freeze_grown_from)
+            logger.info(f"--freeze-grown-from {self.cfg.freeze_grown_from}: {frozen} parameter tensors frozen")
         if self.cfg.log_grad_norm_ratio:
             encoder_end_layers(model)  # a model without encoder layers stops here, with the fix
         if self.cfg.log_ta_weights not in (None, "none") and not transparent_weights_logging(model):
