@@ -297,21 +297,75 @@ def interval(args) -> int:
     return max(1, args.max_update // 10) if args.max_update else 500
 
 
+#: n of Chen et al.'s Eq. 1: RNMT+ was trained on 32 GPUs (Sec. 4), n = 32 replicas
+RNMT_REPLICAS = 32
+#: Zhou et al. Sec. 4.3: l_f (feed-forward parameters, embeddings, softmax) and l_r (recurrent)
+DEEP_ATT_LR, DEEP_ATT_LR_RECURRENT = 4e-5, 5e-4
+
+
+def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
+    """(name, optimiser flags, LR-schedule flags) of a system: ``--recipe shared`` gives every
+    system the study's Adam (0.9, 0.98) with inverse_sqrt warm-up over ``--warmup`` to ``--lr``;
+    ``--recipe paper`` (the default, issue 25) gives RNMT+ and Deep-Att their paper's instead:
+
+    * ``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and Eq. 1 with n = 32
+      replicas, peak ``--lr`` (base lr/32) reached linearly over ``--warmup`` updates (n p; p =
+      warmup/32), then constant (the decay starts after 600k/n updates);
+    * ``deep_att``: Zhou et al. Sec. 4.3, ``--optimizer deep_att`` (Adam with l_f = 4e-5, l_r = 5e-4
+      for the recurrent parameters, L2 strength r = 2 outside the embeddings) at fixed rates, no
+      warm-up: the paper's absolute rates, not ``--lr``.
+
+    The Transformers (Vaswani et al.'s recipe, which Wang, Bapna and Dou et al. use) and the
+    hybrids (Chen et al. train them with the Transformer schedule, Eq. 2) keep the shared recipe."""
+    shared = ("shared", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
+                         "--lr", str(args.lr)],
+              ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"])
+    if getattr(args, "recipe", "shared") != "paper":
+        return shared
+    kind = model_kind(arch)
+    if kind == "rnmt_plus":
+        n = RNMT_REPLICAS
+        return ("rnmt_plus", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-6",
+                              "--lr", str(args.lr)],
+                ["--lr-scheduler", "rnmt_plus", "--rnmt-replicas", str(n), "--rnmt-base-lr", f"{args.lr / n:.6g}",
+                 "--warmup-updates", str(max(1, round(args.warmup / n)))])
+    if kind == "deep_att":
+        return ("deep_att", ["--optimizer", "deep_att", "--deep-att-update-rule", "adam",
+                             "--lr", str(DEEP_ATT_LR), "--deep-att-lr-recurrent", str(DEEP_ATT_LR_RECURRENT),
+                             "--l2-strength", "2"],
+                ["--lr-scheduler", "fixed"])
+    return shared
+
+
+def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
+    """The results table's words for the optimiser and schedule a system trained with."""
+    if _has(flags, "--optimizer") or _has(flags, "--lr-scheduler"):
+        return "own flags"
+    name = recipe(args, arch)[0]
+    if name == "rnmt_plus":
+        return f"Adam (0.9, 0.999, 1e-6), Eq. 1 (n = {RNMT_REPLICAS}) to lr {args.lr}"
+    if name == "deep_att":
+        return f"deep_att: Adam, l_f {DEEP_ATT_LR:g} / l_r {DEEP_ATT_LR_RECURRENT:g}, r = 2, fixed"
+    return f"Adam (0.9, 0.98), inverse_sqrt, lr {args.lr}, warm-up {args.warmup}"
+
+
 def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
     own = system.flags + args.train_args_list
     cmd = [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN_DIR,
            "--arch", system.arch, *width_flags(system.arch, args.width)]
     if args.dropout is not None:
         cmd += ["--dropout", str(args.dropout)]
+    _, optimizer, schedule = recipe(args, system.arch)
     if not _has(own, "--optimizer"):
-        cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8"]
+        cmd += optimizer
+    else:
+        cmd += ["--lr", str(args.lr)]
     if not _has(own, "--lr-scheduler"):
-        cmd += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
-                "--warmup-init-lr", "1e-07"]
+        cmd += schedule
     if not _has(own, "--criterion"):
         cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(args.label_smoothing)]
     every = interval(args)
-    cmd += ["--lr", str(args.lr), "--max-tokens", str(args.max_tokens), "--seed", str(seed),
+    cmd += ["--max-tokens", str(args.max_tokens), "--seed", str(seed),
             "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(every),
             "--keep-interval-updates", "1", "--validate-interval-updates", str(every),
             "--log-format", "json", "--log-interval", str(args.log_interval), "--skip-invalid-size-inputs-valid-test"]
@@ -456,6 +510,34 @@ def last_update(log_path: str) -> Optional[int]:
     return int(found[-1]) if found else None
 
 
+def learning_curve(series: dict) -> Tuple[List[List[float]], Optional[float]]:
+    """([[update, seconds, valid loss], ...], updates per second) from a parsed fairseq-train log
+    (:func:`~fairseq_deep.diagnostics.plot_training.parse_log_lines`).  Seconds are fairseq's
+    ``wall`` clock of the training (the time ``--minutes`` budgets: validation included), read off
+    the ``train_inner`` records and interpolated linearly to each validation's update (beyond the
+    last record, at the last rate); updates/s is the last record's update over its wall time.
+    None where the log has no timed record."""
+    walls = sorted((u, w) for u, w in series.get("wall", []) if w > 0)
+    ups = walls[-1][0] / walls[-1][1] if walls else None
+
+    def seconds(update: float) -> Optional[float]:
+        if not walls:
+            return None
+        below = [(u, w) for u, w in walls if u <= update]
+        above = [(u, w) for u, w in walls if u >= update]
+        if below and above:
+            (u0, w0), (u1, w1) = below[-1], above[0]
+            return w0 if u1 == u0 else w0 + (w1 - w0) * (update - u0) / (u1 - u0)
+        if above:  # before the first record: from update 0 at time 0
+            u1, w1 = above[0]
+            return w1 * update / u1
+        u0, w0 = below[-1]
+        return w0 + (update - u0) / ups
+
+    curve = [[u, None if seconds(u) is None else round(seconds(u), 1), v] for u, v in series.get("valid_loss", [])]
+    return curve, (round(ups, 4) if ups else None)
+
+
 def _last_error(text: str) -> str:
     lines = [ln for ln in text.splitlines() if re.search(r"(Error|Exception)\b", ln)]
     return (lines[-1] if lines else (text.strip().splitlines() or [""])[-1])[:300]
@@ -577,6 +659,7 @@ class Study:
                   "best_valid_loss": min(valid) if valid else None,
                   "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
                   "checkpoint": os.path.basename(checkpoint)}
+        result["curve"], result["updates_per_second"] = learning_curve(series)
         with open(result_path, "w") as f:
             json.dump(result, f, indent=1)
         run.result, run.status = result, "done"
@@ -674,7 +757,7 @@ class Study:
                             "seeds": a.seeds, "lr": a.lr, "warmup": a.warmup, "dropout": a.dropout,
                             "max_tokens": a.max_tokens, "beam": a.beam, "checkpoint": a.checkpoint,
                             "train_args": a.train_args_list, "gen_args": a.gen_args_list,
-                            "test_size": self.n_test, "cpu": a.cpu},
+                            "test_size": self.n_test, "cpu": a.cpu, "recipe": a.recipe},
                "groups": {}}
         for gname, (baseline, systems) in self.groups.items():
             runs = {s.name: [r for r in self.runs if r.system is s] for s in systems}
@@ -684,7 +767,7 @@ class Study:
                          for r in runs[s.name]}
                 ok = [r.result for r in runs[s.name] if r.status == "done" and r.result]
                 row = {**{k: v for k, v in asdict(s).items() if k != "group"}, "seeds": seeds,
-                       "seeds_done": len(ok)}
+                       "seeds_done": len(ok), "recipe": recipe_text(a, s.arch, s.flags + a.train_args_list)}
                 for metric in ("bleu", "chrf"):
                     values = [r[metric] for r in ok]
                     row[f"{metric}_mean"] = statistics.fmean(values) if values else None
@@ -728,14 +811,17 @@ def markdown(results: dict) -> str:
     lines = ["# fairseq-deep-study results", "",
              f"Data `{s['data']}` ({s['test_size']} test sentences), width {s['width'] or 'of the presets'}, "
              f"budget {budget or 'none'} per system, {s['seeds']} seed(s), lr {s['lr']}, warm-up {s['warmup']}, "
+             f"recipe {s.get('recipe', 'shared')} (each system's optimiser and schedule: the recipe column), "
              f"max-tokens {s['max_tokens']}, beam {s['beam']}, checkpoint_{s['checkpoint']}; "
              "sacreBLEU and chrF on detokenized text (mean ± std over seeds); p: sacreBLEU's paired "
-             "bootstrap resampling against the group's baseline (one value per seed).", ""]
+             "bootstrap resampling against the group's baseline (one value per seed); updates/s: "
+             "updates per second of fairseq's training wall clock (validation included).", ""]
     for gname, group in results["groups"].items():
         title = GROUPS[gname][0] if gname in GROUPS else "systems given with --system"
         lines += [f"## {gname}: {title}", "", f"Baseline: `{group['baseline']}`.", "",
-                  "| system | --arch | flags | enc. layers | BLEU | chrF | p (BLEU) | updates | best valid loss | note |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| system | --arch | flags | enc. layers | BLEU | chrF | p (BLEU) | updates | updates/s | "
+                  "best valid loss | recipe | note |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, row in group["systems"].items():
             done = [r for r in row["seeds"].values() if r and "bleu" in r]
             p = row.get("paired_bs", {})
@@ -743,6 +829,7 @@ def markdown(results: dict) -> str:
                 " / ".join(f"{v['bleu_p']:.4f}" for v in p.values()) if p else "-")
             updates = "/".join(str(r.get("updates")) for r in done) or "-"
             valid = "/".join(f"{r['best_valid_loss']:.3f}" for r in done if r.get("best_valid_loss") is not None) or "-"
+            rate = "/".join(f"{r['updates_per_second']:.3g}" for r in done if r.get("updates_per_second")) or "-"
             notes = "; ".join(f"seed {k}: {r.get('status')} {r.get('error') or ''}".strip()
                               for k, r in row["seeds"].items() if not r or "bleu" not in r)
             flags = " ".join(row["flags"]).replace("|", "\\|")
@@ -750,7 +837,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | `{row['arch']}` | {flags} | {depth} | "
                          f"{_fmt(row['bleu_mean'], row['bleu_std'], row['seeds_done'])} | "
                          f"{_fmt(row['chrf_mean'], row['chrf_std'], row['seeds_done'])} | {p_text} | {updates} | "
-                         f"{valid} | {notes.replace('|', '/')} |")
+                         f"{rate} | {valid} | {row.get('recipe') or '-'} | {notes.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -764,7 +851,8 @@ def _save(plt, fig, path: str, written: List[str]):
 
 def plot(study: Study, results: dict, out_dir: str) -> List[str]:
     """PNG plots per group: BLEU against encoder depth per technique (where the group varies
-    depth), valid loss over updates, and r_t over updates (runs with --log-grad-norm-ratio)."""
+    depth), valid loss over updates and over seconds of training, and r_t over updates (runs with
+    --log-grad-norm-ratio)."""
     from .diagnostics.plot_training import _pyplot, read_run, series_styles
 
     plt = _pyplot()
@@ -811,6 +899,22 @@ def plot(study: Study, results: dict, out_dir: str) -> List[str]:
             ax.set_title(f"{gname}: {ylabel} (seed {min(r.seed for r in study.runs)})", fontsize=9)
             ax.legend(fontsize=7, ncol=2 if len(have) > 8 else 1)
             _save(plt, fig, os.path.join(out_dir, f"{name}_{gname}.png"), written)
+        # the same learning curves against training time: cost and learning apart
+        timed = {}
+        for label, s in series.items():
+            curve = learning_curve(s)[0]
+            if curve and all(t is not None for _, t, _ in curve):
+                timed[label] = curve
+        if timed:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for (label, curve), style in zip(timed.items(), series_styles(len(timed))):
+                ax.plot([t for _, t, _ in curve], [v for _, _, v in curve], label=label, marker="o",
+                        markersize=3, **style)
+            ax.set_xlabel("seconds of training (fairseq's wall clock, validation included)")
+            ax.set_ylabel("valid loss")
+            ax.set_title(f"{gname}: valid loss against time (seed {min(r.seed for r in study.runs)})", fontsize=9)
+            ax.legend(fontsize=7, ncol=2 if len(timed) > 8 else 1)
+            _save(plt, fig, os.path.join(out_dir, f"valid_loss_seconds_{gname}.png"), written)
     return written
 
 
@@ -847,6 +951,11 @@ def get_parser():
     p.add_argument("--cpu", action="store_true", help="fairseq-train/generate --cpu")
     p.add_argument("--width", type=int, help="model width for every system (Transformers: embed W, FFN 4W, "
                    "max(2, W/64) heads; RNMT+: cells W; Deep-Att: embed W/2, cells W); default: the presets'")
+    p.add_argument("--recipe", choices=["paper", "shared"], default="paper",
+                   help="optimiser and LR schedule: 'paper' (default) gives RNMT+ Chen et al.'s Adam and Eq. 1 "
+                        "(peak --lr over --warmup updates) and Deep-Att Zhou et al.'s --optimizer deep_att "
+                        "(4e-5 / 5e-4, fixed), every other system the shared recipe; 'shared': Adam (0.9, 0.98), "
+                        "inverse_sqrt warm-up to --lr for every system")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=1000, help="inverse_sqrt warm-up updates")
     p.add_argument("--dropout", type=float, help="default: each preset's own")

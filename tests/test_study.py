@@ -139,6 +139,9 @@ def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
         seed = row["seeds"]["1"]
         assert seed["sentences"] == n_test and seed["updates"] == 4, name
         assert 0 <= seed["bleu"] <= 100 and row["bleu_mean"] == seed["bleu"]
+        # the learning curve: a validation every 2 updates, each at a time, and the update rate
+        assert [u for u, _, _ in seed["curve"]] == [2, 4] and all(t > 0 for _, t, _ in seed["curve"]), name
+        assert seed["updates_per_second"] > 0 and row["recipe"].startswith("Adam (0.9, 0.98)"), name
         hyp = (out / "runs" / "custom" / name / "seed1" / "hyp.txt").read_text().splitlines()
         assert len(hyp) == n_test
     assert set(group["systems"]["ta"]["paired_bs"]["1"]) == {"bleu_p", "chrf_p"}
@@ -146,7 +149,8 @@ def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
     md = (out / "results.md").read_text()
     assert "| pre | `transformer_prenorm` |" in md and "| ta | `transformer_ta` |" in md
     plots = sorted(os.listdir(out / "plots"))
-    assert {"bleu_depth_custom.png", "valid_loss_custom.png", "grad_norm_ratio_custom.png"} <= set(plots)
+    assert {"bleu_depth_custom.png", "valid_loss_custom.png", "valid_loss_seconds_custom.png",
+            "grad_norm_ratio_custom.png"} <= set(plots)
 
     logs = {n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns for n in ("pre", "ta")}
     assert study.main(argv) == 0  # resumes: nothing is trained or decoded again
@@ -177,9 +181,13 @@ def test_markdown_table_shows_means_p_values_and_failures():
                                   "2": {"status": "failed", "error": "fairseq-train: RuntimeError: boom"}}},
         }}},
     }
+    results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["1"]["updates_per_second"] = 2.5
+    results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["2"]["updates_per_second"] = 2.25
+    results["groups"]["wang"]["systems"]["postnorm_6"]["recipe"] = "Adam (0.9, 0.98)"
     md = study.markdown(results)
-    assert "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 3.000/3.500 |" in md
-    assert "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | 2.000 | seed 2: failed " \
+    assert "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 2.5/2.25 | " \
+           "3.000/3.500 | Adam (0.9, 0.98) |" in md
+    assert "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | - | 2.000 | - | seed 2: failed " \
            "fairseq-train: RuntimeError: boom |" in md
 
 
@@ -220,3 +228,72 @@ def test_depth_group_has_every_scheme_at_n_plus_n_layers():
     assert default == [f"{p}_{n}" for p in prefixes for n in (6, 18)]
     assert [s.name for s in study.expand_group("depth:deepnorm_18,admin_18")[1]] == [
         "postnorm_6", "deepnorm_18", "admin_18"]
+
+
+def _parse(*extra):
+    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "10", "--lr", "2e-3",
+                                          "--warmup", "320", *extra])
+    args.train_args_list, args.gen_args_list = [], []
+    return args
+
+
+def _value(cmd, option):
+    """The value fairseq reads for an option: the last one given."""
+    return cmd[len(cmd) - 1 - cmd[::-1].index(option) + 1]
+
+
+def test_paper_recipe_per_family_by_default():
+    """Issue 25: RNMT+ trains with Chen et al.'s Adam and Eq. 1, Deep-Att with Zhou et al.'s two
+    learning rates, every other system (and every system under --recipe shared) with the study's
+    Adam + inverse_sqrt; a system's own --optimizer / --lr-scheduler still wins."""
+    from fairseq_deep.optim.rnmt_lr_scheduler import rnmt_plus_lr
+
+    args = _parse()
+    rnmt = study.train_command(args, study.parse_system("r=rnmt_plus"), 1, "S")
+    assert _value(rnmt, "--adam-betas") == "(0.9, 0.999)" and _value(rnmt, "--adam-eps") == "1e-6"
+    assert _value(rnmt, "--lr-scheduler") == "rnmt_plus" and "--warmup-init-lr" not in rnmt
+    n, base, p = (int(_value(rnmt, "--rnmt-replicas")), float(_value(rnmt, "--rnmt-base-lr")),
+                  int(_value(rnmt, "--warmup-updates")))
+    # Eq. 1 as mapped: linear from lr/n up to --lr over --warmup updates, then constant
+    assert rnmt_plus_lr(0, base, n, p) == pytest.approx(2e-3 / 32)
+    assert rnmt_plus_lr(320, base, n, p) == pytest.approx(2e-3)
+    assert rnmt_plus_lr(5000, base, n, p) == pytest.approx(2e-3)
+    assert rnmt_plus_lr(160, base, n, p) < 2e-3
+    deep = study.train_command(args, study.parse_system("d=deep_att_ff_5x3"), 1, "S")
+    assert _value(deep, "--optimizer") == "deep_att" and _value(deep, "--lr-scheduler") == "fixed"
+    assert float(_value(deep, "--lr")) == 4e-5 and float(_value(deep, "--deep-att-lr-recurrent")) == 5e-4
+    assert _value(deep, "--l2-strength") == "2"
+    shared = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8", "--lr", "0.002",
+              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "320", "--warmup-init-lr", "1e-07"]
+    for arch in ("transformer_prenorm", "transformer_mla2", "hybrid_cascaded"):
+        cmd = study.train_command(args, study.parse_system("t=" + arch), 1, "S")
+        assert cmd[cmd.index("--optimizer"):cmd.index("--optimizer") + len(shared)] == shared, arch
+    for arch in ("rnmt_plus", "deep_att_ff_5x3"):  # --recipe shared: the study's recipe for all
+        cmd = study.train_command(_parse("--recipe", "shared"), study.parse_system("x=" + arch), 1, "S")
+        assert cmd[cmd.index("--optimizer"):cmd.index("--optimizer") + len(shared)] == shared, arch
+    own = study.train_command(args, study.parse_system("o=rnmt_plus --optimizer adafactor"), 1, "S")
+    assert own.count("--optimizer") == 1 and "--adam-betas" not in own and _value(own, "--lr") == "0.002"
+    assert study.recipe_text(args, "rnmt_plus").startswith("Adam (0.9, 0.999, 1e-6), Eq. 1")
+    assert study.recipe_text(args, "deep_att_ff_5x3").startswith("deep_att")
+    assert study.recipe_text(args, "transformer_prenorm").startswith("Adam (0.9, 0.98), inverse_sqrt")
+    assert study.recipe_text(args, "rnmt_plus", ["--lr-scheduler", "fixed"]) == "own flags"
+
+
+TRAIN_LOG = """\
+2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "9.1", "num_updates": "10", "wall": "20"}
+2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "8.1", "num_updates": "20", "wall": "40"}
+2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "8.5", "valid_num_updates": "20"}
+2026-01-01 | INFO | train_inner | {"epoch": 1, "loss": "7.1", "num_updates": "30", "wall": "70"}
+2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_num_updates": "25"}
+2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "7.0", "valid_num_updates": "36"}
+"""
+
+
+def test_learning_curve_reads_updates_seconds_and_rate():
+    from fairseq_deep.diagnostics.plot_training import parse_log_lines
+
+    curve, ups = study.learning_curve(parse_log_lines(TRAIN_LOG.splitlines()))
+    # at a record, between two (interpolated), and after the last (at the last rate, 30/70 per s)
+    assert curve == [[20, 40.0, 8.5], [25, 55.0, 7.5], [36, 84.0, 7.0]]
+    assert ups == pytest.approx(30 / 70, abs=1e-4)
+    assert study.learning_curve({"valid_loss": [(5, 9.0)]}) == ([[5, None, 9.0]], None)
