@@ -300,3 +300,39 @@ def test_bad_input(tmp_path):
         grow(str(tmp_path / "none.pt"), str(tmp_path / "o.pt"), 4)
     with pytest.raises(UserError, match="--method"):
         grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4, method="double")
+
+
+# -- through the real scripts: train shallow, grow, train with the bottom frozen, resume, decode -----
+
+E2E = [("transformer_dlcl", TINY, ["--share-all-embeddings"], 2, 4, "stack"),
+       ("rnmt_plus", TINY_RNMT, [], 2, 3, "interleave")]
+
+
+@pytest.mark.parametrize("arch,tiny,extra,shallow,deep,method", E2E, ids=[a for a, *_ in E2E])
+def test_grown_checkpoint_trains_resumes_and_decodes(arch, tiny, extra, shallow, deep, method, synthetic_bin, tmp_path):
+    common = [str(synthetic_bin), "--arch", arch, *tiny, *extra, "--decoder-layers", "2",
+              "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "2000", "--seed", "1", "--cpu",
+              "--num-workers", "0", "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints"]
+    run_cli("fairseq-deep-train", *common, "--encoder-layers", str(shallow), "--max-update", "3",
+            "--save-dir", str(tmp_path / "shallow"))
+    grown = tmp_path / "grown.pt"
+    proc = run_cli(sys.executable, "-m", "fairseq_deep.grow", "--checkpoint", str(tmp_path / "shallow" / "checkpoint_last.pt"),
+                   "--out", str(grown), "--encoder-layers", str(deep), "--method", method)
+    assert f"--encoder-layers {deep}" in proc.stdout and "--restore-file" in proc.stdout
+    deep_args = [*common, "--encoder-layers", str(deep), "--task", "translation_deep",
+                 "--freeze-grown-from", str(shallow), "--save-dir", str(tmp_path / "deep")]
+    run_cli("fairseq-deep-train", *deep_args, "--max-update", "2", "--restore-file", str(grown),
+            "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader")
+    before = torch.load(grown, weights_only=True)["model"]
+    after = torch.load(tmp_path / "deep" / "checkpoint_last.pt", weights_only=True)
+    assert after["optimizer_history"][-1]["num_updates"] == 2  # the schedule restarted from 0
+    for key, value in before.items():
+        if key.startswith("encoder.layers."):
+            frozen = int(key.split(".")[2]) < shallow
+            assert torch.equal(after["model"][key], value) == frozen or not value.is_floating_point(), key
+    run_cli("fairseq-deep-train", *deep_args, "--max-update", "4")  # resumes checkpoint_last.pt
+    resumed = torch.load(tmp_path / "deep" / "checkpoint_last.pt", weights_only=True)
+    assert resumed["optimizer_history"][-1]["num_updates"] == 4
+    out = run_cli("fairseq-deep-generate", str(synthetic_bin), "--path", str(tmp_path / "deep" / "checkpoint_last.pt"),
+                  "--gen-subset", "test", "--beam", "2", "--batch-size", "32", "--cpu").stdout
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 101
