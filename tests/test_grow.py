@@ -61,7 +61,7 @@ SAME = [
     ("transformer_linear_agg", layers(2)), ("transformer_mla2", layers(2)), ("transformer_deepnorm", layers(2)),
     ("transformer_admin", layers(2)), ("transformer_rezero", layers(2)),
     ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)]), ("rnmt_plus_512_ta", ["--decoder-layers", "2"]),
-    ("deep_att", layers(3, 2)),
+    ("deep_att", layers(3, 2)), ("hybrid_transformer_rnmt", layers(2)),
 ]
 
 
