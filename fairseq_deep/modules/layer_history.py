@@ -364,12 +364,15 @@ def weighted_sum(w: Tensor, entries: List[Tensor]) -> Tensor:
     return _WeightedSum.apply(w, *entries)
 
 
+DLCL_STACKS = ChoiceEnum(["both", "encoder", "decoder", "none"])  # --dlcl-stacks
+
+
 @dataclass
 class DLCLConfig(FairseqDataclass):
     """The ``--dlcl-*`` options (Wang et al. 2019), read by :func:`build_dlcl` only; every model
     that offers DLCL composes this dataclass into its own options."""
 
-    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
+    dlcl_stacks: DLCL_STACKS = field(
         default="both",
         metadata={"help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
                   "'none' gives the plain residual Transformer"},

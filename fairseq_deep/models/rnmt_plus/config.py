@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
-from ...modules.layer_history import DLCLConfig
+from ...modules.layer_history import DLCL_STACKS, DLCLConfig
 from ...modules.transparent_attention import TransparentReadoutConfig
 
 
@@ -74,7 +74,7 @@ class RNMTPlusConfig(RNMTConfig, DLCLConfig):
     """Options of ``rnmt_plus``: RNMT+'s, the Transformer-named ones, and layer combination over
     the LSTM stacks (``--dlcl-*``, off by default here: ``--dlcl-stacks none``)."""
 
-    dlcl_stacks: ChoiceEnum(["both", "encoder", "decoder", "none"]) = field(
+    dlcl_stacks: DLCL_STACKS = field(  # DLCLConfig's option, RNMT+'s default
         default="none",
         metadata={"help": "LSTM stacks that combine their layers with DLCL (Wang et al. 2019, pre-norm Eq. 8); "
                   "'none' (RNMT+ as published) gives the plain residual stacks"},
