@@ -8,7 +8,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from fairseq.models.transformer import TransformerModel
 
-from ....modules.residual_schemes import ResidualSchemesConfig
+from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
 from ..decoder import RNMTPlusDecoder
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding
@@ -31,6 +31,8 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["rnmt_hybrid"](args)  # the defaults of options added since a checkpoint
         check_hybrid_schemes(args)
+        if scheme_names(args):
+            logger.info(f"initialisation scheme of the Transformer parts: {scheme_names(args)} (modules/residual_schemes.py)")
         opts, cfg = RNMTHybridConfig.from_namespace(args), transformer_cfg(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         kind, rnmt_decoder = str(opts.hybrid_encoder), str(opts.hybrid_decoder) == "rnmt"
