@@ -58,6 +58,9 @@ class System:
     group: str = CUSTOM
     technique: Optional[str] = None  # a line of the BLEU-against-depth plot
     depth: Optional[int] = None  # encoder layers, where the group varies them
+    #: encoder depths of the stages before this one (fairseq-deep-grow --method stack between
+    #: stages, Li et al. 2020); empty: trained from scratch
+    stages: List[int] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -209,6 +212,22 @@ def _depth(depths):
     return "postnorm_6", systems
 
 
+def _li(depths):
+    """Li et al. (2020), shallow-to-deep training: pre-norm DLCL (their model) of the shallowest
+    depth, the deepest trained from scratch, and the deepest grown from the shallowest through every
+    depth between (--method stack, a learning-rate restart at each stage; the stages share the
+    budget equally, so the grown model has the same training time or updates as the others)."""
+    depths = sorted(set(depths or [6, 12]))
+    if len(depths) < 2:
+        raise UserError("--group li needs two depths at least (--depths SHALLOW,DEEP[,...])")
+    shallow, deep = depths[0], depths[-1]
+    systems = [_depth_system(f"dlcl_{shallow}", "transformer_dlcl", shallow, "li", "shallow"),
+               System(f"dlcl_{deep}", "transformer_dlcl", ["--encoder-layers", str(deep)], "li", "from scratch", deep),
+               System(f"dlcl_{'_'.join(map(str, depths))}", "transformer_dlcl", ["--encoder-layers", str(deep)],
+                      "li", "grown (stack)", deep, stages=depths[:-1])]
+    return f"dlcl_{deep}", systems
+
+
 #: name: (what, the function that lists (baseline, systems) for a list of depths or None)
 GROUPS = {
     "wang": ("Wang et al. 2019: post-norm / pre-norm / DLCL / post-norm DLCL against encoder depth", _wang),
@@ -218,6 +237,8 @@ GROUPS = {
     "dou": ("Dou et al. 2018: baseline, dense, linear, iterative, hierarchical, MLA-2/3, +diversity", _dou),
     "depth": ("N + N layers: post-norm, pre-norm, DLCL (Wang et al. 2019), DeepNorm (Wang et al. 2022), "
               "Admin (Liu et al. 2020), DS-Init (Zhang et al. 2019), ReZero (Bachlechner et al. 2020)", _depth),
+    "li": ("Li et al. 2020: a deep pre-norm DLCL grown from a shallow one (fairseq-deep-grow, stages sharing "
+           "the budget) against the same depth from scratch and the shallow model", _li),
 }
 
 
@@ -376,6 +397,47 @@ def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
     if args.cpu:
         cmd += ["--cpu", "--num-workers", "0"]
     return cmd + args.train_args_list + system.flags
+
+
+def _restore_grown(save_dir: str, grown: str) -> List[str]:
+    """Restore a grown checkpoint with the optimizer, schedule and data reset (Li et al.'s
+    learning-rate restart); nothing when ``save_dir`` has a checkpoint_last.pt (fairseq resumes it)."""
+    if os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")):
+        return []
+    return ["--restore-file", grown, "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
+
+
+def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
+    """A grown system (``system.stages``): ([(name, command, the file that says it is done)], the
+    last stage's train command).  Each earlier stage trains in ``run_dir/stage_D`` (from the
+    previous stage's grown checkpoint), its last checkpoint is grown (fairseq-deep-grow --method
+    stack), and the last stage (the system's own train command, in ``run_dir``) restores it.  Stage
+    i of n stops at (i+1)/n of --minutes (fairseq's --stop-time-hours counts the training time that
+    the checkpoints carry across growing) and trains --max-update / n updates (each counts from 0)."""
+    n = len(system.stages) + 1
+    depths = system.stages + [system.depth]
+
+    def budget(i):
+        flags = []
+        if args.max_update:
+            flags += ["--max-update", str(max(1, args.max_update // n))]
+        if args.minutes:
+            flags += ["--stop-time-hours", f"{args.minutes * (i + 1) / n / 60:.6g}"]
+        return flags
+
+    steps = []
+    for i, depth in enumerate(system.stages):
+        stage_dir = os.path.join(run_dir, f"stage_{depth}")
+        cmd = train_command(args, system, seed, stage_dir) + ["--encoder-layers", str(depth)] + budget(i)
+        if i > 0:
+            cmd += _restore_grown(stage_dir, os.path.join(run_dir, f"grown_{depth}.pt"))
+        steps.append((f"stage_{depth}", cmd, os.path.join(run_dir, f"stage_{depth}.done")))
+        grown = os.path.join(run_dir, f"grown_{depths[i + 1]}.pt")
+        steps.append((f"grow_{depths[i + 1]}", [sys.executable, "-m", "fairseq_deep.grow", "--checkpoint",
+                      os.path.join(stage_dir, "checkpoint_last.pt"), "--out", grown, "--encoder-layers",
+                      str(depths[i + 1]), "--method", "stack"], grown))
+    final = train_command(args, system, seed, run_dir) + budget(n - 1)
+    return steps, final + _restore_grown(run_dir, os.path.join(run_dir, f"grown_{system.depth}.pt"))
 
 
 def generate_command(args, checkpoint: str) -> List[str]:
@@ -587,6 +649,9 @@ class Study:
     def run_one(self, run: RunState):
         result_path = os.path.join(run.run_dir, "result.json")
         cmd = train_command(self.args, run.system, run.seed, run.run_dir)
+        steps = []
+        if run.system.stages:  # grown from shallower stages (the li group): stage, grow, ..., this one
+            steps, cmd = stage_commands(self.args, run.system, run.seed, run.run_dir)
         cmd_path = os.path.join(run.run_dir, "train_command.json")
         if os.path.exists(cmd_path):
             with open(cmd_path) as f:
@@ -609,6 +674,22 @@ class Study:
             run.start_update = last_update(log_path) or 0
             self.log_progress(only=run)
             t0 = time.time()
+            for name, step, done in steps:
+                if os.path.exists(done):
+                    continue
+                step_log = os.path.join(run.run_dir, name + ".log")
+                rc = self._subprocess(step, step_log)
+                if rc != 0 and self.stopping.is_set():
+                    run.error, run.status = "interrupted (resumes from its last stage)", "failed"
+                    return
+                if rc != 0:
+                    with open(step_log, encoding="utf-8", errors="replace") as f:
+                        run.error = f"{name}: " + _last_error(f.read()[-20000:])
+                    run.status = "failed"
+                    return
+                if not name.startswith("grow_"):
+                    with open(done, "w") as f:
+                        f.write(f"{time.time() - t0:.1f}\n")
             rc = self._subprocess(cmd, log_path)
             if rc != 0 and self.stopping.is_set():
                 run.error, run.status = "interrupted (resumes from checkpoint_last.pt)", "failed"
@@ -660,6 +741,9 @@ class Study:
                   "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
                   "checkpoint": os.path.basename(checkpoint)}
         result["curve"], result["updates_per_second"] = learning_curve(series)
+        if run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
+            result["updates"] += sum(last_update(os.path.join(run.run_dir, f"stage_{d}.log")) or 0
+                                     for d in run.system.stages)
         with open(result_path, "w") as f:
             json.dump(result, f, indent=1)
         run.result, run.status = result, "done"

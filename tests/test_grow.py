@@ -336,3 +336,39 @@ def test_grown_checkpoint_trains_resumes_and_decodes(arch, tiny, extra, shallow,
     out = run_cli("fairseq-deep-generate", str(synthetic_bin), "--path", str(tmp_path / "deep" / "checkpoint_last.pt"),
                   "--gen-subset", "test", "--beam", "2", "--batch-size", "32", "--cpu").stdout
     assert sum(line.startswith("H-") for line in out.splitlines()) == 101
+
+
+# -- fairseq-deep-study --group li ----------------------------------------------------------------
+
+
+def test_study_li_group_stages(tmp_path):
+    from fairseq_deep import study
+
+    baseline, systems = study.expand_group("li", [6, 12, 18])
+    assert baseline == "dlcl_18"
+    assert [(s.name, s.stages, s.depth) for s in systems] == [
+        ("dlcl_6", [], 6), ("dlcl_18", [], 18), ("dlcl_6_12_18", [6, 12], 18)]
+    with pytest.raises(UserError, match="two depths"):
+        study.expand_group("li", [6])
+    args = study.get_parser().parse_args(["--data", str(tmp_path), "--out", str(tmp_path), "--group", "li",
+                                          "--minutes", "30", "--max-update", "300", "--cpu"])
+    args.train_args_list, args.gen_args_list = [], []
+    run_dir = str(tmp_path / "run")
+    steps, final = study.stage_commands(args, systems[2], 1, run_dir)
+    assert [name for name, _, _ in steps] == ["stage_6", "grow_12", "stage_12", "grow_18"]
+
+    def value(cmd, option):  # fairseq keeps the last value of a repeated option
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == option][-1]
+
+    stage6, stage12 = steps[0][1], steps[2][1]
+    assert value(stage6, "--encoder-layers") == "6" and "--restore-file" not in stage6
+    assert value(stage12, "--encoder-layers") == "12" and value(stage12, "--restore-file").endswith("grown_12.pt")
+    assert value(final, "--encoder-layers") == "18" and value(final, "--restore-file").endswith("grown_18.pt")
+    assert {"--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"} <= set(final)
+    # the stages share the budget: a third of the updates each, the training time cumulative
+    assert [value(c, "--max-update") for c in (stage6, stage12, final)] == ["100"] * 3
+    assert [float(value(c, "--stop-time-hours")) for c in (stage6, stage12, final)] == pytest.approx([1 / 6, 2 / 6, 3 / 6], abs=1e-5)
+    assert steps[1][1][-2:] == ["--method", "stack"] and value(steps[1][1], "--encoder-layers") == "12"
+    os.makedirs(run_dir)
+    open(os.path.join(run_dir, "checkpoint_last.pt"), "w").close()  # interrupted: fairseq resumes its own
+    assert "--restore-file" not in study.stage_commands(args, systems[2], 1, run_dir)[1]
