@@ -57,3 +57,29 @@ def in_float32_when_reduced(loop, tensors, *options) -> Tuple[Tensor, Tensor, Te
     if autocast:
         return out, h_n, c_n
     return out.to(xw.dtype), h_n.to(h.dtype), c_n.to(c.dtype)
+
+
+def keeping_float32(fn):
+    """``fn`` of :meth:`torch.nn.Module._apply` (what ``.half()``, ``.to(...)``, ``.cuda()`` apply to
+    every parameter, gradient and buffer), except that a float32 tensor ``fn`` would make float16
+    stays float32, moved to ``fn``'s device: the values are kept exactly.  bfloat16 and every other
+    cast pass through."""
+
+    def apply(t):
+        out = fn(t)
+        if t.dtype == torch.float32 and out.dtype == torch.float16:
+            return t.to(device=out.device)
+        return out
+
+    return apply
+
+
+class Float32UnderHalf:
+    """Mixin for an ``nn.Module`` whose parameters stay float32 when the model is cast to float16
+    (fairseq's ``--fp16`` calls ``model.half()``): their gradients are then accumulated in float32
+    and do not overflow where the float16 ones would (Deep-Att's fast-forward stacks, whose
+    unscaled gradients pass 65504; see :mod:`.fast_forward_lstm`).  fairseq's FP16Optimizer keeps
+    float32 master copies of every parameter and takes float32 ones as they are."""
+
+    def _apply(self, fn, recurse=True):
+        return super()._apply(keeping_float32(fn), recurse)

@@ -12,8 +12,11 @@ the f of each layer is recomputed from the step's input, so a step equals the fu
 
 Precision: with float16/bfloat16 parameters or under autocast, everything up to the top h (the
 stack, c_t and the attention, which read the float32 interface) runs in float32, as explained in
-:mod:`fairseq_deep.modules.fast_forward_lstm`; the top h, in [-1, 1], returns to the embeddings'
-dtype for the output projection.  The incremental state is float32 then.
+:mod:`fairseq_deep.modules.fast_forward_lstm`; the top h, in [-1, 1], returns to the output projection's
+dtype.  The incremental state is float32 then.  Under ``.half()``
+(--fp16) every parameter but the output projection stays float32 (issue 24): the unscaled
+gradients of the F-F stack, the embeddings and the attention pass 65504 (see
+:mod:`fairseq_deep.modules.fast_forward_lstm`), so only the output layer runs in float16.
 """
 
 from typing import Dict, List, Optional
@@ -25,12 +28,13 @@ from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
+from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_batch
 from .config import DeepAttConfig
 from .encoder import cell_impl
 
 
-class DeepAttDecoder(FairseqIncrementalDecoder):
+class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, context_dim: int):
         super().__init__(dictionary)
         args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
@@ -83,7 +87,7 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
             new_cache[f"h{k}"], new_cache[f"s{k}"] = hk, sk
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", new_cache)
-        h = F.dropout(h.to(y.dtype), p=self.dropout, training=self.training)
+        h = F.dropout(h.to(self.output_projection.weight.dtype), p=self.dropout, training=self.training)
         return h.transpose(0, 1), {"attn": [attn], "inner_states": [h]}
 
     def _first_layer(self, y: Tensor, values: Tensor, keys: Tensor, mask: Optional[Tensor],
@@ -110,6 +114,13 @@ class DeepAttDecoder(FairseqIncrementalDecoder):
             attns.append(a[:, 0])
         attn = torch.stack(attns, dim=1)  # B x T x S
         return (torch.stack(fs), torch.stack(hs), (h, s)), attn
+
+    def _apply(self, fn, recurse=True):
+        """The output projection follows ``fn`` (float16 under ``.half()``/--fp16); every other
+        parameter stays float32 there (:class:`Float32UnderHalf`, issue 24)."""
+        if recurse:
+            self.output_projection._apply(fn)
+        return super()._apply(fn, recurse)  # applying fn again to the projection changes nothing
 
     def output_layer(self, features):
         return self.output_projection(features)

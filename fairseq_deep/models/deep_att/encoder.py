@@ -19,7 +19,9 @@ encoder moves each sentence to the front (right padding), reverses backward laye
 sentence's length, and hands the interface back in the layout of ``src_tokens``.
 
 The interface holds f, which does not fit float16 (see :mod:`fairseq_deep.modules.fast_forward_lstm`):
-with float16/bfloat16 parameters or under autocast it is computed and returned in float32.
+with float16/bfloat16 parameters or under autocast it is computed and returned in float32.  The
+encoder's parameters stay float32 when the model is cast to float16 (``--fp16``; issue 24): their
+gradients pass the float16 range (:class:`~fairseq_deep.modules.precision.Float32UnderHalf`).
 """
 
 from typing import Dict, List, Optional
@@ -30,6 +32,7 @@ from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
 from ...modules.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
+from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_encoder_out
 from .config import DeepAttConfig
 
@@ -57,7 +60,9 @@ def to_front_index(pad_mask: Tensor) -> Tensor:
     return key.argsort(dim=1).t()
 
 
-class DeepAttEncoder(FairseqEncoder):
+class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
+    """Its parameters stay float32 under ``.half()`` (--fp16): see the module docstring."""
+
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
         args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
