@@ -330,7 +330,7 @@ def _can_be_identity(layer) -> Optional[str]:
     return None
 
 
-def _identity_plan(side: "Side", args) -> Dict[str, str]:
+def _identity_plan(side: "Side") -> Dict[str, str]:
     """``{"how": "readout" | "layers", ...}``: the readout of a DLCL (plain weights) or linear-
     combination stack ignores the new layers (their weights 0, exact whatever the layers); any
     other stack needs new layers that are the identity themselves: ReZero (alpha 0) or pre-norm
@@ -397,8 +397,6 @@ def _copies(side: "Side", units: range) -> Counter:
 
 def grow_state(old_model, new_model, sides: Dict[str, "Side"], method: str) -> Tuple[Dict, Dict[str, str]]:
     """The grown model's state dict and, for every key, where it came from."""
-    import torch
-
     old = old_model.state_dict()
     new = {k: v.clone() for k, v in new_model.state_dict().items()}
     origin: Dict[str, str] = {}
@@ -541,7 +539,7 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
          method: str = "stack", deepnorm_constants: str = "new", seed: int = 1) -> Dict:
     """Grow ``checkpoint`` into ``out``; returns a summary (arch, depths, counts of copied and
     initialised entries)."""
-    import torch
+    import torch.nn as nn
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 
@@ -564,8 +562,6 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     old_model = build(args, task, seed)
     sd = dict(state["model"])
     old_model.upgrade_state_dict(sd)
-    import torch.nn as nn
-
     nn.Module.load_state_dict(old_model, sd, strict=True)
 
     new_args = copy.deepcopy(args)
@@ -593,7 +589,7 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     new_model = build(new_args, task, seed)
     sides = {s: Side(s, old_model, new_model, method, old_depths[s], new_depths[s]) for s in ("encoder", "decoder")}
     for side in sides.values():
-        side.identity_plan = _identity_plan(side, new_args) if method == "identity" and side.grows else None
+        side.identity_plan = _identity_plan(side) if method == "identity" and side.grows else None
     new_sd, origin = grow_state(old_model, new_model, sides, method)
     new_model.load_state_dict(new_sd, strict=True)  # the grown state fits the grown model exactly
 

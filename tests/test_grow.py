@@ -3,7 +3,6 @@ the shallow model's outputs where the family allows it, every depth-dependent te
 a grown checkpoint trains (with the bottom frozen), resumes and decodes through the real fairseq
 scripts, and bad input ends in one line."""
 
-import math
 import os
 import subprocess
 import sys
