@@ -741,9 +741,10 @@ class Study:
                   "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
                   "checkpoint": os.path.basename(checkpoint)}
         result["curve"], result["updates_per_second"] = learning_curve(series)
-        if run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
-            result["updates"] += sum(last_update(os.path.join(run.run_dir, f"stage_{d}.log")) or 0
-                                     for d in run.system.stages)
+        for d in run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
+            stage_log = os.path.join(run.run_dir, f"stage_{d}.log")
+            result["updates"] += max([last_update(stage_log) or 0]
+                                     + [int(x) for x, _ in read_run(stage_log).get("valid_loss", [])])
         with open(result_path, "w") as f:
             json.dump(result, f, indent=1)
         run.result, run.status = result, "done"
