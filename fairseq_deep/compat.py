@@ -259,6 +259,16 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
     fairseq_deep, another plugin) raise CheckpointError naming the file and the keys."""
     try:
         return fairseq_original(load_model_ensemble_and_task_checked)(filenames, *args, **kwargs)
+    except KeyError as e:
+        # fairseq 0.12.2's encoder layer reads its q/k/v weights from the state dict before torch
+        # matches the keys: a missing one is a KeyError there
+        if not any(f.name == "_load_from_state_dict" for f in traceback.extract_tb(e.__traceback__)):
+            raise
+        raise CheckpointError(
+            f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit the model as this "
+            f"code builds it (missing ({e.args[0]}, ...)): it was written by other model code (a newer or "
+            f"older fairseq or fairseq_deep, another plugin). Load it with the versions that wrote it"
+        ) from e
     except RuntimeError as e:
         text = str(e)
         if not text.startswith("Error(s) in loading state_dict"):
