@@ -21,6 +21,7 @@ import torch
 from helpers import interpreted, needs_triton, not_interpreted, random_batch, run_interpreted_tests
 from test_deep_att import build
 
+from fairseq_deep.modules import kernel_choice
 from fairseq_deep.modules.fast_forward_lstm import FFLSTMCell, lstm_recurrence
 
 IMPL = ["--deep-att-cell-impl", "triton"]
@@ -200,26 +201,47 @@ def test_incremental_decoding_with_triton_equals_full_decoding(arch):
 
 
 @not_interpreted
-def test_the_option_defaults_to_the_loop_and_keeps_it_exact():
-    """Default and old arguments (no ``deep_att_cell_impl``): every cell runs the loop, and the
-    default cell is :func:`lstm_recurrence` bit for bit."""
+def test_the_option_defaults_to_auto_which_is_the_loop_on_a_cpu_and_exact():
+    """Default (and arguments saved before the option): every cell is ``auto`` (issue 24), which on a
+    CPU without Triton's interpreter runs :func:`lstm_recurrence` bit for bit."""
     model, _, args = build("deep_att_ff")
-    assert {c.impl for c in _cells(model)} == {"loop"}
-    del args.deep_att_cell_impl  # the arguments of a checkpoint saved before the option
-    from fairseq_deep.models.deep_att.encoder import cell_impl
-
-    assert cell_impl(args) == "loop"
-    cell, _ = _cell_pair()
+    assert args.deep_att_cell_impl == "auto" and {c.impl for c in _cells(model)} == {"auto"}
+    assert kernel_choice.resolve("auto", torch.zeros(1)) == "loop"
+    cell = FFLSTMCell(6)
+    with torch.no_grad():
+        cell.weight_r.normal_(0, 0.5), cell.theta.normal_(0, 0.5)
     f, h, s = torch.randn(3, 2, 24), torch.randn(2, 6), torch.randn(2, 6)
     out, (h_n, s_n) = cell(f, (h, s))
     for a, b in zip((out, h_n, s_n), lstm_recurrence(f, cell.weight_r, cell.theta, h, s)):
         assert torch.equal(a, b)
 
 
+@interpreted
+def test_auto_takes_the_kernels_where_triton_runs_and_equals_the_loop():
+    """Under Triton's interpreter (as on a CUDA device) ``auto`` runs the fused cell: scores and
+    gradients of the default model equal those of ``loop``."""
+    assert kernel_choice.resolve("auto", torch.zeros(1)) == "triton"
+    loop, _, _ = build("deep_att_ff", ["--deep-att-cell-impl", "loop"])
+    auto, d, _ = build("deep_att_ff")
+    auto.load_state_dict(loop.state_dict())
+    src, lengths, prev = random_batch(d, bsz=2, src_len=5, tgt_len=4, seed=0)
+    outs, grads = [], []
+    for m in (loop, auto):
+        out = m(src, lengths, prev)[0]
+        out.log_softmax(-1).sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @not_interpreted
-def test_a_checkpoint_without_the_option_loads_as_the_loop(tmp_path):
-    """A fairseq checkpoint whose arguments predate the option builds loop cells (a triton one does
-    with ``--model-overrides``); so does a pickled cell without the attribute (the class default)."""
+def test_checkpoints_keep_their_choice(tmp_path):
+    """A fairseq checkpoint that stored ``loop`` (the default before issue 24) builds loop cells; one
+    whose arguments predate the option builds ``auto`` (the same numbers); a triton one decodes with
+    the loop by ``--model-overrides``; a pickled cell without the attribute is the loop (the class
+    default)."""
     from fairseq import checkpoint_utils
 
     model, d, args = build("deep_att_ff")
@@ -232,6 +254,11 @@ def test_a_checkpoint_without_the_option_loads_as_the_loop(tmp_path):
     from fairseq import tasks
 
     task = tasks.translation.TranslationTask(args, d, d)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    assert {c.impl for c in _cells(loaded)} == {"auto"}
+    args.deep_att_cell_impl = "loop"
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
+                "extra_state": {"train_iterator": None}}, path)
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
     assert {c.impl for c in _cells(loaded)} == {"loop"}
     # a model trained with triton decodes with the loop by --model-overrides, as the docs say
@@ -267,7 +294,7 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--deep-att-cell-impl loop"):
         FFLSTMCell(4, impl="triton")
-    with pytest.raises(ValueError, match="--deep-att-cell-impl 'cudnn': choose one of loop, triton"):
+    with pytest.raises(ValueError, match="--deep-att-cell-impl 'cudnn': choose one of auto, loop, triton"):
         FFLSTMCell(4, impl="cudnn")
     FFLSTMCell(4)(torch.randn(2, 1, 16))  # the default needs nothing
 

@@ -222,7 +222,7 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
     monkeypatch.delitem(sys.modules, "fairseq_deep.modules.ln_lstm_triton", raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--rnmt-lstm-impl loop"):
         LayerNormLSTM(4, 5, impl="triton")
-    with pytest.raises(ValueError, match="--rnmt-lstm-impl 'cudnn': choose one of loop, triton"):
+    with pytest.raises(ValueError, match="--rnmt-lstm-impl 'cudnn': choose one of auto, loop, triton"):
         LayerNormLSTM(4, 5, impl="cudnn")
     LayerNormLSTM(4, 5)(torch.randn(2, 1, 4))  # the default needs nothing
 
@@ -269,10 +269,39 @@ def _model(extra):
 
 
 @not_interpreted
-def test_the_option_defaults_to_the_loop():
-    model, _ = _model([])
+def test_the_option_defaults_to_auto_which_is_the_loop_on_a_cpu():
+    """``auto`` (issue 24) everywhere; on a CPU without Triton's interpreter it equals ``loop`` bit for bit."""
+    model, d = _model([])
     layers = list(model.encoder.layers) + list(model.decoder.layers)
-    assert {layer.impl for layer in layers} == {"loop"}
+    assert {layer.impl for layer in layers} == {"auto"}
+    loop, _ = _model(["--rnmt-lstm-impl", "loop"])
+    assert {layer.impl for layer in list(loop.encoder.layers) + list(loop.decoder.layers)} == {"loop"}
+    loop.load_state_dict(model.state_dict())
+    src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=0)
+    with torch.no_grad():
+        assert torch.equal(model(src, lengths, prev)[0], loop(src, lengths, prev)[0])
+
+
+@interpreted
+def test_auto_takes_the_kernels_where_triton_runs_and_equals_the_loop():
+    """Under Triton's interpreter (as on a CUDA device) the default ``auto`` runs the fused kernels
+    and gives the loop's scores and gradients."""
+    from fairseq_deep.modules import kernel_choice
+
+    assert kernel_choice.resolve("auto", torch.zeros(1)) == "triton"
+    loop, d = _model(["--rnmt-lstm-impl", "loop"])
+    auto, _ = _model([])
+    auto.load_state_dict(loop.state_dict())
+    src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=0)
+    outs, grads = [], []
+    for m in (loop, auto):
+        out = m(src, lengths, prev)[0]
+        out.log_softmax(-1).sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @interpreted

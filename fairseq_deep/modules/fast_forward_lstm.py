@@ -28,10 +28,10 @@ inputs run exactly as before.  Under --fp16 the parameters' own gradients stay f
 init they reach ~2e3 per element (top decoder W_f, whose input is f; bottom encoder biases), so
 fairseq's loss scale settles lower (4-16 in a 30-update run) than the default 128.
 
-``impl="triton"`` (``--deep-att-cell-impl triton``, opt-in, unmeasured on a GPU so far; issue 16)
-runs the recurrence of Eq. 4 with one fused Triton kernel per step, forward and backward
-(:mod:`.ff_lstm_triton`), on the same float32 tensors; the default ``"loop"`` is
-:func:`lstm_recurrence`.
+``impl="triton"`` (``--deep-att-cell-impl triton``; issue 16) runs the recurrence of Eq. 4 with one
+fused Triton kernel per step, forward and backward (:mod:`.ff_lstm_triton`), on the same float32
+tensors; ``"loop"`` is :func:`lstm_recurrence`; the default ``"auto"`` takes triton on CUDA when it
+imports, the loop otherwise (:mod:`.kernel_choice`; issue 24).
 """
 
 from typing import Callable, List, Optional, Tuple
@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl
 from .precision import REDUCED, autocast_enabled, no_autocast
 
 FF_MODES = ("half", "whole", "none")
 RECURRENT = "recurrent"
-IMPLS = ("loop", "triton")
 
 
 def wide_dtype(x: Tensor) -> torch.dtype:
@@ -101,8 +101,8 @@ def triton_recurrence() -> Callable:
     except ImportError as e:
         raise ImportError(
             f"--deep-att-cell-impl triton (FFLSTMCell(impl='triton')) needs the triton package, which did not "
-            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --deep-att-cell-impl loop (the "
-            f"default; for a model saved with triton: --model-overrides \"{{'deep_att_cell_impl': 'loop'}}\")"
+            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --deep-att-cell-impl loop (or "
+            f"auto, the default; for a model saved with triton: --model-overrides \"{{'deep_att_cell_impl': 'loop'}}\")"
         ) from e
     return fused
 
@@ -110,13 +110,14 @@ def triton_recurrence() -> Callable:
 class FFLSTMCell(nn.Module):
     """(h_t, s_t) = LSTM(f_t, h_{t-1}, s_{t-1}) of Eq. 4.  Parameters start at zero (Sec. 4.3).
 
-    ``impl`` (``--deep-att-cell-impl``): ``"loop"`` (default) :func:`lstm_recurrence`, ``"triton"``
+    ``impl`` (``--deep-att-cell-impl``): ``"auto"`` (default; :mod:`.kernel_choice`) triton on CUDA when
+    it imports, the loop otherwise, decided at each call; ``"loop"`` :func:`lstm_recurrence`, ``"triton"``
     the fused kernels of :mod:`.ff_lstm_triton` (same arithmetic; CUDA, or Triton's CPU interpreter
     with ``TRITON_INTERPRET=1``)."""
 
     impl = "loop"  # the class default: a module pickled before the option existed
 
-    def __init__(self, hidden_size: int, impl: str = "loop"):
+    def __init__(self, hidden_size: int, impl: str = DEFAULT_IMPL):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"--deep-att-cell-impl {impl!r}: choose one of {', '.join(IMPLS)}")
@@ -129,7 +130,7 @@ class FFLSTMCell(nn.Module):
         self.theta = mark(nn.Parameter(torch.zeros(3, hidden_size)), RECURRENT)
 
     def extra_repr(self) -> str:
-        return "" if self.impl == "loop" else f"impl={self.impl}"
+        return "" if self.impl == DEFAULT_IMPL else f"impl={self.impl}"
 
     def zero_state(self, bsz: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         z = like.new_zeros(bsz, self.hidden_size)
@@ -139,7 +140,7 @@ class FFLSTMCell(nn.Module):
         """f: T x B x 4H.  Returns (h of all steps, (h_T, s_T))."""
         h, s = state if state is not None else self.zero_state(f.size(1), f)
         dt = wide_dtype(f)
-        loop = lstm_recurrence if self.impl == "loop" else triton_recurrence()
+        loop = lstm_recurrence if resolve_impl(self.impl, f) == "loop" else triton_recurrence()
         with no_autocast(f):
             out, h, s = loop(f.to(dt), self.weight_r.to(dt), self.theta.to(dt), h.to(dt), s.to(dt))
         return out, (h, s)
@@ -161,7 +162,8 @@ def gather_time(x: Tensor, index: Tensor) -> Tensor:
 class FFLSTMLayer(nn.Module):
     """The f block (W_f, with the bias) and the r block (Eq. 4) of one layer, in one direction."""
 
-    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False, impl: str = "loop"):
+    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False,
+                 impl: str = DEFAULT_IMPL):
         super().__init__()
         self.input_size, self.hidden_size, self.reverse = input_size, hidden_size, reverse
         self.proj = nn.Linear(input_size, 4 * hidden_size)  # W_f
@@ -207,7 +209,7 @@ class FFLSTMStack(nn.Module):
     every cell's recurrence (:class:`FFLSTMCell`)."""
 
     def __init__(self, input_size: int, hidden_size: int, directions: List[bool],
-                 ff_mode: str = "half", dropout: float = 0.0, impl: str = "loop"):
+                 ff_mode: str = "half", dropout: float = 0.0, impl: str = DEFAULT_IMPL):
         super().__init__()
         if ff_mode not in FF_MODES:
             raise ValueError(f"--ff-mode must be one of {FF_MODES}, got {ff_mode!r}")

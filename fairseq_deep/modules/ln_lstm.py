@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl
 from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
 
@@ -302,7 +303,6 @@ def _plain_lstm_recurrence(
 plain_lstm_recurrence = _script(_plain_lstm_recurrence)
 
 
-IMPLS = ("loop", "triton")
 
 
 def triton_recurrence():
@@ -312,8 +312,8 @@ def triton_recurrence():
     except ImportError as e:
         raise ImportError(
             f"--rnmt-lstm-impl triton (LayerNormLSTM(impl='triton')) needs the triton package, which did not "
-            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --rnmt-lstm-impl loop (the "
-            f"default; for a model saved with triton: --model-overrides \"{{'rnmt_lstm_impl': 'loop'}}\")"
+            f"import ({e}): pip install triton (Linux, with a CUDA GPU), or use --rnmt-lstm-impl loop (or "
+            f"auto, the default; for a model saved with triton: --model-overrides \"{{'rnmt_lstm_impl': 'loop'}}\")"
         ) from e
     return fused
 
@@ -340,9 +340,10 @@ class LayerNormLSTM(nn.Module):
     the gates are W x_t + U h_{t-1} + b, no layer norm and no ``ln_weight`` (it is None); the loop
     is :func:`plain_recurrence` (autograd's backward).  ``layer_norm=True`` is unchanged.
 
-    ``impl`` (``--rnmt-lstm-impl``): ``"loop"`` (default) the TorchScript loop, ``"triton"`` the fused
-    Triton kernels of :mod:`.ln_lstm_triton` (same arithmetic; CUDA, or Triton's CPU interpreter
-    with ``TRITON_INTERPRET=1``).  Without layer norm there is no fused kernel: ``layer_norm=False``
+    ``impl`` (``--rnmt-lstm-impl``): ``"auto"`` (default; :mod:`.kernel_choice`) the fused kernels on
+    CUDA when triton imports, the loop otherwise, decided at each call; ``"loop"`` the TorchScript
+    loop, ``"triton"`` the fused Triton kernels of :mod:`.ln_lstm_triton` (same arithmetic; CUDA, or
+    Triton's CPU interpreter with ``TRITON_INTERPRET=1``).  Without layer norm there is no fused kernel: ``layer_norm=False``
     runs :func:`plain_recurrence` whatever ``impl`` says.
     """
 
@@ -350,7 +351,7 @@ class LayerNormLSTM(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, bidirectional: bool = False,
                  cell_clip: float = 0.0, output_tanh: bool = False, eps: float = 1e-6,
-                 init_scale: Optional[float] = None, layer_norm: bool = True, impl: str = "loop"):
+                 init_scale: Optional[float] = None, layer_norm: bool = True, impl: str = DEFAULT_IMPL):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"--rnmt-lstm-impl {impl!r}: choose one of {', '.join(IMPLS)}")
@@ -394,11 +395,11 @@ class LayerNormLSTM(nn.Module):
         return (f"{self.input_size}, {self.hidden_size}, directions={self.num_directions}, "
                 f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}"
                 + ("" if self.use_layer_norm else ", layer_norm=False")
-                + ("" if self.impl == "loop" else f", impl={self.impl}"))
+                + ("" if self.impl == DEFAULT_IMPL else f", impl={self.impl}"))
 
-    def _recurrence(self):
-        """The layer-norm loop of ``self.impl``."""
-        return recurrence if self.impl == "loop" else triton_recurrence()
+    def _recurrence(self, x: Tensor):
+        """The layer-norm loop of ``self.impl`` for ``x``'s device (:func:`.kernel_choice.resolve`)."""
+        return recurrence if resolve_impl(self.impl, x) == "loop" else triton_recurrence()
 
     def zero_state(self, batch_size: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         z = like.new_zeros(self.num_directions, batch_size, self.hidden_size)
@@ -433,7 +434,7 @@ class LayerNormLSTM(nn.Module):
             p = padding_mask.view(T, 1, B, 1)
             pad = torch.cat([p, p.flip(0)], dim=1) if D == 2 else p
         if self.use_layer_norm:
-            out, h, c = self._recurrence()(
+            out, h, c = self._recurrence(gates_in)(
                 gates_in, h, c, self.weight_hh, self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1),
                 pad, self.cell_clip, self.output_tanh, self.eps,
             )
@@ -454,7 +455,7 @@ class LayerNormLSTM(nn.Module):
             out, h, c = plain_recurrence((gates_in + self.bias.unsqueeze(1)).unsqueeze(0), state[0],
                                          state[1], self.weight_hh, None, self.cell_clip, self.output_tanh)
             return h, c
-        out, h, c = self._recurrence()(
+        out, h, c = self._recurrence(gates_in)(
             gates_in.unsqueeze(0), state[0], state[1], self.weight_hh,
             self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1), None, self.cell_clip,
             self.output_tanh, self.eps,

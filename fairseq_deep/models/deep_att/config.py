@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from ...modules.kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS
+
 
 def _opt(default, help_text):
     return field(default=default, metadata={"help": help_text})
@@ -35,8 +37,9 @@ class DeepAttConfig(FairseqDataclass):
     ff_init_std: float = _opt(
         0.07, "non-recurrent parameters ~ N(0, std^2), recurrent ones zero (Sec. 4.3); "
         "<= 0 keeps PyTorch's initialisation")
-    deep_att_cell_impl: ChoiceEnum(["loop", "triton"]) = _opt(
-        "loop", "time loop of the Eq. 4 cells: 'loop' (Python, every device) or 'triton' (one fused Triton "
-        "kernel per step, forward and backward; needs triton and a CUDA GPU; opt-in, not yet measured on a GPU)")
+    deep_att_cell_impl: ChoiceEnum(list(IMPLS)) = _opt(
+        DEFAULT_IMPL, "time loop of the Eq. 4 cells: 'auto' (the fused Triton kernels on a CUDA device when "
+        "triton imports, else the loop; the same numbers), 'loop' (Python, every device) or 'triton' (one fused "
+        "Triton kernel per step, forward and backward; needs triton and a CUDA GPU)")
     max_source_positions: int = _opt(100000, "longest source")
     max_target_positions: int = _opt(100000, "longest target")

@@ -31,7 +31,6 @@ from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, w
 from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_batch
 from .config import DeepAttConfig
-from .encoder import cell_impl
 
 
 class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
@@ -44,7 +43,7 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
         self.context_dim = context_dim
         H, n = args.decoder_hidden_size, args.decoder_layers
         self.stack = FFLSTMStack(context_dim + embed_tokens.embedding_dim, H, [False] * n,
-                                 ff_mode=args.ff_mode, dropout=args.dropout, impl=cell_impl(args))
+                                 ff_mode=args.ff_mode, dropout=args.dropout, impl=args.deep_att_cell_impl)
         self.attention = None
         if args.ff_interface == "att":
             self.attention = AdditiveAttention(H, context_dim, args.ff_attention_dim or H,

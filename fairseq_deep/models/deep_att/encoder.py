@@ -48,11 +48,6 @@ def column_directions(layers: int, column: int, interleaved: bool) -> List[bool]
     return [interleaved and (k + column) % 2 == 1 for k in range(layers)]
 
 
-def cell_impl(args) -> str:
-    """``--deep-att-cell-impl``; ``loop`` for arguments saved before the option existed."""
-    return str(getattr(args, "deep_att_cell_impl", None) or "loop")
-
-
 def to_front_index(pad_mask: Tensor) -> Tensor:
     """T x B index putting each sentence's real tokens first (in order), then its pads."""
     B, T = pad_mask.shape
@@ -78,7 +73,7 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
         interleaved = args.ff_encoder_directions == "interleaved"
         self.columns = nn.ModuleList(
             FFLSTMStack(embed_tokens.embedding_dim, H, column_directions(n, c, interleaved),
-                        ff_mode=args.ff_mode, dropout=args.dropout, impl=cell_impl(args))
+                        ff_mode=args.ff_mode, dropout=args.dropout, impl=args.deep_att_cell_impl)
             for c in range(cols)
         )
         e_dim = interface_dim(H, cols, args.ff_mode)

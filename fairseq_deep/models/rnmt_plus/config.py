@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
+from ...modules.kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS
 from ...modules.layer_history import DLCL_STACKS, DLCLConfig
 from ...modules.transparent_attention import TransparentReadoutConfig
 
@@ -47,11 +48,12 @@ class RNMTConfig(TransparentReadoutConfig):
         metadata={"help": "LSTM cells without the per-gate layer norm (Chen et al. 2018, Table 4, "
                   "'- Layer Norm'): gates W x + U h + b"},
     )
-    rnmt_lstm_impl: ChoiceEnum(["loop", "triton"]) = field(
-        default="loop",
-        metadata={"help": "time loop of the layer-normalized LSTM cells: 'loop' (TorchScript, every device) or "
-                  "'triton' (one fused Triton kernel per step, forward and backward; needs triton and a CUDA "
-                  "GPU; opt-in, not yet measured on a GPU; cells without layer norm run the loop)"},
+    rnmt_lstm_impl: ChoiceEnum(list(IMPLS)) = field(
+        default=DEFAULT_IMPL,
+        metadata={"help": "time loop of the layer-normalized LSTM cells: 'auto' (the fused Triton kernels on a CUDA "
+                  "device when triton imports, else the loop; the same numbers), 'loop' (TorchScript, every "
+                  "device) or 'triton' (one fused Triton kernel per step, forward and backward; needs triton and "
+                  "a CUDA GPU); cells without layer norm run the loop"},
     )
     rnmt_init_scale: float = field(
         default=0.0,
