@@ -27,6 +27,7 @@ architecture at width 16 with 2-3 layers.  ``--families`` picks some of them.
 """
 
 import argparse
+import contextlib
 import concurrent.futures
 import glob
 import json
@@ -97,6 +98,41 @@ FAMILIES = {
 }
 
 
+# GPU memory of one paper-scale run (issue 24: 16 runs at once on an 80 GB H100, 9 died of CUDA
+# out-of-memory).  Per family: parameters (millions, an 8k joint vocabulary: counted by building each
+# --arch on the meta device), the sum of width x layers of its Transformer layers and of hidden size
+# x layers x directions of its recurrent ones (Deep-Att: every F-F layer of both columns).
+PAPER_MEMORY = {
+    "transformer_dlcl": (132.1, 36 * 512, 0), "transformer_dlcl_postnorm": (132.1, 36 * 512, 0),
+    "transformer_prenorm": (132.1, 36 * 512, 0), "transformer_ta": (88.0, 22 * 512, 0),
+    # the aggregating models keep every layer's output for their aggregation nodes: 1.5x
+    "transformer_hier_agg+div": (79.5, 18 * 512, 0), "transformer_dense": (56.4, 18 * 512, 0),
+    "transformer_mla3": (85.3, 18 * 512, 0),
+    "rnmt_plus+clip+sent_ce": (78.6, 0, 20 * 512), "rnmt_plus_ta": (78.6, 0, 20 * 512),
+    "rnmt_plus_dlcl": (78.6, 0, 20 * 512),
+    "hybrid_transformer_rnmt": (262.6, 6 * 1024, 8 * 1024), "hybrid_rnmt_transformer": (320.5, 6 * 1024, 12 * 1024),
+    "hybrid_cascaded": (365.4, 4 * 1024, 20 * 1024), "hybrid_multicolumn": (417.7, 6 * 1024, 20 * 1024),
+    "deep_att_ff+deep_att_optim": (65.0, 0, 13 * 512), "deep_ed_ff": (115.8, 0, 25 * 512),
+    "transformer_deepnorm": (144.7, 36 * 512, 0), "transformer_admin": (144.8, 36 * 512, 0),
+    "transformer_dsinit": (100.6, 24 * 512, 0), "transformer_rezero": (144.6, 36 * 512, 0),
+}
+#: bytes per token and unit of width x layers kept for the backward: a Transformer layer ~34 values of
+#: width per token in 16-bit (Korthikanti et al. 2022) plus the decoder's cross-attention: 48; the
+#: recurrent loops run in float32 and keep gates, cell and layer-norm statistics of every step: 100
+TRANSFORMER_BYTES, RECURRENT_BYTES = 48, 100
+
+
+def estimate_gb(family: str, max_tokens: int, vocab: int = 8000) -> float:
+    """GPU memory (GB) of one paper-scale training run: 1.5 GB of CUDA context and workspaces, 20
+    bytes a parameter (16-bit weights and gradients, float32 master weights and gradients, Adam's two
+    moments; AMP: 16), the activations times 1.5 (the caching allocator's slack) and the logits
+    (float16 + float32 log-softmax and its gradient, 12 bytes an entry).  A planning figure, on the
+    safe side: docs/precision.md lists it per family; ``gb_free`` in the runs' logs measures it."""
+    params_m, transformer, recurrent = PAPER_MEMORY[family]
+    activations = max_tokens * (transformer * TRANSFORMER_BYTES + recurrent * RECURRENT_BYTES) * 1.5
+    return round(1.5 + params_m * 1e6 * 20 / 1e9 + activations / 1e9 + max_tokens * vocab * 12 / 1e9, 1)
+
+
 def data_languages(data):
     """(source, target, test set size) of a fairseq-preprocess folder."""
     idx = sorted(glob.glob(os.path.join(data, "test.*-*.*.idx")))
@@ -130,7 +166,21 @@ def generate_command(args, precision, checkpoint):
     cmd = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
            "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
            "--batch-size", str(args.batch_size)]
+    if args.decode_shards > 1:  # fairseq-generate shards the batches by the distributed world: shard 0 of N
+        cmd += ["--distributed-world-size", str(args.decode_shards), "--distributed-rank", "0"]
     return cmd + generate_flags(args.device, precision)
+
+
+def expected_decoded(args, n_test: int) -> int:
+    """Sentences a decode of the test set covers: all, or with ``--decode-shards N`` fairseq's first
+    shard of the batches (about n_test / N); run_one reports what was decoded of this."""
+    return n_test if args.decode_shards <= 1 else -1  # -1: a shard's size is known once decoded
+
+
+def remove_checkpoints(out: str):
+    """The run's checkpoints (hundreds of MB to GB at paper scale) once it is decoded or has failed."""
+    for path in glob.glob(os.path.join(out, "*.pt")):
+        os.remove(path)
 
 
 def last_error(text):
@@ -181,17 +231,30 @@ def run_one(args, family, precision, n_test):
         row["last_loss"] = float(stats[-1]["loss"])
         row["updates"] = int(stats[-1]["num_updates"])
     _scale_stats(row, stats, text)
+    gb_free = [float(s["gb_free"]) for s in stats if "gb_free" in s]
+    if gb_free:
+        row["gb_free_min"] = min(gb_free)  # fairseq's own reading of the free GPU memory
     if code is None:
         row["error"] = f"stopped by --run-timeout {args.run_timeout:g} s at update {row.get('updates', 0)}"
+        if not args.keep_checkpoints:
+            remove_checkpoints(out)
         return row
     if code != 0:
         row["error"] = last_error(text)
+        if not args.keep_checkpoints:
+            remove_checkpoints(out)
         return row
     checkpoint = os.path.join(out, "checkpoint_last.pt")
     code, text = _run_logged(generate_command(args, precision, checkpoint), os.path.join(out, "generate.log"),
                              env, args.run_timeout or None)
+    if not args.keep_checkpoints:
+        remove_checkpoints(out)
     row["decoded"] = len(re.findall(r"^H-\d+\t", text, re.M))
-    row["test_size"] = n_test
+    shard = re.search(r"Translated ([\d,]+) sentences", text)
+    expected = expected_decoded(args, n_test)
+    row["test_size"] = expected if expected >= 0 else (int(shard.group(1).replace(",", "")) if shard else n_test)
+    if args.decode_shards > 1:
+        row["note"] = f"shard 0 of {args.decode_shards} of the {n_test} test sentences"
     if code != 0:
         row["error"] = "generate: " + ("stopped by --run-timeout" if code is None else last_error(text))
     return row
@@ -214,9 +277,41 @@ def run_matrix(args):
                            "rows": [r for r in rows if r is not None]}, f, indent=1)
             print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
 
+    memory = MemoryCap(args.memory_gb)
+
+    def capped(i):
+        need = estimate_gb(jobs[i][0], args.max_tokens) if args.scale == "paper" and args.memory_gb else 0.0
+        with memory.hold(need):
+            one(i)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, range(len(jobs))))
+        list(pool.map(capped, range(len(jobs))))
     return rows
+
+
+class MemoryCap:
+    """At most ``total`` GB of estimated GPU memory held by the runs at once (0: no cap); a run that
+    needs more than ``total`` alone still runs, alone.  ``peak`` records the most held at once."""
+
+    def __init__(self, total: float):
+        self.total, self.used, self.running, self.peak = total, 0.0, 0, 0.0
+        self.cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, gb: float):
+        with self.cond:
+            while self.total and self.running and self.used + gb > self.total:
+                self.cond.wait()
+            self.used += gb
+            self.running += 1
+            self.peak = max(self.peak, self.used)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.used -= gb
+                self.running -= 1
+                self.cond.notify_all()
 
 
 def table(rows):
@@ -250,7 +345,15 @@ def get_parser():
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (at most; see --memory-gb)")
+    p.add_argument("--memory-gb", type=float, default=0,
+                   help="--scale paper: start a run only while the estimated GPU memory of the runs going on "
+                        "(estimate_gb) stays within this many GB (0: no cap)")
+    p.add_argument("--decode-shards", type=int, default=1,
+                   help="decode only fairseq-generate's first of N shards of the test batches "
+                        "(--distributed-world-size N --distributed-rank 0, one process): about 1/N of the sentences")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's checkpoints (default: deleted once it is decoded or has failed)")
     p.add_argument("--run-timeout", type=float, default=0,
                    help="seconds each fairseq-train (and each fairseq-generate) may run; a run stopped "
                         "by it is reported with the update it reached (0: no limit)")

@@ -96,10 +96,11 @@ def test_runner_keeps_to_its_budget(tmp_path):
     assert not _alive(int(grandchild.read_text()))
     summary = (tmp_path / "out" / "t" / "summary.md").read_text()
     assert "| slow | 0 | timed out" in summary and "| writes | 0 | exit 0 |" in summary
-    assert (tmp_path / "out" / "t" / "writes.log").read_text().strip() == "done"
+    assert os.listdir(tmp_path / "out" / "t") == ["summary.md"]  # the logs travel in the tarball
     with tarfile.open(tmp_path / "out" / "t.tar.gz") as tar:
         names = tar.getnames()
         assert "t/writes/table.md" in names and not any("checkpoint" in n for n in names)
+        assert tar.extractfile("t/writes/writes.log").read().decode().strip() == "done"
         big = tar.extractfile("t/writes/big.log").read()
         assert big.startswith(b"[... cut") and len(big) < 300000
 
@@ -135,3 +136,45 @@ def test_a_step_without_enough_budget_is_skipped(tmp_path):
     phase.run()
     assert phase.rows[0]["status"].startswith("skipped") and not ran.exists()
     assert "| first | 0 | skipped" in (tmp_path / "out" / "t" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_each_phase_leaves_few_files_and_every_log_in_the_tarball(tmp_path, phase):
+    """Issue 24: the device tool brings back few files: the output folder gets the summary and the
+    tarball whatever the number of steps; each step's output (rnmt_speed's table is only there)
+    goes into the tarball."""
+    steps = [Step(s.name, s.issue, _py(f"print('table of {s.name}')"), timeout=30) for s in PHASES[phase]]
+    Phase(phase, steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
+          budget=120, reserve=0, min_step=1).run()
+    files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "out") for f in fs]
+    assert len(files) <= 7, files
+    with tarfile.open(tmp_path / "out" / f"{phase}.tar.gz") as tar:
+        for s in PHASES[phase]:
+            log = tar.extractfile(f"{phase}/{s.name}/{s.name}.log").read().decode()
+            assert log.strip() == f"table of {s.name}"
+
+
+def test_the_plan_fits_one_gpu_and_its_budget():
+    """The check phase's matrices plan within 80 GB together (estimate_gb, --memory-gb), decode a
+    subset, delete checkpoints (the default), and the 1,000-update runs need no more concurrent
+    runs than fit their share; the speed phase's timeouts add up to its budget."""
+    import precision_matrix as pm
+
+    budgets = []
+    for step in PHASES["check"]:
+        if "precision_matrix" not in " ".join(step.argv):
+            continue
+        args = pm.get_parser().parse_args(gpu_session.expand(step.argv, VALUES)[2:])
+        assert args.memory_gb > 0 and args.decode_shards >= 10 and not args.keep_checkpoints
+        runs = [pm.estimate_gb(f, args.max_tokens) for f in args.families for _ in args.precisions]
+        assert max(runs) <= args.memory_gb
+        budgets.append(args.memory_gb)
+        if args.updates >= 1000:  # every run at once: none waits for a slot and misses its 1,000
+            assert len(runs) <= args.jobs and sum(runs) <= args.memory_gb
+    assert len(budgets) == 2 and sum(budgets) <= 76  # and the -m gpu tests beside them
+    default_budget, reserve = get_parser_budget(), 25
+    assert sum(s.timeout for s in PHASES["speed"]) <= default_budget - reserve
+
+
+def get_parser_budget():
+    return gpu_session.get_parser().parse_args(["run", "speed"]).budget

@@ -134,3 +134,44 @@ def test_adaptive_clip_statistics_skip_overflows_and_use_unscaled_norms(syntheti
     assert low.get_num_updates() == updates
     # the first update of each run sees the same parameters: norms agree to fp16 rounding
     assert seen_low[0] == pytest.approx(seen[0], rel=2e-2)
+
+
+def test_matrix_decodes_a_shard_and_deletes_checkpoints(synthetic_bin, tmp_path):
+    """Issue 24: --decode-shards N decodes fairseq's first shard of the test batches, and a run's
+    checkpoints are gone once it is decoded (--keep-checkpoints keeps them)."""
+    rows = {}
+    for keep in (False, True):
+        args = precision_matrix.parse_args([
+            "--data", str(synthetic_bin), "--work-dir", str(tmp_path / str(keep)), "--scale", "tiny",
+            "--device", "cpu", "--precisions", "fp32", "--updates", "2", "--max-tokens", "1000",
+            "--batch-size", "16", "--beam", "1", "--families", "transformer_dlcl", "--decode-shards", "4",
+            *(["--keep-checkpoints"] if keep else [])])
+        (rows[keep],) = precision_matrix.run_matrix(args)
+        kept = list((tmp_path / str(keep)).rglob("*.pt"))
+        assert bool(kept) == keep
+    row = rows[False]
+    assert 0 < row["decoded"] == row["test_size"] < 101, row  # about a quarter of the 101 sentences
+    assert "shard 0 of 4" in row["note"]
+
+
+def test_memory_cap_holds_runs_to_their_estimate():
+    """At most --memory-gb of estimated memory at once; a run bigger than the cap runs alone."""
+    import threading
+    import time
+
+    cap = precision_matrix.MemoryCap(10.0)
+    seen = []
+
+    def run(gb):
+        with cap.hold(gb):
+            seen.append(cap.used)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=run, args=(gb,)) for gb in (4, 4, 4, 12, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(seen) <= 12 and cap.peak <= 12 and cap.used == 0 and cap.running == 0
+    assert all(u <= 10 for u in seen if u != 12)
+    assert precision_matrix.estimate_gb("hybrid_multicolumn", 4096) > precision_matrix.estimate_gb("transformer_dense", 4096)
