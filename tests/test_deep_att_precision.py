@@ -95,7 +95,10 @@ def _check_grads(model, dtype):
     missing = [n for n, p in params if p.grad is None]
     assert not missing, missing
     for n, p in params:
-        assert p.grad.dtype == dtype, n
+        # under float16 every parameter but the output projection stays float32 (issue 24,
+        # tests/test_deep_att_fp16.py); bfloat16 and float32 cast everything
+        kept = dtype == torch.float16 and not n.startswith("decoder.output_projection.")
+        assert p.dtype == (torch.float32 if kept else dtype) and p.grad.dtype == p.dtype, n
         assert torch.isfinite(p.grad).all(), n
 
 
