@@ -1,7 +1,7 @@
 """The Deep-Att / Deep-ED cell's time loop with one fused Triton kernel per step (issue 16).
 
-Opt-in (``FFLSTMCell(impl="triton")``, ``--deep-att-cell-impl triton``); the default stays the
-Python loop :func:`.fast_forward_lstm.lstm_recurrence`, whose arithmetic this module repeats
+``FFLSTMCell(impl="triton")``, ``--deep-att-cell-impl triton``, and the default ``auto`` on CUDA
+(:mod:`.kernel_choice`); otherwise the Python loop :func:`.fast_forward_lstm.lstm_recurrence`, whose arithmetic this module repeats
 (Zhou et al. 2016, Eq. 4):
 
     [z, z_rho, z_phi, z_pi] = f_t + h_{t-1} W_r^T                       (one matmul, all four blocks)

@@ -26,9 +26,10 @@ loop keep the model's precision.
 Padding: a padded position leaves (h, c) unchanged and outputs zeros, so a left- or right-padded
 sentence gives exactly the states of the unpadded one, in both directions.
 
-``impl="triton"`` (``--rnmt-lstm-impl triton``, opt-in, unmeasured on a GPU so far; issue 16) runs the
-same loop with one fused Triton kernel per step, forward and backward (:mod:`.ln_lstm_triton`);
-the default ``"loop"`` is the TorchScript loop above.
+``impl="triton"`` (``--rnmt-lstm-impl triton``; issue 16) runs the same loop with one fused Triton
+kernel per step, forward and backward (:mod:`.ln_lstm_triton`); ``"loop"`` is the TorchScript loop
+above; the default ``"auto"`` takes triton on CUDA when it imports, the loop otherwise
+(:mod:`.kernel_choice`; issue 24).
 """
 
 import warnings

@@ -1,7 +1,7 @@
 """The layer-normalized LSTM's time loop with one fused Triton kernel per step (issue 16).
 
-Opt-in (``LayerNormLSTM(impl="triton")``, ``--rnmt-lstm-impl triton``); the default stays the
-TorchScript loop of :mod:`.ln_lstm`, whose arithmetic this module repeats exactly (Chen et al. 2018,
+``LayerNormLSTM(impl="triton")``, ``--rnmt-lstm-impl triton``, and the default ``auto`` on CUDA
+(:mod:`.kernel_choice`); otherwise the TorchScript loop of :mod:`.ln_lstm`, whose arithmetic this module repeats exactly (Chen et al. 2018,
 Sec. 4.1, lingvo's ``LayerNormalizedLSTMCellSimple``):
 
     a_t  = W x_t + U h_{t-1}                                 (W x_t: one matmul before the loop)
