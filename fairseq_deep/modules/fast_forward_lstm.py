@@ -24,9 +24,11 @@ compute in float32 with autocast off (:func:`wide_dtype`, :func:`no_autocast`, :
 W_f, the recurrence of Eq. 4 (its cell state s sums over steps) and everything derived from f.
 Their outputs stay float32; h lies in [-1, 1], and a caller may cast it back for the softmax.  The
 casts are autograd's, so the gradients come back in each parameter's dtype.  Float32 and float64
-inputs run exactly as before.  Under --fp16 the parameters' own gradients stay float16: at this
-init they reach ~2e3 per element (top decoder W_f, whose input is f; bottom encoder biases), so
-fairseq's loss scale settles lower (4-16 in a 30-update run) than the default 128.
+inputs run exactly as before.  The gradients grow with depth too (W_f^T in the backward is as large
+as W_f): unscaled, those of the bottom W_f biases, the embeddings and the attention's key projection
+pass float16's range, so float16 parameters made fairseq's loss scale collapse (issue 24).  The
+Deep-Att model therefore keeps every parameter but its output projection float32 under ``.half()``
+(:class:`.precision.Float32UnderHalf`).
 
 ``impl="triton"`` (``--deep-att-cell-impl triton``; issue 16) runs the recurrence of Eq. 4 with one
 fused Triton kernel per step, forward and backward (:mod:`.ff_lstm_triton`), on the same float32
