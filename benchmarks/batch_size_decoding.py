@@ -24,6 +24,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _device import add_device_argument, device_from_args, generate_flags, train_flags  # noqa: E402
+
 PLUGIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_deep")
 
 SYSTEMS = {  # name: (arch, flags); all post-norm: the layers 0.12.2's fused path would take
@@ -49,7 +52,7 @@ def run(argv, log_path):
     return proc.stdout
 
 
-def main(argv=None):
+def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="fairseq-preprocess output with a test split")
     p.add_argument("--out", required=True)
@@ -58,7 +61,13 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated names of " + ", ".join(SYSTEMS))
-    args = p.parse_args(argv)
+    add_device_argument(p, note="the fused path of issue 23 is taken on either device")
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    device_from_args(args)
     os.makedirs(args.out, exist_ok=True)
     import fairseq
     import torch
@@ -79,7 +88,7 @@ def main(argv=None):
                  "inverse_sqrt", "--warmup-updates", "400", "--criterion", "label_smoothed_cross_entropy",
                  "--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", "100000",
                  "--stop-time-hours", str(args.minutes / 60), "--disable-validation", "--no-epoch-checkpoints",
-                 "--save-dir", save, "--seed", "1", "--cpu", "--num-workers", "0", "--no-progress-bar"],
+                 "--save-dir", save, "--seed", "1", *train_flags(args.device), "--num-workers", "0", "--no-progress-bar"],
                 os.path.join(args.out, f"{arch}.train.log"))
         train_s = time.time() - t0
         hyps, seconds, failed = {}, {}, {}
@@ -89,7 +98,7 @@ def main(argv=None):
                 hyps[bsz] = hypotheses(run(
                     [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
                      "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
-                     "--beam", str(args.beam), "--batch-size", str(bsz), "--cpu", "--num-workers", "0"],
+                     "--beam", str(args.beam), "--batch-size", str(bsz), *generate_flags(args.device), "--num-workers", "0"],
                     os.path.join(args.out, f"{arch}.generate{bsz}.log")))
             except RuntimeError as e:  # fairseq's own transformer on 0.12.2 + torch 2.x: "Mask Type ..."
                 hyps[bsz], failed[bsz] = {}, str(e)
@@ -102,7 +111,7 @@ def main(argv=None):
                          train_s=round(train_s), generate_s={b: round(s, 1) for b, s in seconds.items()}))
         print(json.dumps(rows[-1]), flush=True)
     header = (f"fairseq {fairseq.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; "
-              f"{args.layers}+{args.layers} layers, width {args.width}, {args.minutes} min of training, beam {args.beam}")
+              f"{args.device}, {args.layers}+{args.layers} layers, width {args.width}, {args.minutes} min of training, beam {args.beam}")
     lines = [header, "", "| system | sentences | hypotheses differing (bsz 1 vs 64) | max score diff (same hyps) |",
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {r['system']} | {r['sentences']} | "

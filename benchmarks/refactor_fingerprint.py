@@ -22,6 +22,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _device import add_device_argument, device_from_args  # noqa: E402
 
 
 def _use_package_dir(path: str):
@@ -49,7 +51,7 @@ def presets():
     return out
 
 
-def models():
+def models(device):
     import torch
 
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -70,7 +72,8 @@ def models():
     out = {}
     for arch, extra in cases:
         model, task = build_model(arch, extra)
-        src, lengths, prev = random_batch(task.source_dictionary)
+        model.to(device)
+        src, lengths, prev = (t.to(device) for t in random_batch(task.source_dictionary))
         model.train()
         torch.manual_seed(3)
         y = model(src, lengths, prev)[0]
@@ -81,12 +84,19 @@ def models():
     return out
 
 
-def main():
+def get_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="where to write the fingerprint (JSON)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprints")
     parser.add_argument("--package-dir", help="import fairseq_deep from this directory")
-    args = parser.parse_args()
+    add_device_argument(parser, note="compare fingerprints taken on the same device")
+    return parser
+
+
+def main(argv=None):
+    parser = get_parser()
+    args = parser.parse_args(argv)
+    device = device_from_args(args)
     if args.compare:
         a, b = (json.load(open(p)) for p in args.compare)
         differ = [f"{part} {key}" for part in ("presets", "models") for key in sorted(set(a[part]) | set(b[part]))
@@ -106,7 +116,7 @@ def main():
 
     print(f"fairseq_deep from {os.path.dirname(fairseq_deep.__file__)}", file=sys.stderr)
     with open(args.out, "w") as f:
-        json.dump({"presets": presets(), "models": models()}, f, indent=1, sort_keys=True)
+        json.dump({"presets": presets(), "models": models(device)}, f, indent=1, sort_keys=True)
 
 
 if __name__ == "__main__":
