@@ -7,6 +7,7 @@ models, criterions and schedulers with fairseq and applies the shims of :mod:`fa
 
 __version__ = "0.1.0"
 
+from . import quiet  # noqa: F401  (first of all: filters of log lines fairseq prints while it is imported)
 from . import compat  # noqa: F401  (first: safe checkpoint loading, full evaluation batches)
 from .criterions import layer_diversity, sentence_cross_entropy  # noqa: F401
 from .models import deep_att, rnmt_plus, transformer_agg, transformer_dlcl, transformer_schemes, transformer_ta  # noqa: F401

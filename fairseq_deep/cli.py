@@ -26,10 +26,10 @@ import os
 import re
 import signal
 import sys
-import warnings
 from typing import List, Optional
 
 from .errors import UserError, report_user_errors
+from .quiet import QUIET_WARNINGS, quiet_warnings  # noqa: F401  (the scripts' filters; imported from here)
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,27 +54,6 @@ def _fairseq_logging(stream=sys.stdout):
     if stream is not None:
         logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                             datefmt="%Y-%m-%d %H:%M:%S", level=root.level, stream=stream)
-
-
-#: (category, message regex) of warnings that fairseq, hydra and torch print on every run and that
-#: say nothing a user of these scripts can act on (deprecations inside fairseq and its pins).
-QUIET_WARNINGS = [
-    (UserWarning, r"\s*hydra\.experimental\.\w+\(\) is no longer experimental"),
-    (UserWarning, r"\s*The version_base parameter is not specified"),
-    (UserWarning, r"\s*In '\w+': Usage of deprecated keyword in package header"),
-    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema"),
-    (UserWarning, r"\s*The strict flag in the compose API is deprecated"),
-    (FutureWarning, r"\s*`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated"),
-    (Warning, r"\s*`?torch\.jit\.(script|trace|_overload)\w*`? is deprecated"),
-    (UserWarning, r"\s*Support for mismatched key_padding_mask and attn_mask is deprecated"),
-    (UserWarning, r"\s*'pin_memory' argument is set as true but no accelerator is found"),
-]
-
-
-def quiet_warnings():
-    """Filter :data:`QUIET_WARNINGS` (``PYTHONWARNINGS`` or ``-W`` given by the user still apply first)."""
-    for category, pattern in QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
 
 
 def _option_value(argv: List[str], *names: str) -> Optional[str]:

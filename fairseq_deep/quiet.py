@@ -1,0 +1,80 @@
+"""What fairseq, hydra and torch print on every run that a user of fairseq_deep cannot act on, and
+the filters that keep it off a normal run, in one place.
+
+Two kinds, each filtered by its exact message (and category or logger), never wholesale:
+
+- Python warnings (:data:`QUIET_WARNINGS`): deprecations inside fairseq and its pins;
+  :func:`quiet_warnings` is called by every console script of ours (``PYTHONWARNINGS`` or ``-W``
+  given by the user still apply first).
+- log records (:data:`QUIET_LOGS`): fairseq's import of its tasks logs "Please install
+  tensorboardX" (``fairseq.tasks.text_to_speech``, a task these scripts never run) whenever
+  tensorboardX is not installed, and ``--user-dir=<fairseq_deep> has already been imported`` on
+  every run of a ``fairseq-deep-*`` script (they import the plugin before fairseq looks for it).
+  The first is logged while fairseq is being imported, so :func:`quiet_logs` runs when
+  ``fairseq_deep`` is imported, before it imports fairseq (its ``__init__`` imports this module
+  first).  Logger filters only: ``--tensorboard-logdir`` without tensorboardX still warns
+  (fairseq's progress bar says "tensorboard not found").
+"""
+
+import logging
+import os
+import re
+import warnings
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+#: (category, message regex) of warnings that fairseq, hydra and torch print on every run and that
+#: say nothing a user of these scripts can act on (deprecations inside fairseq and its pins).
+QUIET_WARNINGS = [
+    (UserWarning, r"\s*hydra\.experimental\.\w+\(\) is no longer experimental"),
+    (UserWarning, r"\s*The version_base parameter is not specified"),
+    (UserWarning, r"\s*In '\w+': Usage of deprecated keyword in package header"),
+    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema"),
+    (UserWarning, r"\s*The strict flag in the compose API is deprecated"),
+    (FutureWarning, r"\s*`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated"),
+    (Warning, r"\s*`?torch\.jit\.(script|trace|_overload)\w*`? is deprecated"),
+    (UserWarning, r"\s*Support for mismatched key_padding_mask and attn_mask is deprecated"),
+    (UserWarning, r"\s*'pin_memory' argument is set as true but no accelerator is found"),
+]
+
+#: (logger name, message regex) of log records dropped (the logger's own filter: only records
+#: logged by that logger, under the regex, matched from the start of the message)
+QUIET_LOGS = [
+    ("fairseq.tasks.text_to_speech", r"Please install tensorboardX: pip install tensorboardX$"),
+    ("fairseq.utils", r"--user-dir=" + re.escape(PLUGIN_DIR) + r"/? has already been imported\.$"),
+]
+
+
+def quiet_warnings():
+    """Filter :data:`QUIET_WARNINGS` (``PYTHONWARNINGS`` or ``-W`` given by the user still apply first)."""
+    for category, pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
+
+
+class DropMessages(logging.Filter):
+    """Drops the records whose message matches one of ``patterns``."""
+
+    def __init__(self, patterns):
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is not ours to judge
+            return True
+        return not any(p.match(text) for p in self.patterns)
+
+
+def quiet_logs():
+    """Install the filters of :data:`QUIET_LOGS` on their loggers (once)."""
+    by_logger = {}
+    for name, pattern in QUIET_LOGS:
+        by_logger.setdefault(name, []).append(pattern)
+    for name, patterns in by_logger.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropMessages) for f in logger.filters):
+            logger.addFilter(DropMessages(patterns))
+
+
+quiet_logs()
