@@ -158,15 +158,21 @@ def _run(main, log_stream=sys.stdout, needs_arch=False):
 
 
 def train():
-    from fairseq_cli.train import cli_main
+    from fairseq_cli import train as fairseq_train
 
-    _run(cli_main, needs_arch=True)
+    from .progress import install_training_progress
+
+    install_training_progress(fairseq_train)  # a progress line with the ETA every 30 s
+    _run(fairseq_train.cli_main, needs_arch=True)
 
 
 def generate():
-    from fairseq_cli.generate import cli_main
+    from fairseq_cli import generate as fairseq_generate
 
-    _run(cli_main, log_stream=None)  # fairseq-generate configures logging itself (to its output)
+    from .progress import install_decoding_progress
+
+    install_decoding_progress(fairseq_generate)  # a progress line with the ETA every 30 s
+    _run(fairseq_generate.cli_main, log_stream=None)  # fairseq-generate configures logging itself
 
 
 def interactive():

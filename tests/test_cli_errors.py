@@ -219,6 +219,14 @@ def test_no_noise(trained):
     assert "has already been imported" not in proc.stdout + proc.stderr
 
 
+def test_train_logs_progress_from_the_first_update(trained):
+    """fairseq-deep-train logs a progress line with an ETA after its first update, through fairseq's
+    logging (stdout), not only every --log-interval updates (issue 26, item 2)."""
+    _, proc = trained
+    first = [line for line in proc.stdout.splitlines() if "fairseq_deep.progress | progress: update 1 " in line]
+    assert first and "epoch 1" in first[0] and "(--max-epoch 1)" in first[0], proc.stdout[-3000:]
+
+
 def test_no_tensorboardx_noise_without_tensorboardx():
     """Without tensorboardX, fairseq's import logs "Please install tensorboardX" (its text-to-speech
     task, which these scripts never run): not on our scripts' output (issue 26, item 5).  The

@@ -1,0 +1,339 @@
+"""Progress lines with an ETA for ``fairseq-deep-train`` and ``fairseq-deep-generate``.
+
+fairseq logs training statistics every ``--log-interval`` updates (100 by default: minutes apart
+on a CPU) and decoding only at its end; its tqdm bar shows only on a terminal, not through
+``| tee log``.  Our two scripts add one line through fairseq's logging (``logger.info``, so it
+goes where fairseq's own lines go, and a pipe gets it at once) after the first update (or batch)
+and then at most every :data:`INTERVAL_ENV` seconds (30 by default; 0 turns the lines off)::
+
+    progress: update 1,200/20,000 (6.0%) | epoch 3 (45%) | 3,456 words/s | 0.52 updates/s | elapsed 0:38:27 | ETA 10:01:00 (--max-update 20000)
+    progress: 384/1,000 sentences (38.4%) | 12.8 sentences/s | elapsed 0:00:30 | ETA 0:00:48
+
+Training: the ETA is the soonest of the ends fairseq stops at: ``--max-update`` (updates left at
+the rate of this run), ``--max-epoch`` (epochs left at the same rate) and ``--stop-time-hours``
+(fairseq's cumulative training time against the budget).  Rates are means since the first update
+of this process (validation and checkpoint time included, as in the wall-clock time to the end).
+
+How it is installed (only by :mod:`fairseq_deep.cli`, never by importing the package; plain
+``fairseq-train --user-dir`` is unchanged): ``fairseq_cli.train.train`` (one epoch) is wrapped so
+that the trainer's ``train_step`` of that run is wrapped on the instance
+(:func:`install_training_progress`); ``fairseq_cli.generate``'s ``progress_bar`` and ``tasks``
+names are replaced by proxies whose progress bar's iterator counts the sentences decoded, and
+whose task records its batch iterator, to know the number of sentences
+(:func:`install_decoding_progress`).  Both take a ``clock`` (tests use a fake one).
+"""
+
+import logging
+import math
+import os
+import time
+from typing import Callable, Optional
+
+logger = logging.getLogger("fairseq_deep.progress")
+
+#: the environment variable with the seconds between two progress lines (0: none)
+INTERVAL_ENV = "FAIRSEQ_DEEP_PROGRESS_SECONDS"
+DEFAULT_INTERVAL = 30.0
+
+
+def interval_seconds() -> float:
+    value = os.environ.get(INTERVAL_ENV, "")
+    try:
+        return float(value) if value.strip() else DEFAULT_INTERVAL
+    except ValueError:
+        logger.warning("%s=%r is not a number of seconds: using %g", INTERVAL_ENV, value, DEFAULT_INTERVAL)
+        return DEFAULT_INTERVAL
+
+
+def hms(seconds: Optional[float]) -> str:
+    """``H:MM:SS`` (``?`` for an unknown or infinite time)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Ticker:
+    """Says when a line is due: at the first call, then when ``interval`` seconds have passed."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.start = clock()
+        self.last = None
+
+    def due(self, final: bool = False) -> bool:
+        if self.interval <= 0:
+            return False
+        now = self.clock()
+        if self.last is None or final or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
+class TrainingProgress:
+    """Counts updates and words of one ``fairseq-train`` run and logs a line with the ETA.
+
+    ``max_update``, ``max_epoch``, ``stop_time_hours``: fairseq's (0 or None: no such bound)."""
+
+    def __init__(self, max_update=0, max_epoch=0, stop_time_hours=0.0, interval: float = DEFAULT_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_update = max_update or 0
+        self.max_epoch = max_epoch or 0
+        self.stop_time_hours = stop_time_hours or 0.0
+        self.ticker = Ticker(interval, clock)
+        self.clock = clock
+        self.first = None  # (clock, num_updates) after the first update of this process
+        self.words = 0.0
+        self.epoch = None
+        self.epoch_fraction = None  # of the current epoch's batches done
+        self.updates_per_epoch = None
+        self.epoch_itr = None  # fairseq's epoch iterator of the epoch being trained
+
+    def set_epoch(self, epoch: int, fraction_done: Optional[float], updates_per_epoch: Optional[float]):
+        self.epoch, self.epoch_fraction, self.updates_per_epoch = epoch, fraction_done, updates_per_epoch
+
+    def step(self, num_updates: int, words: float = 0.0, training_seconds: Optional[float] = None):
+        """After an update: ``num_updates`` done in all, ``words`` (target tokens) in this one,
+        ``training_seconds``: fairseq's cumulative training time (for ``--stop-time-hours``)."""
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, num_updates, self.ticker.start)
+        else:
+            self.words += words or 0.0
+        if self.ticker.due():
+            logger.info(self.line(num_updates, training_seconds, now))
+
+    def line(self, num_updates: int, training_seconds: Optional[float] = None, now: Optional[float] = None) -> str:
+        now = self.clock() if now is None else now
+        t0, u0, start = self.first if self.first is not None else (now, num_updates, self.ticker.start)
+        elapsed = now - start
+        span = now - t0
+        if span > 0 and num_updates > u0:
+            rate = (num_updates - u0) / span  # since the first update: start-up left out
+        else:  # after the first update: its time, start-up included (an overestimate)
+            rate = 1.0 / (t0 - start) if t0 > start and num_updates > 0 else None
+        parts = [f"update {num_updates:,}" + (f"/{self.max_update:,} ({100.0 * num_updates / self.max_update:.1f}%)"
+                                             if self.max_update else "")]
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch}" + (f" ({100.0 * self.epoch_fraction:.0f}%)"
+                                                   if self.epoch_fraction is not None else ""))
+        if span > 0 and self.words > 0:
+            parts.append(f"{self.words / span:,.0f} words/s")
+        if rate is not None:
+            parts.append(f"{rate:.3g} updates/s")
+        parts.append(f"elapsed {hms(elapsed)}")
+        parts.append(self.eta(num_updates, rate, training_seconds))
+        return "progress: " + " | ".join(parts)
+
+    def eta(self, num_updates: int, rate: Optional[float], training_seconds: Optional[float]) -> str:
+        ends = []  # (seconds left, why)
+        if self.max_update and rate:
+            ends.append((max(0, self.max_update - num_updates) / rate, f"--max-update {self.max_update}"))
+        if self.max_epoch and rate and self.epoch is not None and self.updates_per_epoch:
+            epochs_left = max(0.0, self.max_epoch - self.epoch + 1.0 - (self.epoch_fraction or 0.0))
+            ends.append((epochs_left * self.updates_per_epoch / rate, f"--max-epoch {self.max_epoch}"))
+        if self.stop_time_hours and training_seconds is not None:
+            ends.append((max(0.0, self.stop_time_hours * 3600.0 - training_seconds),
+                         f"--stop-time-hours {self.stop_time_hours:g}"))
+        if ends:
+            left, why = min(ends)
+            return f"ETA {hms(left)} ({why})"
+        if not (self.max_update or self.max_epoch or self.stop_time_hours):
+            return "no ETA (no --max-update, --max-epoch or --stop-time-hours)"
+        return "ETA after the second update"
+
+
+def _epoch_state(epoch_itr, update_freq: int):
+    """``(epoch, fraction of its batches done, updates per epoch)`` of fairseq's epoch iterator."""
+    try:
+        batches = len(epoch_itr)
+        fraction = epoch_itr.iterations_in_epoch / batches if batches else None
+        return epoch_itr.epoch, fraction, math.ceil(batches / max(1, update_freq)) if batches else None
+    except Exception:  # noqa: BLE001 - another iterator: no epoch in the line
+        return getattr(epoch_itr, "epoch", None), None, None
+
+
+def _update_freq(cfg, epoch: int) -> int:
+    freqs = list(cfg.optimization.update_freq)
+    return int(freqs[epoch - 1] if epoch <= len(freqs) else freqs[-1])
+
+
+def _update_words(samples, trainer) -> float:
+    """The target tokens of the last update, all workers together: the "wpb" that fairseq's task
+    logged into the "train_inner" aggregation (trainer.train_step removes it from what it returns);
+    else this worker's samples times the number of workers."""
+    from fairseq.logging import metrics
+
+    meter = metrics.get_meter("train_inner", "wpb")
+    if meter is not None and getattr(meter, "val", None) is not None:
+        return float(meter.val)
+    try:
+        local = sum(float(s.get("ntokens", 0)) for s in samples if s)
+        return local * getattr(trainer, "data_parallel_world_size", 1)
+    except Exception:  # noqa: BLE001 - a sample of another shape: no words/s in the line
+        return 0.0
+
+
+def _wrap_train_step(trainer, progress: TrainingProgress, cfg):
+    """``trainer.train_step`` (on the instance) followed by ``progress.step``."""
+    train_step = trainer.train_step
+
+    def train_step_with_progress(samples, *args, **kwargs):
+        log_output = train_step(samples, *args, **kwargs)
+        if log_output is not None:  # not an OOM or overflow
+            epoch_itr = progress.epoch_itr
+            epoch = getattr(epoch_itr, "epoch", 1)
+            progress.set_epoch(*_epoch_state(epoch_itr, _update_freq(cfg, epoch)))
+            words = _update_words(samples, trainer)
+            progress.step(trainer.get_num_updates(), words, trainer.cumulative_training_time())
+        return log_output
+
+    trainer.train_step = train_step_with_progress
+
+
+def install_training_progress(train_module, interval: Optional[float] = None,
+                              clock: Callable[[], float] = time.monotonic):
+    """Wrap ``train_module.train`` (``fairseq_cli.train``'s one epoch) so that each run's trainer
+    logs :class:`TrainingProgress` lines.  Idempotent."""
+    train_epoch = train_module.train
+    if getattr(train_epoch, "_fairseq_deep", False):
+        return
+    interval = interval_seconds() if interval is None else interval
+    if interval <= 0:
+        return
+    state = {}
+
+    def train(cfg, trainer, task, epoch_itr, *args, **kwargs):
+        progress = state.get(id(trainer))
+        if progress is None:
+            opt = cfg.optimization
+            progress = state[id(trainer)] = TrainingProgress(
+                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock)
+            _wrap_train_step(trainer, progress, cfg)
+        progress.epoch_itr = epoch_itr
+        return train_epoch(cfg, trainer, task, epoch_itr, *args, **kwargs)
+
+    train.__doc__ = train_epoch.__doc__
+    train._fairseq_deep = True
+    train_module.train = train
+
+
+class DecodingProgress:
+    """Counts the sentences of a decoding run and logs a line with the ETA."""
+
+    def __init__(self, total_sentences: Optional[int], total_batches: Optional[int] = None,
+                 interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic):
+        self.total_sentences = total_sentences
+        self.total_batches = total_batches
+        self.ticker = Ticker(interval, clock)
+        self.clock = clock
+        self.sentences = 0
+        self.batches = 0
+
+    def step(self, sentences: int):
+        self.sentences += sentences
+        self.batches += 1
+        if self.ticker.due():
+            logger.info(self.line())
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.ticker.start
+        rate = self.sentences / elapsed if elapsed > 0 else None
+        if self.total_sentences:
+            done, total, what = self.sentences, self.total_sentences, "sentences"
+        elif self.total_batches:  # the number of sentences is unknown: batches
+            done, total, what = self.batches, self.total_batches, "batches"
+        else:
+            done, total, what = self.sentences, None, "sentences"
+        head = f"{done:,}" + (f"/{total:,} {what} ({100.0 * done / total:.1f}%)" if total else f" {what}")
+        parts = [head]
+        if rate:
+            parts.append(f"{rate:,.1f} sentences/s")
+        parts.append(f"elapsed {hms(elapsed)}")
+        if total and done:
+            parts.append(f"ETA {hms(elapsed * (total - done) / done)}")
+        return "progress: " + " | ".join(parts)
+
+
+def _sample_sentences(sample) -> int:
+    try:
+        return int(sample["nsentences"]) if "nsentences" in sample else int(sample["id"].numel())
+    except Exception:  # noqa: BLE001 - an empty or foreign sample
+        return 0
+
+
+class _CountingBar:
+    """fairseq's progress bar, with an iterator that counts what it yields into ``progress``."""
+
+    def __init__(self, bar, progress: DecodingProgress):
+        self._bar = bar
+        self._progress = progress
+
+    def __iter__(self):
+        for sample in self._bar:
+            yield sample
+            self._progress.step(_sample_sentences(sample))  # the batch has been decoded
+
+    def __len__(self):
+        return len(self._bar)
+
+    def __getattr__(self, name):
+        return getattr(self._bar, name)
+
+
+class _Proxy:
+    """A module's attributes, some replaced."""
+
+    def __init__(self, module, **replaced):
+        self._module = module
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _sentences_in(epoch_batch_iterator) -> Optional[int]:
+    try:
+        return int(sum(len(b) for b in epoch_batch_iterator.frozen_batches))
+    except Exception:  # noqa: BLE001 - another iterator: batches are counted instead
+        return None
+
+
+def install_decoding_progress(generate_module, interval: Optional[float] = None,
+                              clock: Callable[[], float] = time.monotonic):
+    """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines:
+    its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded (the number
+    of sentences), its ``progress_bar.progress_bar`` a bar that counts the sentences.  Idempotent."""
+    if isinstance(generate_module.progress_bar, _Proxy):
+        return
+    interval = interval_seconds() if interval is None else interval
+    if interval <= 0:
+        return
+    real_tasks, real_bars = generate_module.tasks, generate_module.progress_bar
+    recorded = []
+
+    def setup_task(*args, **kwargs):
+        task = real_tasks.setup_task(*args, **kwargs)
+        get_batch_iterator = task.get_batch_iterator
+
+        def recording(*a, **kw):
+            itr = get_batch_iterator(*a, **kw)
+            recorded.append(itr)
+            return itr
+
+        task.get_batch_iterator = recording
+        return task
+
+    def progress_bar(iterator, *args, **kwargs):
+        bar = real_bars.progress_bar(iterator, *args, **kwargs)
+        total = _sentences_in(recorded[-1]) if recorded else None
+        try:
+            batches = len(iterator)
+        except TypeError:
+            batches = None
+        return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock))
+
+    generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
+    generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)

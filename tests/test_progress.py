@@ -1,0 +1,157 @@
+"""fairseq-deep-train's and fairseq-deep-generate's progress lines (issue 26, item 2): a line after
+the first update (or batch), then one every 30 s, with the ETA; driven here by a fake clock on
+fakes of fairseq_cli's train and generate modules (the real scripts: tests/test_cli_errors.py)."""
+
+import logging
+import types
+
+import pytest
+
+from fairseq_deep import progress as P
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "fairseq_deep.progress"]
+
+
+def test_hms():
+    assert P.hms(0) == "0:00:00" and P.hms(3725.4) == "1:02:05" and P.hms(None) == "?"
+    assert P.hms(float("inf")) == "?"
+
+
+def test_training_lines_every_interval_with_the_soonest_end(caplog):
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+    progress = P.TrainingProgress(max_update=100, stop_time_hours=0.05, interval=30, clock=clock)
+    clock.t = 2.0  # the first update: at once, its rate from its own time (start-up included)
+    progress.step(1, words=100, training_seconds=3.0)
+    assert lines(caplog) == ["progress: update 1/100 (1.0%) | 0.5 updates/s | elapsed 0:00:02 | "
+                             "ETA 0:02:57 (--stop-time-hours 0.05)"]  # 180 - 3 s < 99 updates at 0.5/s
+    for u in range(2, 32):  # one update a second, 100 words each: the next line after 30 s
+        clock.t += 1.0
+        progress.step(u, words=100, training_seconds=clock.t + 1)
+    assert len(lines(caplog)) == 2
+    # 30 updates in 30 s; --max-update: 69 left -> 69 s; --stop-time-hours 0.05 (180 s) - 33 s = 147 s
+    assert lines(caplog)[-1] == ("progress: update 31/100 (31.0%) | 100 words/s | 1 updates/s | "
+                                 "elapsed 0:00:32 | ETA 0:01:09 (--max-update 100)")
+    progress.max_update = 1000  # now the time budget ends first
+    assert progress.line(31, training_seconds=33.0).endswith("ETA 0:02:27 (--stop-time-hours 0.05)")
+
+
+def test_training_eta_by_epochs_and_without_bounds():
+    clock = Clock()
+    progress = P.TrainingProgress(max_epoch=3, interval=30, clock=clock)
+    clock.t = 1.0
+    progress.step(1)
+    clock.t = 11.0
+    progress.set_epoch(2, 0.5, 20)  # half of epoch 2 of 3 done, 20 updates an epoch: 30 left
+    line = progress.line(11)
+    assert "epoch 2 (50%)" in line and line.endswith("ETA 0:00:30 (--max-epoch 3)"), line
+    free = P.TrainingProgress(interval=30, clock=clock)
+    assert free.line(5).endswith("no ETA (no --max-update, --max-epoch or --stop-time-hours)")
+
+
+def test_install_training_progress_wraps_each_trainers_train_step(caplog):
+    """On a fake fairseq_cli.train: train() is wrapped once, the trainer's train_step on the instance;
+    skipped updates (train_step returns None) log nothing."""
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+
+    class Trainer:
+        updates = 0
+
+        def train_step(self, samples):
+            if samples == "overflow":
+                return None
+            clock.t += 1.0
+            self.updates += 1
+            return {"loss": 1.0}
+
+        def get_num_updates(self):
+            return self.updates
+
+        def cumulative_training_time(self):
+            return clock.t
+
+    class EpochItr:
+        epoch, iterations_in_epoch = 1, 0
+
+        def __len__(self):
+            return 50
+
+    def train(cfg, trainer, task, epoch_itr):
+        for samples in ["a", "overflow"] + ["b"] * 40:
+            epoch_itr.iterations_in_epoch += 1
+            trainer.train_step(samples)
+        return [None], False
+
+    module = types.SimpleNamespace(train=train)
+    P.install_training_progress(module, interval=30, clock=clock)
+    P.install_training_progress(module, interval=30, clock=clock)  # idempotent
+    assert module.train._fairseq_deep and module.train is not train
+    cfg = types.SimpleNamespace(optimization=types.SimpleNamespace(
+        max_update=82, max_epoch=0, stop_time_hours=0, update_freq=[1]))
+    trainer = Trainer()
+    module.train(cfg, trainer, None, EpochItr())
+    out = lines(caplog)
+    assert len(out) == 2 and out[0].startswith("progress: update 1/82 (1.2%) | epoch 1 (2%)"), out
+    assert out[1].startswith("progress: update 31/82"), out  # 30 s after the first
+    assert out[1].endswith("ETA 0:00:51 (--max-update 82)"), out  # 1 update/s, 51 left
+
+
+def test_install_decoding_progress_counts_sentences(caplog):
+    """On a fake fairseq_cli.generate: the task's batch iterator gives the number of sentences, the
+    progress bar's iterator counts them after each batch is decoded."""
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+    batches = [list(range(10))] * 9 + [list(range(5))]  # 95 sentences
+
+    class Task:
+        def get_batch_iterator(self, **kwargs):
+            return types.SimpleNamespace(frozen_batches=batches)
+
+    class Bar:
+        def __init__(self, itr):
+            self.itr = itr
+
+        def __iter__(self):
+            return iter(self.itr)
+
+        def log(self, stats):
+            self.logged = stats
+
+    tasks = types.SimpleNamespace(setup_task=lambda cfg: Task(), other="kept")
+    bars = types.SimpleNamespace(progress_bar=lambda itr, **kw: Bar(itr))
+    module = types.SimpleNamespace(tasks=tasks, progress_bar=bars)
+    P.install_decoding_progress(module, interval=30, clock=clock)
+    assert module.tasks.other == "kept"
+    task = module.tasks.setup_task(None)
+    itr = task.get_batch_iterator(dataset=None)
+    bar = module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches])
+    for sample in bar:
+        clock.t += 10.0  # ten seconds a batch
+    bar.log({"x": 1})
+    assert bar.logged == {"x": 1}  # the rest of the bar is fairseq's
+    out = lines(caplog)
+    assert out[0] == "progress: 10/95 sentences (10.5%) | 1.0 sentences/s | elapsed 0:00:10 | ETA 0:01:25"
+    assert out[1] == "progress: 40/95 sentences (42.1%) | 1.0 sentences/s | elapsed 0:00:40 | ETA 0:00:55"
+    assert len(out) == 4  # 10, 40, 70 and 95 (at 100 s) sentences
+
+
+def test_interval_from_the_environment(monkeypatch):
+    monkeypatch.setenv(P.INTERVAL_ENV, "5")
+    assert P.interval_seconds() == 5.0
+    monkeypatch.setenv(P.INTERVAL_ENV, "0")
+    module = types.SimpleNamespace(train=lambda *a: None)
+    P.install_training_progress(module)
+    assert not getattr(module.train, "_fairseq_deep", False)  # 0: no progress lines
+    monkeypatch.setenv(P.INTERVAL_ENV, "soon")
+    assert P.interval_seconds() == P.DEFAULT_INTERVAL
