@@ -1,54 +1,62 @@
 #!/usr/bin/env bash
-# Your own parallel text to a trained deep model, translations and sacreBLEU, in one script.
+# Your own parallel text to a trained deep model, translations and sacreBLEU, in one script, in a
+# time budget.
 #
-#   SRC=de TGT=en RAW=path/to/raw bash examples/own_data/run.sh [ARCH] [extra fairseq-train flags]
+#   SRC=de TGT=en RAW=path/to/raw [MINUTES=30] bash examples/own_data/run.sh [ARCH] [fairseq-train flags]
 #
 # RAW holds train.SRC, train.TGT, valid.*, test.* (plain or .gz), one raw sentence per line.
-# ARCH: any architecture of the package (default transformer_dlcl; `fairseq-deep-train --arch X
-# --help` lists its options).  Settings by environment: WORK (output folder, default own_data_run),
-# VOCAB (joint sentencepiece size, 8000), MAX_UPDATE (20000), MAX_TOKENS (4096), LR (1e-3),
-# WARMUP (4000), BEAM (5), PRECISION (e.g. --fp16 or --bf16 on a GPU; empty on CPU),
-# DEVICE (--cpu on a machine without GPU, the default there).
+# ARCH: any architecture of the package (default transformer_dlcl; fairseq-deep-list-archs lists
+# them, `fairseq-deep-train --arch X --help` shows their options); the flags go to fairseq-train
+# last, so they override the script's.  Settings by environment (defaults CPU / CUDA):
+#   MINUTES     the whole run, preparation and decoding included (30 / 480); training gets what is
+#               left after preparation and an estimate of decoding (fairseq's --stop-time-hours)
+#   WIDTH       model width (256 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
+#   MAX_UPDATE  a cap on the updates (none / 50000); MINUTES=0 MAX_UPDATE=N trains N updates
+#   WORK (own_data_run), VOCAB (8000), MAX_TOKENS (4096), LR (1e-3), WARMUP (400 / 4000),
+#   BEAM (5), AVERAGE (5: average up to the last 5 epoch checkpoints of the second half of
+#   training; 0: decode checkpoint_best.pt), LOG_INTERVAL (10 / 100), PRECISION (e.g. --fp16 or
+#   --bf16 on a GPU), DEVICE=--cpu (use the CPU although CUDA is there).
+# Everything is checked before any work; preparation is done once (WORK/prepare.stamp); running
+# again resumes WORK/checkpoints/ARCH_wWIDTH/checkpoint_last.pt (delete it to start afresh).
 set -euo pipefail
-ARCH=${1:-transformer_dlcl}; shift || true
-SRC=${SRC:?set SRC, the source language suffix}
-TGT=${TGT:?set TGT, the target language suffix}
-RAW=${RAW:?set RAW, the folder with train/valid/test files}
-WORK=${WORK:-own_data_run}
-VOCAB=${VOCAB:-8000}
-MAX_UPDATE=${MAX_UPDATE:-20000}
-MAX_TOKENS=${MAX_TOKENS:-4096}
-LR=${LR:-1e-3}
-WARMUP=${WARMUP:-4000}
-BEAM=${BEAM:-5}
-PRECISION=${PRECISION:-}
-if [ -z "${DEVICE+x}" ]; then
-  DEVICE=$(python -c 'import torch; print("" if torch.cuda.is_available() else "--cpu")')
-fi
+START=$(date +%s)
+export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
+
+setup=$(python -m fairseq_deep.own_data setup "$@") || exit $?
+eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
 mkdir -p "$WORK"
 
-# 1. sentencepiece (joint) + fairseq-preprocess
-fairseq-deep-prepare --source-lang "$SRC" --target-lang "$TGT" --trainpref "$RAW/train" \
-  --validpref "$RAW/valid" --testpref "$RAW/test" --destdir "$WORK" --vocab-size "$VOCAB"
+# 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
+echo "== 1/4 preparing $WORK (sentencepiece, fairseq-preprocess)"
+fairseq-deep-prepare --quiet --source-lang "$SRC" --target-lang "$TGT" --trainpref "$PREFIX_TRAIN" \
+  --validpref "$PREFIX_VALID" --testpref "$PREFIX_TEST" --destdir "$WORK" --vocab-size "$VOCAB"
 
-# 2. train
-fairseq-deep-train "$WORK/data-bin" --arch "$ARCH" --share-all-embeddings \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens "$MAX_TOKENS" \
-  --max-update "$MAX_UPDATE" --save-dir "$WORK/checkpoints" --no-epoch-checkpoints \
-  --log-format simple --log-interval 100 $PRECISION $DEVICE "$@" | tee "$WORK/train.log"
+# 2. train for what is left of the budget
+BUDGET_FLAGS=()
+if [ "$BUDGET_S" -gt 0 ]; then
+  elapsed=$(( $(date +%s) - START ))
+  train_s=$(( BUDGET_S - elapsed - RESERVE_S ))
+  if [ "$train_s" -lt 60 ]; then
+    echo "run.sh: warning: MINUTES leaves $train_s s for training after preparation (${elapsed} s) and" \
+         "the decoding reserve (${RESERVE_S} s); training 60 s anyway, the run will overrun" >&2
+    train_s=60
+  fi
+  BUDGET_FLAGS=(--stop-time-hours "$(awk -v s="$train_s" 'BEGIN { printf "%.5f", s / 3600 }')")
+  echo "== 2/4 training for $train_s s (at $(date -d "@$(( $(date +%s) + train_s ))" +%H:%M:%S 2>/dev/null || echo "+$train_s s")" \
+       "it stops after the update it is in, validates and saves), log: $WORK/train.log"
+else
+  echo "== 2/4 training (MAX_UPDATE, no time budget), log: $WORK/train.log"
+fi
+fairseq-deep-train "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"} 2>&1 | tee "$WORK/train.log"
 
-# 3. translate the test set (detokenized by --post-process sentencepiece), in input order
-fairseq-deep-generate "$WORK/data-bin" --path "$WORK/checkpoints/checkpoint_best.pt" --gen-subset test \
-  --beam "$BEAM" --batch-size 128 --post-process sentencepiece $PRECISION $DEVICE > "$WORK/generate.out"
-grep ^D- "$WORK/generate.out" | sed 's/^D-//' | sort -n | cut -f3 > "$WORK/test.hyp"
+# 3. average the last epoch checkpoints (or take the best), translate the test set in input order
+echo "== 3/4 translating the test set"
+CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
+fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" > "$WORK/generate.out"
 
-# 4. score against the raw references
-ref="$RAW/test.$TGT"; [ -f "$ref" ] || { zcat "$ref.gz" > "$WORK/test.ref"; ref="$WORK/test.ref"; }
-n_hyp=$(wc -l < "$WORK/test.hyp"); n_ref=$(wc -l < "$ref")
-[ "$n_hyp" -eq "$n_ref" ] || { echo "error: $n_hyp hypotheses for $n_ref test sentences" >&2; exit 1; }
-sacrebleu "$ref" -i "$WORK/test.hyp" -m bleu chrf -f text | tee "$WORK/score.txt"
-
-# Interactive translation of raw input lines (sentencepiece applied and removed for you):
-echo "fairseq-deep-interactive $WORK/data-bin --path $WORK/checkpoints/checkpoint_best.pt --source-lang $SRC" \
-     "--target-lang $TGT --bpe sentencepiece --sentencepiece-model $WORK/spm.model $DEVICE"
+# 4. one sacreBLEU score (detokenized hypotheses against the raw references)
+echo "== 4/4 scoring"
+python -m fairseq_deep.own_data score "$REF" "$WORK/generate.out" "$WORK/test.hyp" | tee "$WORK/score.txt"
+echo "run.sh: done in $(( $(date +%s) - START )) s (budget: $BUDGET_S s); translations: $WORK/test.hyp"
+echo "Translate your own sentences (sentencepiece applied and removed for you):"
+echo "  fairseq-deep-interactive ${INTERACTIVE[*]} --path $CKPT"

@@ -1,0 +1,346 @@
+"""The decisions of the own-data recipe (examples/own_data/run.sh), in Python so that they are tested.
+
+    python -m fairseq_deep.own_data setup [ARCH [TRAIN FLAGS...]]    (settings from the environment)
+    python -m fairseq_deep.own_data checkpoint SAVE_DIR N            (what to decode: an average or one)
+    python -m fairseq_deep.own_data score REFERENCE GENERATE_OUT HYP_OUT
+
+``setup`` checks every argument before any work (the languages, the raw files, the architecture,
+and the whole fairseq-train command line through fairseq's own parser), sizes the run for the
+device (CPU: width 256, a 30-minute budget; CUDA: Base width, 8 hours or 50,000 updates) and
+prints shell assignments for run.sh: the training and decoding commands, and the seconds to
+keep for what follows training (its start-up and last validation, averaging, decoding).  run.sh
+gives training what is left of ``MINUTES`` after preparation and that reserve, as fairseq's
+``--stop-time-hours``.  ``checkpoint`` averages the last epoch checkpoints of the second half of
+training (and the final one), or names ``checkpoint_best.pt`` when there are too few.  ``score``
+puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
+its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
+"""
+
+import argparse
+import math
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import UserError, report_user_errors
+from .prepare import check_inputs, count_lines
+
+PROG = "run.sh"
+
+#: defaults by device; every one can be set by an environment variable of the same name
+DEFAULTS = {
+    "cpu": {"MINUTES": 30, "WIDTH": 256, "MAX_UPDATE": 0, "LR": 1e-3, "WARMUP": 400, "MAX_TOKENS": 4096,
+            "LOG_INTERVAL": 10},
+    "cuda": {"MINUTES": 480, "WIDTH": 512, "MAX_UPDATE": 50000, "LR": 1e-3, "WARMUP": 4000, "MAX_TOKENS": 4096,
+             "LOG_INTERVAL": 100},
+}
+COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECISION": ""}
+
+#: seconds per test sentence decoded (beam 5, width 256), the start-up of a fairseq command, and per
+#: validation sentence; deliberately on the slow side (measured on a shared 2-core machine)
+COSTS = {
+    "cpu": {"decode_sentence": 0.08, "startup": 25.0, "valid_sentence": 0.03},
+    "cuda": {"decode_sentence": 0.01, "startup": 40.0, "valid_sentence": 0.002},
+}
+MIN_TRAIN_SECONDS = 60
+
+
+@dataclass
+class Settings:
+    device: str
+    minutes: float
+    width: int
+    max_update: int
+    lr: float
+    warmup: int
+    max_tokens: int
+    log_interval: int
+    work: str
+    vocab: int
+    beam: int
+    average: int
+    precision: str
+
+
+def _number(env: Dict[str, str], name: str, default, kind):
+    value = env.get(name, "")
+    if value == "":
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise UserError(f"{name}={value}: not a number ({kind.__name__})") from None
+    if number < 0 or (isinstance(number, float) and not math.isfinite(number)):
+        raise UserError(f"{name}={value}: must be 0 or more")
+    return number
+
+
+def settings_from_env(env: Dict[str, str], device: str) -> Settings:
+    """The run's settings: the device's defaults, each replaced by its environment variable."""
+    d = {**DEFAULTS[device], **COMMON}
+    s = Settings(
+        device=device, minutes=_number(env, "MINUTES", d["MINUTES"], float), width=_number(env, "WIDTH", d["WIDTH"], int),
+        max_update=_number(env, "MAX_UPDATE", d["MAX_UPDATE"], int), lr=_number(env, "LR", d["LR"], float),
+        warmup=_number(env, "WARMUP", d["WARMUP"], int), max_tokens=_number(env, "MAX_TOKENS", d["MAX_TOKENS"], int),
+        log_interval=_number(env, "LOG_INTERVAL", d["LOG_INTERVAL"], int), work=env.get("WORK") or d["WORK"],
+        vocab=_number(env, "VOCAB", d["VOCAB"], int), beam=_number(env, "BEAM", d["BEAM"], int),
+        average=_number(env, "AVERAGE", d["AVERAGE"], int), precision=env.get("PRECISION", d["PRECISION"]),
+    )
+    if s.minutes == 0 and s.max_update == 0:
+        raise UserError("MINUTES=0 and MAX_UPDATE=0: give a budget (MINUTES=N, or MAX_UPDATE=N)")
+    if s.max_tokens == 0 or s.beam == 0 or s.vocab == 0:
+        raise UserError("MAX_TOKENS, BEAM and VOCAB must be 1 or more")
+    return s
+
+
+def reserve_seconds(s: Settings, test_sentences: int, valid_sentences: int) -> int:
+    """Seconds of the budget kept for what is not training: fairseq-train's start-up and last
+    validation, averaging, fairseq-generate's start-up and decoding, scoring (an estimate that
+    errs long: with beam B at width W, decoding costs about B/5 * (W/256)^2 of the base rate)."""
+    c = COSTS[s.device]
+    width = s.width or 512
+    scale = max(0.25, (width / 256) ** 2) * max(1, s.beam) / 5
+    decode = test_sentences * c["decode_sentence"] * scale
+    valid = valid_sentences * c["valid_sentence"] * max(0.25, (width / 256) ** 2)
+    return int(math.ceil(3 * c["startup"] + decode + valid))
+
+
+def training_seconds(budget_s: float, elapsed_s: float, reserve_s: float) -> int:
+    """What is left of the budget for training after ``elapsed_s`` (checks, preparation) and the
+    reserve; at least :data:`MIN_TRAIN_SECONDS`."""
+    return int(max(MIN_TRAIN_SECONDS, budget_s - elapsed_s - reserve_s))
+
+
+def width_flags(arch: str, width: int) -> List[str]:
+    from .study import width_flags as study_width_flags
+
+    return study_width_flags(arch, width) if width else []
+
+
+def train_command(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> List[str]:
+    """fairseq-train's arguments (the program not included) but --stop-time-hours, which run.sh adds
+    after preparation; ``extra`` comes last and so overrides."""
+    cmd = [data_bin, "--arch", arch, *width_flags(arch, s.width), "--share-all-embeddings",
+           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", f"{s.lr:g}",
+           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
+           "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+           "--max-tokens", str(s.max_tokens), "--save-dir", save_dir,
+           "--keep-last-epochs", str(max(1, s.average)),
+           "--log-format", "simple", "--log-interval", str(s.log_interval)]
+    if s.max_update:
+        cmd += ["--max-update", str(s.max_update)]
+    if s.device == "cpu":
+        cmd += ["--cpu"]
+    cmd += shlex.split(s.precision)
+    return cmd + list(extra)
+
+
+def generate_command(s: Settings, data_bin: str) -> List[str]:
+    """fairseq-generate's arguments but --path.  Output at most 1.2 x the source + 10 tokens long,
+    so that an undertrained model that repeats itself cannot stretch the decoding time."""
+    cmd = [data_bin, "--gen-subset", "test", "--beam", str(s.beam), "--batch-size", "128",
+           "--max-len-a", "1.2", "--max-len-b", "10", "--post-process", "sentencepiece"]
+    if s.device == "cpu":
+        cmd += ["--cpu"]
+    return cmd + shlex.split(s.precision)
+
+
+def check_train_command(cmd: Sequence[str]):
+    """fairseq-train's parser on the whole command (an unknown option, a bad value, a preset's
+    refusal: a :class:`UserError`), without data or a model."""
+    from fairseq import options
+
+    from .cli import PLUGIN_DIR, check_arch
+
+    argv = ["--user-dir", PLUGIN_DIR, *cmd, "--stop-time-hours", "1"]
+    check_arch(["fairseq-train", *argv])
+    parser = options.get_training_parser()
+
+    def error(message):
+        raise UserError(f"fairseq-train: {message}")
+
+    parser.error = error
+    options.parse_args_and_arch(parser, argv)
+
+
+def detect_device(env: Dict[str, str]) -> str:
+    if env.get("DEVICE", "").strip() == "--cpu":  # run.sh's old setting
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _shell(name: str, value) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{name}=(" + " ".join(shlex.quote(str(v)) for v in value) + ")"
+    return f"{name}={shlex.quote(str(value))}"
+
+
+def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stderr):
+    """Check everything run.sh will do and print its shell assignments (nothing is written)."""
+    arch = argv[0] if argv else "transformer_dlcl"
+    extra = list(argv[1:])
+    for name in ("SRC", "TGT", "RAW"):
+        if not env.get(name):
+            raise UserError(f"set {name}: SRC=de TGT=en RAW=path/to/raw bash examples/own_data/run.sh [ARCH] "
+                            "[fairseq-train flags] (RAW holds train/valid/test.{SRC,TGT}[.gz])")
+    src, tgt, raw = env["SRC"], env["TGT"], env["RAW"]
+    if not os.path.isdir(raw):
+        raise UserError(f"RAW={raw}: no such folder (it should hold train, valid and test .{src}/.{tgt} files)")
+    device = detect_device(env)
+    s = settings_from_env(env, device)
+    prefixes = {split: os.path.join(raw, split) for split in ("train", "valid", "test")}
+    files = check_inputs(prefixes, src, tgt)
+    work = s.work
+    data_bin = os.path.join(work, "data-bin")
+    save_dir = os.path.join(work, "checkpoints", f"{arch}_w{s.width}" if s.width else arch)
+    train = train_command(s, arch, data_bin, save_dir, extra)
+    check_train_command(train)
+    generate = generate_command(s, data_bin)
+    test_sentences = count_lines(files[f"test.{src}"])
+    valid_sentences = count_lines(files[f"valid.{src}"])
+    reserve = reserve_seconds(s, test_sentences, valid_sentences)
+    budget = int(round(s.minutes * 60))
+    resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
+    values = {
+        "WORK": work, "SAVE": save_dir, "DATA_BIN": data_bin, "PREFIX_TRAIN": prefixes["train"],
+        "PREFIX_VALID": prefixes["valid"], "PREFIX_TEST": prefixes["test"], "VOCAB": s.vocab,
+        "BUDGET_S": budget, "RESERVE_S": reserve, "AVERAGE": s.average, "DEVICE_KIND": device,
+        "REF": files[f"test.{tgt}"], "TRAIN": train, "GENERATE": generate,
+        "INTERACTIVE": [data_bin, "--source-lang", src, "--target-lang", tgt, "--bpe", "sentencepiece",
+                        "--sentencepiece-model", os.path.join(work, "spm.model")] + (["--cpu"] if device == "cpu" else []),
+    }
+    for name, value in values.items():
+        print(_shell(name, value), file=out)
+    width = f"width {s.width}" if s.width else "the architecture's own width"
+    budget_text = (f"a budget of {s.minutes:g} minutes in all (MINUTES)" if s.minutes else "no time budget")
+    print(f"{PROG}: {arch} at {width} on {'the CPU' if device == 'cpu' else 'CUDA'}, {budget_text}"
+          + (f", at most {s.max_update} updates" if s.max_update else "")
+          + f"; about {reserve} s of it kept for decoding {test_sentences} test sentences and start-ups"
+          + (f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)" if resumed else ""),
+          file=log)
+
+
+# ---------------------------------------------------------------------------------------- checkpoint
+
+_EPOCH = re.compile(r"^checkpoint(\d+)\.pt$")
+
+
+def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: int) -> List[str]:
+    """What to average: ``checkpoint_last.pt`` and the newest epoch checkpoints (``(path, updates)``)
+    before it, at most ``n`` in all, of the second half of training only (an early checkpoint
+    pulls an average back).  Fewer than two: ``[]`` (decode checkpoint_best.pt)."""
+    if n < 2:
+        return []
+    earlier = sorted((u, p) for p, u in epochs if last_updates / 2 <= u < last_updates)
+    chosen = [p for _, p in earlier[-(n - 1):]]
+    return chosen + ["checkpoint_last.pt"] if chosen else []
+
+
+def _updates(path: str) -> int:
+    from .compat import torch_load_checked
+
+    state = torch_load_checked(path)
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", 0))
+
+
+def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
+    """The checkpoint to decode: the average of :func:`choose_checkpoints` (written to
+    ``SAVE_DIR/checkpoint_average.pt``) or ``checkpoint_best.pt``."""
+    best = os.path.join(save_dir, "checkpoint_best.pt")
+    last = os.path.join(save_dir, "checkpoint_last.pt")
+    if not os.path.exists(last):
+        raise UserError(f"{last}: no checkpoint; training saved none (see {save_dir}/../../train.log)")
+    epochs = [(os.path.join(save_dir, f), _updates(os.path.join(save_dir, f)))
+              for f in os.listdir(save_dir) if _EPOCH.match(f)] if n >= 2 else []
+    last_updates = _updates(last)
+    chosen = choose_checkpoints(last_updates, epochs, n)
+    if not chosen:
+        print(f"{PROG}: decoding checkpoint_best.pt (too few epoch checkpoints in the second half of "
+              f"training to average: {len(epochs)} epoch(s) kept, {last_updates} updates)", file=log)
+        return best
+    paths = [last if c == "checkpoint_last.pt" else c for c in chosen]
+    from fairseq import checkpoint_utils
+
+    from .cli import average_checkpoints
+
+    out = os.path.join(save_dir, "checkpoint_average.pt")
+    checkpoint_utils.torch_persistent_save(average_checkpoints(paths), out)
+    print(f"{PROG}: decoding the average of the last {len(paths)} checkpoints "
+          f"({', '.join(os.path.basename(p) for p in paths)}; up to update {last_updates}): {out}", file=log)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- score
+
+_FAIRSEQ_BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
+
+
+def ordered_hypotheses(generate_out: str) -> List[str]:
+    """The ``D-`` lines of fairseq-generate's output, in input order."""
+    hyps = {}
+    with open(generate_out, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("D-"):
+                head, _, text = line.rstrip("\n").partition("\t")
+                hyps[int(head[2:])] = text.partition("\t")[2]
+    return [hyps[i] for i in sorted(hyps)]
+
+
+def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> float:
+    import sacrebleu
+
+    from .prepare import read_lines
+
+    refs = read_lines(reference)
+    hyps = ordered_hypotheses(generate_out)
+    if len(hyps) != len(refs):
+        raise UserError(f"{generate_out}: {len(hyps)} hypotheses for {len(refs)} test sentences in {reference}")
+    with open(hyp_out, "w", encoding="utf-8") as f:
+        f.writelines(h + "\n" for h in hyps)
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    b = bleu.corpus_score(hyps, [refs])
+    c = chrf.corpus_score(hyps, [refs])
+    fairseq_bleu = None
+    with open(generate_out, encoding="utf-8") as f:
+        for line in f:
+            if "Generate" in line and "BLEU" in line:
+                m = _FAIRSEQ_BLEU.search(line)
+                fairseq_bleu = m.group(1) if m else None
+    print(f"sacreBLEU {b}   (signature {bleu.get_signature()}; {c})", file=out)
+    if fairseq_bleu is not None:
+        print(f"(fairseq-generate's own \"BLEU4 = {fairseq_bleu}\" in {generate_out} is another number: it "
+              "splits the same output at spaces only, so punctuation stays on words; report the sacreBLEU line, "
+              "which is comparable with published scores)", file=out)
+    return b.score
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m fairseq_deep.own_data", description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=["setup", "checkpoint", "score"])
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv[:1])
+    rest = argv[1:]
+    if a.command == "setup":
+        from .cli import quiet_warnings
+
+        quiet_warnings()
+        report_user_errors(lambda: setup(rest, dict(os.environ)), PROG)
+    elif a.command == "checkpoint":
+        if len(rest) != 2:
+            p.error("checkpoint SAVE_DIR N")
+        report_user_errors(lambda: print(checkpoint(rest[0], int(rest[1]))), PROG)
+    else:
+        if len(rest) != 3:
+            p.error("score REFERENCE GENERATE_OUT HYP_OUT")
+        report_user_errors(lambda: score(*rest), PROG)
+
+
+if __name__ == "__main__":
+    main()

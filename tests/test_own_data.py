@@ -1,0 +1,140 @@
+"""examples/own_data/run.sh and its decisions (fairseq_deep/own_data.py): every argument checked before
+any work, the budget and sizes derived for the device, the checkpoints to average, one sacreBLEU line."""
+
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from fairseq_deep import own_data
+from fairseq_deep.data.synthetic import write_corpus
+from fairseq_deep.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_SH = os.path.join(REPO, "examples", "own_data", "run.sh")
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    out = tmp_path_factory.mktemp("raw")
+    write_corpus(str(out), train=50, valid=7, test=9, seed=2)
+    return str(out)
+
+
+def env_for(raw, tmp_path, **extra):
+    return {"SRC": "src", "TGT": "tgt", "RAW": raw, "WORK": str(tmp_path / "work"), "DEVICE": "--cpu", **extra}
+
+
+def assignments(text):
+    """The shell assignments of ``setup``: NAME=value and NAME=(a b c), as bash reads them."""
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if value.startswith("("):
+            values[name] = shlex.split(value[1:-1])
+        else:
+            values[name] = shlex.split(value)[0] if value else ""
+    return values
+
+
+def run_setup(argv, env):
+    out, log = io.StringIO(), io.StringIO()
+    own_data.setup(argv, env, out=out, log=log)
+    return assignments(out.getvalue()), log.getvalue()
+
+
+def test_run_sh_stops_on_a_mistyped_arch_in_one_line_before_preparing(raw, tmp_path):
+    env = dict(os.environ, **env_for(raw, tmp_path), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["bash", RUN_SH, "transformer_dlcx"], env=env, capture_output=True, text=True,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("run.sh: error: --arch transformer_dlcx"), proc.stderr
+    assert not (tmp_path / "work").exists() and proc.stdout == ""  # nothing prepared, nothing said
+
+
+@pytest.mark.parametrize("argv, env_extra, names", [
+    (["transformer_dlcl", "--no-such-flag"], {}, "--no-such-flag"),
+    (["transformer_dlcl", "--encoder-layers", "six"], {}, "--encoder-layers"),
+    (["transformer_dlcl"], {"TGT": "src"}, "both 'src'"),
+    (["transformer_dlcl"], {"TGT": "de"}, "train.de"),
+    (["transformer_dlcl"], {"MINUTES": "ten"}, "MINUTES=ten"),
+    (["transformer_dlcl"], {"RAW": "/no/such/folder"}, "RAW=/no/such/folder"),
+])
+def test_setup_names_each_mistake_before_any_work(raw, tmp_path, argv, env_extra, names):
+    with pytest.raises(UserError, match=re.escape(names)):
+        run_setup(argv, {**env_for(raw, tmp_path), **env_extra})
+    assert not (tmp_path / "work").exists()
+
+
+def test_setup_derives_the_cpu_budget_width_and_commands(raw, tmp_path):
+    values, log = run_setup(["transformer_dlcl", "--encoder-layers", "3"], env_for(raw, tmp_path))
+    assert values["DEVICE_KIND"] == "cpu" and values["BUDGET_S"] == "1800"  # 30 minutes in all
+    assert 0 < int(values["RESERVE_S"]) < 300
+    train = values["TRAIN"]
+    i = train.index("--encoder-embed-dim")
+    assert train[i + 1] == "256" and "--cpu" in train and train[-2:] == ["--encoder-layers", "3"]
+    assert "--no-epoch-checkpoints" not in train and train[train.index("--keep-last-epochs") + 1] == "5"
+    assert "--stop-time-hours" not in train  # run.sh adds it after preparation, from what is left
+    assert train[train.index("--save-dir") + 1].endswith(os.path.join("checkpoints", "transformer_dlcl_w256"))
+    gen = values["GENERATE"]
+    assert gen[gen.index("--post-process") + 1] == "sentencepiece" and "--max-len-a" in gen
+    assert "width 256" in log and "30 minutes" in log
+
+
+def test_budget_and_sizes_follow_the_device_and_the_environment():
+    cpu, cuda = own_data.settings_from_env({}, "cpu"), own_data.settings_from_env({}, "cuda")
+    assert (cpu.minutes, cpu.width, cpu.max_update) == (30, 256, 0)
+    assert (cuda.width, cuda.max_update) == (512, 50000) and cuda.minutes >= 240
+    mine = own_data.settings_from_env({"MINUTES": "2.5", "WIDTH": "128", "BEAM": "4"}, "cpu")
+    assert (mine.minutes, mine.width, mine.beam) == (2.5, 128, 4)
+    with pytest.raises(UserError, match="MINUTES=0 and MAX_UPDATE=0"):
+        own_data.settings_from_env({"MINUTES": "0"}, "cpu")
+    # the reserve grows with the test set, the width and the beam; training gets the rest, at least a minute
+    small = own_data.reserve_seconds(cpu, 100, 100)
+    assert own_data.reserve_seconds(cpu, 1000, 100) > small
+    assert own_data.reserve_seconds(own_data.settings_from_env({"WIDTH": "512"}, "cpu"), 100, 100) > small
+    assert own_data.training_seconds(1800, 90, 200) == 1510
+    assert own_data.training_seconds(120, 90, 200) == own_data.MIN_TRAIN_SECONDS
+    assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
+    assert "--max-update" not in own_data.train_command(cpu, "transformer_dlcl", "d", "s", [])
+
+
+def test_checkpoints_averaged_are_the_last_of_the_second_half():
+    epochs = [(f"checkpoint{e}.pt", 100 * e) for e in range(3, 8)]  # kept: epochs 3-7
+    assert own_data.choose_checkpoints(750, epochs, 5) == [
+        "checkpoint4.pt", "checkpoint5.pt", "checkpoint6.pt", "checkpoint7.pt", "checkpoint_last.pt"]
+    assert own_data.choose_checkpoints(750, epochs, 3) == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint_last.pt"]
+    # stopped at an epoch's end: checkpoint_last is that epoch, not counted twice
+    assert own_data.choose_checkpoints(700, epochs, 2) == ["checkpoint6.pt", "checkpoint_last.pt"]
+    assert own_data.choose_checkpoints(250, [("checkpoint1.pt", 100)], 5) == []  # first half only
+    assert own_data.choose_checkpoints(750, epochs, 0) == []
+
+
+def test_score_prints_one_sacrebleu_line_and_says_what_fairseqs_bleu_is(tmp_path):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a small house .\nthe cat sat on the mat .\n")
+    gen = tmp_path / "generate.out"
+    gen.write_text("S-1\tx\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n"
+                   "D-0\t-0.2\ta small house .\n"
+                   "2026-01-01 | INFO | fairseq_cli.generate | Generate test with beam=5: BLEU4 = 87.50, 90/80\n")
+    out = io.StringIO()
+    score = own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+    assert score == pytest.approx(100.0)
+    assert (tmp_path / "hyp").read_text() == ref.read_text()  # input order
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("sacreBLEU BLEU = 100.00") and "nrefs:1" in lines[0]
+    assert "BLEU4 = 87.50" in lines[1] and "sacreBLEU" in lines[1]
+    gen.write_text("D-0\t-0.2\ta small house .\n")
+    with pytest.raises(UserError, match="1 hypotheses for 2 test sentences"):
+        own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+
+
+def test_run_sh_is_valid_bash():
+    subprocess.run(["bash", "-n", RUN_SH], check=True)
+    assert sys.executable  # (the script itself runs end to end in the own-data smoke run, not in CI)
