@@ -8,7 +8,8 @@ shows the traceback of a user error too (for debugging).
 
 What counts as a user error (:func:`is_user_error`):
 
-- :class:`UserError` and its subclasses (``compat.CheckpointError``, :class:`MissingFileError`);
+- :class:`UserError` and its subclasses (``compat.CheckpointError``, :class:`MissingFileError`,
+  :class:`MissingPackageError`: an optional package, such as matplotlib for the plots, not installed);
 - a plain ``ValueError`` (or fairseq's ``assert``) whose message names a command-line option
   (``--encoder-layers``): by the project's convention (docs/design.md, "Conventions") such
   messages are written for the user, and they come from presets, option checks and refused
@@ -32,6 +33,22 @@ class UserError(Exception):
 
 class MissingFileError(UserError, FileNotFoundError):
     """A file the command needs (a dictionary, a plugin directory) does not exist."""
+
+
+class MissingPackageError(UserError, ImportError):
+    """An optional package a command needs is not installed; the message names what to install."""
+
+
+def import_optional(module: str, needed_for: str, install: str, alternative: str = ""):
+    """``importlib.import_module(module)``, or a :class:`MissingPackageError`:
+    ``<needed_for> needs <module>: pip install <install>[, or <alternative>]``."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        hint = f"pip install {install}" + (f", or {alternative}" if alternative else "")
+        raise MissingPackageError(f"{needed_for} needs {module}, which is not installed: {hint}") from e
 
 
 def is_user_error(exc: BaseException) -> bool:

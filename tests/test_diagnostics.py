@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -98,6 +99,25 @@ def test_fake_checkpoint_in_process(tmp_path):
     assert data["plot_mask"] == lw.small_weight_mask(expected, 0.1, 0.05, torch.ones(5, 5, dtype=torch.bool).tril()).tolist()
     assert (out / "decoder.history.weight.csv").exists()
     assert not (out / "encoder.history.weight.png").exists()
+
+
+def test_without_matplotlib_one_line_error(tmp_path, capsys, monkeypatch):
+    """No matplotlib: one line naming the package and --no-plot, exit status 2; --no-plot still
+    works (issue 26, item 4)."""
+    model, _ = build_model("transformer_dlcl", ["--encoder-layers", "2", "--decoder-layers", "1"])
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": model.state_dict(), "cfg": {"model": None}}, path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setattr(sys, "argv", ["fairseq-deep-layer-weights", str(path), "--out-dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_:
+        lw.cli_main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fairseq-deep-layer-weights: error: plotting layer weights needs "
+                                               "matplotlib"), err
+    assert "pip install matplotlib" in err[0] and "--no-plot" in err[0]
+    assert not (tmp_path / "out").exists()  # nothing written before the error
+    assert lw.main([str(path), "--out-dir", str(tmp_path / "out"), "--no-plot"]) == 0
 
 
 def test_checkpoint_without_layer_weights(tmp_path, capsys):

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import UserError, report_user_errors
+from ..errors import UserError, import_optional, report_user_errors
 
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
@@ -198,13 +198,8 @@ def small_weight_mask(matrix: Tensor, below: float = 0.1, row_fraction: float = 
 def _pyplot():
     # an import of fairseq leaves the root logger at DEBUG, where matplotlib logs its font search
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise ImportError(
-            "plotting layer weights needs matplotlib: pip install 'fairseq_deep[plot]' "
-            "(or pip install matplotlib), or pass --no-plot to write only JSON and CSV"
-        ) from e
+    matplotlib = import_optional("matplotlib", "plotting layer weights", "matplotlib (or the extra 'fairseq_deep[plot]')",
+                                 "pass --no-plot to write only JSON and CSV")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

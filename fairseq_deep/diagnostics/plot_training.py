@@ -28,7 +28,7 @@ import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import report_user_errors
+from ..errors import import_optional, report_user_errors
 
 Series = Dict[str, List[Tuple[float, float]]]
 
@@ -149,10 +149,7 @@ def ta_weight_series(series: Series, column: Optional[int] = None) -> Tuple[Opti
 
 def _pyplot():
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise ImportError("plotting needs matplotlib: pip install matplotlib") from e
+    matplotlib = import_optional("matplotlib", "plotting", "matplotlib (or the extra 'fairseq_deep[plot]')")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
