@@ -95,6 +95,67 @@ def check_arch(argv: List[str]):
     )
 
 
+def preset_values(arch: str) -> dict:
+    """``{dest: value}`` that ``--arch arch``'s preset sets when the command line sets nothing
+    (its whole chain: the family's defaults and fairseq's); ``{}`` for an unknown arch."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    preset = ARCH_CONFIG_REGISTRY.get(arch)
+    if preset is None:
+        return {}
+    args = argparse.Namespace()
+    try:
+        preset(args)
+    except Exception:  # noqa: BLE001 - a preset that needs a value from the command line: no listing
+        return {}
+    return {k: v for k, v in vars(args).items() if not k.startswith("_")}
+
+
+def _shown(value, action=None) -> str:
+    if isinstance(value, bool) and action is not None and action.nargs == 0:  # a flag
+        return "on" if value else "off"
+    return str(value)
+
+
+def annotate_preset_help(parser, arch: str):
+    """Show in ``--help`` the values ``--arch arch`` sets: after each option's help
+    ``[--arch ARCH: VALUE]``, and an epilog naming what it sets differently from its family's
+    base preset (``transformer_dlcl_30l``: ``--encoder-layers 30``)."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
+
+    values = preset_values(arch)
+    if not values:
+        return
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
+    for dest, value in values.items():
+        action = by_dest.get(dest)
+        if action is None or action.help == argparse.SUPPRESS:
+            continue
+        marker = f"[--arch {arch}: {_shown(value, action)}]".replace("%", "%%")
+        if marker not in (action.help or ""):
+            action.help = f"{action.help} {marker}" if action.help else marker
+    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
+    base = preset_values(family) if family and family != arch else {}
+
+    def flag(dest):
+        action = by_dest.get(dest)
+        return action.option_strings[-1] if action is not None else "--" + dest.replace("_", "-")
+
+    changed = [(dest, v) for dest, v in values.items() if family == arch or dest not in base or base[dest] != v]
+    doc = " ".join((getattr(ARCH_CONFIG_REGISTRY[arch], "__doc__", None) or "").split())
+    if family and family != arch:
+        what = (f"where it differs from --arch {family}: " + ", ".join(
+            f"{flag(d)} {_shown(v, by_dest.get(d))}" for d, v in changed)) if changed else \
+            f"the same values as --arch {family}"
+    else:
+        what = "the family's defaults"
+    parser.epilog = (
+        f"--arch {arch}" + (f" ({doc.rstrip('.')})" if doc else "") + f" sets{',' if family and family != arch else ''} {what}. Every option it sets "
+        f"shows its value after its help as [--arch {arch}: VALUE]; a value given on the command line wins, "
+        "except one the preset's name states (a depth): a different value stops with an error."
+    ).replace("%", "%%")
+
+
 def parse_args_and_arch_with_help(parse_args_and_arch):
     """fairseq's ``parse_args_and_arch``, whose ``--help`` also lists the options of the ``--arch``
     (and criterion, optimizer, ...) given: fairseq adds them only after a first parse, which
@@ -110,7 +171,8 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
         first = [True]
 
         def parse_known_args(args=None, namespace=None):
-            if not first[0]:
+            if not first[0]:  # the options of --arch and the rest are added: show the preset's values
+                annotate_preset_help(parser, _option_value(argv, "--arch", "-a"))
                 return original(args, namespace)
             first[0] = False  # the first parse: without --help, and without required arguments
             args = [a for a in (sys.argv[1:] if args is None else args) if a not in ("-h", "--help")]

@@ -58,6 +58,29 @@ def test_help_of_an_arch_lists_its_options(arch, flag):
     assert ("Model-specific configuration" in proc.stdout) == (arch is not None)  # without --arch: fairseq's help
 
 
+def test_help_of_a_preset_shows_its_values(capsys):
+    """``--arch transformer_dlcl_30l --help`` shows the preset's values after each option's help and
+    what it sets differently from its family in the epilog (issue 26, item 9); in process, as the
+    console script's parse."""
+    import re
+
+    from fairseq import options
+
+    from fairseq_deep.cli import parse_args_and_arch_with_help
+
+    parse = parse_args_and_arch_with_help(options.parse_args_and_arch)
+    with pytest.raises(SystemExit) as exit_:
+        parse(options.get_training_parser(), ["--arch", "transformer_postnorm_30l", "--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    option = re.search(r"--encoder-layers ENCODER_LAYERS (.*?) --", out).group(1)
+    assert option.endswith("[--arch transformer_postnorm_30l: 30]"), option
+    assert "[--arch transformer_postnorm_30l: off]" in re.search(r"--encoder-normalize-before (.*?) --", out).group(1)
+    epilog = out[out.index("--arch transformer_postnorm_30l (Plain post-norm"):]
+    assert "where it differs from --arch transformer_dlcl: --encoder-layers 30," in epilog, epilog
+    assert "--encoder-normalize-before off" in epilog and "--dropout" not in epilog  # dropout: the family's
+
+
 def test_mistyped_arch_gets_the_nearest_names(tmp_path):
     proc = run("fairseq-deep-train", str(tmp_path), "--arch", "transformer_dlc")
     assert_user_error(proc, "fairseq-deep-train", "--arch transformer_dlc: no such architecture",
