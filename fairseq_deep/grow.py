@@ -347,6 +347,8 @@ def _identity_plan(side: "Side") -> Dict[str, str]:
     what = {"dlcl_softmax": "DLCL with --dlcl-softmax-weights (a weight of exactly 0 is a logit of -inf)",
             "residual": "its layers are not pre-norm Transformer layers nor ReZero layers (post-norm: "
                         "LN(x + 0) is not x; LSTM layers have no zero branch)"}.get(kind, f"its {kind}")
+    if kind == "residual" and any(hasattr(m, "lower_attention") for m in layers):
+        what = "multi-layer attention (each layer also attends to the outputs of the layers below it)"
     raise GrowError(f"--method identity: the {side.name} of this model cannot start with new layers that change "
                     f"nothing: {what}. Use --method stack (or interleave); the identity holds for ReZero, "
                     f"pre-norm Transformer layers and DLCL/linear-combination stacks")

@@ -11,12 +11,13 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
 from helpers import TINY, TINY_RNMT, build_model, dtype_marker, parse_model_args, random_batch, run_cli
 
 from fairseq_deep.errors import UserError
-from fairseq_deep.grow import base_layer_map, freeze_bottom_layers, grow
+from fairseq_deep.grow import base_layer_map, depth_options, freeze_bottom_layers, grow
 from fairseq_deep.modules.residual_schemes import deepnorm_constants
 
 
@@ -52,6 +53,9 @@ def layers(n, m=None):
     return ["--encoder-layers", str(n), "--decoder-layers", str(n if m is None else m)]
 
 
+HYBRID = ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16"]  # the hybrids' RNMT+ parts (default 1024)
+
+
 # -- growing to the same depth is the identity -----------------------------------------------------
 
 SAME = [
@@ -60,7 +64,9 @@ SAME = [
     ("transformer_linear_agg", layers(2)), ("transformer_mla2", layers(2)), ("transformer_deepnorm", layers(2)),
     ("transformer_admin", layers(2)), ("transformer_rezero", layers(2)),
     ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)]), ("rnmt_plus_512_ta", ["--decoder-layers", "2"]),
-    ("deep_att", layers(3, 2)), ("hybrid_transformer_rnmt", layers(2)),
+    ("deep_att", layers(3, 2)), ("deep_ed_ff", layers(3, 2)), ("hybrid_transformer_rnmt", [*HYBRID, *layers(2)]),
+    ("hybrid_rnmt_transformer", [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "2"]),
+    ("transformer_dsinit", layers(2)), ("transformer_dense", layers(2)), ("transformer_mla3", layers(3, 2)),
 ]
 
 
@@ -69,7 +75,7 @@ SAME = [
 def test_same_depth_changes_nothing(arch, extra, method, tmp_path):
     model, task = save_tiny(arch, extra, tmp_path / "in.pt")
     args = parse_model_args(arch, extra)
-    enc = getattr(args, "encoder_layers")
+    enc = getattr(args, depth_options(ARCH_MODEL_NAME_REGISTRY[arch], args)[0])  # a hybrid's RNMT+ encoder: its own
     summary = grow(str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), enc, args.decoder_layers, method)
     assert summary["encoder_layers"] == [enc, enc]
     grown = load(tmp_path / "out.pt", task)
@@ -111,6 +117,11 @@ def test_identity_method_keeps_the_outputs(arch, extra, n, m, tol, tmp_path):
     ("transformer_hier_agg", layers(2), "HierarchicalAggregationHistory"),
     ("deep_att", layers(2), "LSTM layers"),
     ("transformer_dlcl", ["--dlcl-softmax-weights", *layers(2)], "--dlcl-softmax-weights"),
+    ("transformer_dsinit", layers(2), "post-norm"),
+    ("transformer_dense", layers(2), "DenseHistory"),
+    ("transformer_mla3", layers(2), "multi-layer attention"),
+    ("transformer_mla2", ["--encoder-normalize-before", "--decoder-normalize-before", *layers(2)],
+     "multi-layer attention"),  # pre-norm, but each layer also reads the layers below
 ])
 def test_identity_method_refused_where_it_cannot_hold(arch, extra, fragment, tmp_path):
     save_tiny(arch, extra, tmp_path / "in.pt")
