@@ -240,10 +240,20 @@ def generate():
 def interactive():
     from fairseq_cli import interactive as fairseq_interactive
 
-    from .interactive import make_batches_kept_going
+    from .interactive import make_batches_kept_going, with_sentencepiece_check
 
     if not getattr(fairseq_interactive.make_batches, "_fairseq_deep", False):
         fairseq_interactive.make_batches = make_batches_kept_going(fairseq_interactive.make_batches)
+
+    def reparse(extra: List[str]):
+        from fairseq import options
+        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+        parser = options.get_interactive_generation_parser()
+        return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, sys.argv[1:] + extra))
+
+    if not getattr(fairseq_interactive.main, "_fairseq_deep", False):  # sentencepiece data without --bpe
+        fairseq_interactive.main = with_sentencepiece_check(fairseq_interactive.main, reparse)
     _run(fairseq_interactive.cli_main)
 
 

@@ -1,4 +1,5 @@
-"""``fairseq-deep-interactive`` keeps going: every input line gets exactly one hypothesis.
+"""``fairseq-deep-interactive`` keeps going: every input line gets exactly one hypothesis; and it
+does not translate raw text with a sentencepiece model as if it were pieces.
 
 fairseq-interactive translates an empty line as if it were a sentence (the model invents one), and
 a line longer than the model's maximum ends the whole session (``Size of sample #0 is invalid``),
@@ -6,9 +7,21 @@ or, with ``--skip-invalid-size-inputs-valid-test``, silently gets no ``H-`` line
 longer than the model takes is cut to its maximum (with a warning naming the line), and an empty
 line gets an empty hypothesis (with a warning).  Installed by :func:`fairseq_deep.cli.interactive`
 around fairseq's ``make_batches``; the translation itself is fairseq's.
+
+Without ``--bpe``, fairseq-interactive passes the input to the model as it is: on a model trained
+on sentencepiece pieces (``fairseq-deep-prepare``'s data) whole words become ``<unk>`` and the
+output keeps its ``▁`` pieces, with no error.  :func:`with_sentencepiece_check` (around fairseq's
+``main(cfg)``) looks at the data's dictionary: when its symbols are sentencepiece pieces and neither
+``--bpe`` nor ``--post-process``/``--remove-bpe`` is given (those say the input is already pieces),
+it applies ``--bpe sentencepiece --sentencepiece-model M`` with the ``spm.model`` found beside the
+data (``DATA/spm.model``, ``DATA/../spm.model``: fairseq-deep-prepare's layout, or
+``DATA/../spm/spm.model``: the quickstart's), with a warning naming it; where there is none it stops
+with one line naming the flags to add.
 """
 
+import glob
 import logging
+import os
 
 import torch
 
@@ -88,3 +101,83 @@ def make_batches_kept_going(make_batches):
 
     kept_going._fairseq_deep = True
     return kept_going
+
+
+#: sentencepiece's word-boundary mark, the first character of a piece that starts a word
+SPM_MARK = "\u2581"
+
+
+def sentencepiece_dictionary(path: str, symbols: int = 1000, share: float = 0.3) -> bool:
+    """Whether the fairseq dictionary ``path`` holds sentencepiece pieces: at least ``share`` of its
+    first ``symbols`` symbols start with ``▁`` (a word-level or subword-nmt dictionary has none)."""
+    seen = marked = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if seen >= symbols:
+                break
+            symbol = line.split(" ", 1)[0]
+            seen += 1
+            marked += symbol.startswith(SPM_MARK)
+    return seen > 0 and marked >= share * seen
+
+
+def spm_model_beside(data_dir: str):
+    """The sentencepiece model next to a data-bin folder, or None."""
+    parent = os.path.dirname(os.path.abspath(data_dir))
+    for path in (os.path.join(data_dir, "spm.model"), os.path.join(parent, "spm.model"),
+                 os.path.join(parent, "spm", "spm.model")):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _get(node, name, default=None):
+    try:
+        value = getattr(node, name)
+    except Exception:  # noqa: BLE001 - an omegaconf node without the key
+        return default
+    return default if value is None else value
+
+
+def sentencepiece_to_apply(cfg):
+    """The ``--sentencepiece-model`` to apply to ``cfg`` (fairseq-interactive's), or None when there
+    is nothing to do; a :class:`~fairseq_deep.errors.UserError` when the data is sentencepiece data,
+    no --bpe was given and no model lies beside it."""
+    from .errors import UserError
+
+    if _get(cfg, "bpe") is not None or _get(cfg.common_eval, "post_process") is not None:
+        return None
+    data = str(_get(cfg.task, "data", "")).split(os.pathsep)[0]
+    if not data or not os.path.isdir(data):
+        return None  # fairseq's own error
+    src = _get(cfg.task, "source_lang")
+    dicts = [os.path.join(data, f"dict.{src}.txt")] if src else sorted(glob.glob(os.path.join(data, "dict.*.txt")))
+    dicts = [d for d in dicts if os.path.isfile(d)]
+    if not dicts or not sentencepiece_dictionary(dicts[0]):
+        return None
+    model = spm_model_beside(data)
+    if model is None:
+        raise UserError(
+            f"{dicts[0]} holds sentencepiece pieces ('{SPM_MARK}...') but no --bpe was given, so the input "
+            f"would not be split into pieces and the output would keep them: add --bpe sentencepiece "
+            f"--sentencepiece-model PATH/spm.model (fairseq-deep-prepare writes DESTDIR/spm.model), "
+            f"or --post-process sentencepiece if the input is already pieces"
+        )
+    return model
+
+
+def with_sentencepiece_check(main, reparse):
+    """fairseq-interactive's ``main(cfg)``, which first applies :func:`sentencepiece_to_apply`:
+    ``reparse(extra_argv)`` gives the cfg of the command line with ``extra_argv`` added."""
+
+    def checked(cfg, *args, **kwargs):
+        model = sentencepiece_to_apply(cfg)
+        if model is not None:
+            logger.warning("the data is sentencepiece data and no --bpe was given: translating with "
+                           "--bpe sentencepiece --sentencepiece-model %s (found beside the data; "
+                           "give --bpe to choose)", model)
+            cfg = reparse(["--bpe", "sentencepiece", "--sentencepiece-model", model])
+        return main(cfg, *args, **kwargs)
+
+    checked._fairseq_deep = True
+    return checked

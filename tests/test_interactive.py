@@ -1,10 +1,12 @@
 """fairseq-deep-interactive keeps going (issue 14, item 4): through the real console script, every
 input line gets exactly one H- line; an over-long line is cut to the model's maximum with a
 warning, an empty line gets an empty hypothesis with a warning, and the lines after them are
-translated as if they were alone."""
+translated as if they were alone; on sentencepiece data without --bpe it applies the spm.model
+beside the data or stops with one line (issue 26, item 6)."""
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +66,68 @@ def test_cut_line_equals_its_first_tokens(synthetic_bin, model):
     words = open(synthetic_bin / "dict.src.txt").read().split()[::2][4:40]
     hyps, _ = interactive(synthetic_bin, model, [" ".join(words), " ".join(words[: MAX_SOURCE - 1])])
     assert hyps[0] == hyps[1]
+
+
+# -- sentencepiece data without --bpe (issue 26, item 6) ------------------------------------------
+
+
+def spm_data(root, with_model: bool):
+    """A data-bin folder whose dictionaries hold sentencepiece pieces (and ``spm.model`` beside it,
+    where fairseq-deep-prepare writes it, when ``with_model``)."""
+    data = root / "data-bin"
+    data.mkdir(parents=True)
+    pieces = ["\u2581the", "\u2581a", "s", "\u2581in", "\u2581man", "ing", "\u2581on", "."]
+    for lang in ("src", "tgt"):
+        (data / f"dict.{lang}.txt").write_text("".join(f"{p} {100 - i}\n" for i, p in enumerate(pieces)))
+    if with_model:
+        (root / "spm.model").write_bytes(b"not read by this test")
+    return data
+
+
+def run_interactive_in_process(monkeypatch, data, *extra):
+    """cli.interactive() on ``data`` with fairseq-interactive's main replaced by one that records the
+    cfg it is given (nothing is loaded or translated)."""
+    from fairseq_cli import interactive as fairseq_interactive
+
+    from fairseq_deep import cli
+
+    seen = []
+    monkeypatch.setattr(fairseq_interactive, "main", lambda cfg: seen.append(cfg))
+    monkeypatch.setattr(fairseq_interactive, "make_batches", fairseq_interactive.make_batches)
+    monkeypatch.setattr(sys, "argv", ["fairseq-deep-interactive", str(data), "--path", "model.pt",
+                                      "--source-lang", "src", "--target-lang", "tgt", *extra])
+    cli.interactive()
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_sentencepiece_dictionary_is_recognised(tmp_path, synthetic_bin):
+    from fairseq_deep.interactive import sentencepiece_dictionary, spm_model_beside
+
+    data = spm_data(tmp_path, with_model=True)
+    assert sentencepiece_dictionary(str(data / "dict.src.txt"))
+    assert not sentencepiece_dictionary(str(synthetic_bin / "dict.src.txt"))  # a word-level dictionary
+    assert spm_model_beside(str(data)) == str(tmp_path / "spm.model")
+
+
+def test_sentencepiece_model_beside_the_data_is_applied(tmp_path, monkeypatch, capfd):
+    data = spm_data(tmp_path, with_model=True)
+    cfg = run_interactive_in_process(monkeypatch, data)
+    assert cfg.bpe._name == "sentencepiece" and cfg.bpe.sentencepiece_model == str(tmp_path / "spm.model")
+    out = capfd.readouterr()
+    assert "no --bpe was given: translating with --bpe sentencepiece --sentencepiece-model" in out.out + out.err
+    # --bpe or --post-process given: the command line as it is
+    cfg = run_interactive_in_process(monkeypatch, data, "--bpe", "sentencepiece", "--sentencepiece-model", "x.model")
+    assert cfg.bpe.sentencepiece_model == "x.model"
+    cfg = run_interactive_in_process(monkeypatch, data, "--post-process", "sentencepiece")
+    assert cfg.bpe is None
+
+
+def test_sentencepiece_data_without_a_model_is_refused(tmp_path, monkeypatch, capfd):
+    data = spm_data(tmp_path, with_model=False)
+    with pytest.raises(SystemExit) as exit_:
+        run_interactive_in_process(monkeypatch, data)
+    assert exit_.value.code == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fairseq-deep-interactive: error: "), err
+    assert str(data / "dict.src.txt") in err[0] and "--bpe sentencepiece --sentencepiece-model" in err[0]
