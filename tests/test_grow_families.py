@@ -19,7 +19,7 @@ from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
-from helpers import PLUGIN_DIR, build_model, parse_model_args, tiny_flags
+from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, tiny_flags
 
 from fairseq_deep.grow import continue_command, grow
 
@@ -123,7 +123,9 @@ def fairseq_generate(generate_config, path, out_dir):
 
 
 def floats(state):
-    return {k: v for k, v in state.items() if v.is_floating_point()}
+    """The floating-point tensors of a state dict, but fairseq 0.12.2's dtype marker (uninitialised
+    memory, set anew by every upgrade_state_dict: helpers.dtype_marker)."""
+    return {k: v for k, v in state.items() if v.is_floating_point() and not dtype_marker(k)}
 
 
 def assert_moved_a_little(start, end):
