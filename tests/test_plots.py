@@ -42,3 +42,41 @@ def test_plots_are_written(tmp_path):
     hidden = empty | (m < 0.3)
     path = plot_heatmap(m, list("abcd"), list("abcd"), "t", str(tmp_path / "h.png"), mask=hidden, empty=empty)
     assert (tmp_path / "h.png").stat().st_size > 0 and path.endswith("h.png")
+
+
+def test_tick_positions_label_every_kth_layer_and_the_last():
+    from fairseq_deep.diagnostics.layer_weights import tick_positions
+
+    assert tick_positions(7) == list(range(7))
+    assert tick_positions(31) == list(range(0, 31, 2))  # depth 30 + readout: every 2nd, y30 and readout
+    assert tick_positions(101) == list(range(0, 101, 10))
+    assert tick_positions(62)[-1] == 61 and len(tick_positions(62)) <= 17
+
+
+def test_deep_heatmap_is_readable(tmp_path):
+    """At depth 30 (issue 26, item 11): every 2nd layer labelled at a readable size, a diverging
+    colour scale centred at 0 for signed weights with its colour bar, a figure that grows with the
+    rows and columns (each on its own); a non-negative matrix gets a sequential scale from 0."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from fairseq_deep.diagnostics.layer_weights import heatmap_figure, layer_labels
+
+    n = 31
+    m = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).tril()
+    fig = heatmap_figure(m, [f"layer {r + 1}" for r in range(n - 1)] + ["readout"], layer_labels(n), "dlcl")
+    ax, bar = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()][-2:] == ["layer 29", "readout"]
+    assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["y0 (emb)", "y2"]
+    assert min(t.get_fontsize() for t in ax.get_yticklabels()) >= 9
+    vmin, vmax = ax.images[0].get_clim()
+    assert vmin == -vmax and vmax == pytest.approx(float(m.abs().max()))
+    assert ax.images[0].get_cmap().name.startswith("RdBu") and "centred at 0" in bar.get_ylabel()
+    width, height = fig.get_size_inches()
+    assert height > 10
+    plt.close(fig)
+    ta = torch.softmax(torch.randn(6, n), dim=1)  # 6 readers of 31 layers: a wide, low figure
+    fig = heatmap_figure(ta, [f"dec. attn {j}" for j in range(6)], layer_labels(n), "ta")
+    assert fig.get_size_inches()[1] < 6 < fig.get_size_inches()[0]
+    assert fig.axes[0].images[0].get_clim()[0] == 0.0 and fig.axes[0].images[0].get_cmap().name == "viridis"
+    plt.close(fig)

@@ -206,52 +206,112 @@ def _pyplot():
     return plt
 
 
+#: at most this many labelled ticks on an axis: deeper matrices label every k-th layer (and the last)
+MAX_TICK_LABELS = 16
+
+
+def tick_positions(n: int, max_labels: int = MAX_TICK_LABELS) -> List[int]:
+    """The rows (or columns) of an ``n``-long axis that get a label: all of them up to ``max_labels``,
+    else every k-th (k = 2, 5, 10, ... so that labels read as round layer numbers), always with the first
+    (y_0, the embedding) and the last (the readout, or the top layer)."""
+    if n <= max_labels:
+        return list(range(n))
+    step = next(k for k in (2, 5, 10, 20, 25, 50, 100, 200, 500) if n / k <= max_labels) if n <= 500 * max_labels \
+        else -(-n // max_labels)
+    ticks = list(range(0, n, step))
+    if n - 1 - ticks[-1] < step / 2:  # too close to the last: the last instead
+        ticks[-1] = n - 1
+    elif ticks[-1] != n - 1:
+        ticks.append(n - 1)
+    return ticks
+
+
+def _figure_size(n_rows: int, n_cols: int):
+    """Inches (width, height): about 0.3 in a cell, within 4.5 x 4 and 24 x 22 (a colour bar beside)."""
+    width = min(24.0, max(4.5, 0.3 * n_cols + 3.5))
+    height = min(22.0, max(4.0, 0.3 * n_rows + 2.5))
+    return width, height
+
+
 def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
                  path: str, mask=None, annotate: Optional[bool] = None, empty=None) -> str:
-    """Draw ``matrix`` as a heatmap (rows top to bottom, columns left to right) into ``path`` (PNG).
+    """Draw ``matrix`` as a heatmap (:func:`heatmap_figure`) into ``path`` (PNG); returns ``path``."""
+    plt = _pyplot()
+    fig = heatmap_figure(matrix, row_labels, col_labels, title, mask=mask, annotate=annotate, empty=empty)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
+                   mask=None, annotate: Optional[bool] = None, empty=None):
+    """A matplotlib figure of ``matrix`` as a heatmap (rows top to bottom, columns left to right).
 
     ``mask``: a bool matrix, True where an entry is hidden.  ``empty``: True where no entry exists
     (e.g. the upper triangle of a layer-combination matrix): drawn white; hidden entries that do
     exist are drawn light grey and hatched, so that the two cannot be mistaken for each other.
     Values are annotated in the cells when ``annotate`` (default: matrices of at most 12 columns
-    and rows).  Signed matrices get a diverging colour map centred at 0.
+    and rows).
+
+    Readable at any depth: the figure grows with the rows and columns (each on its own), an axis of
+    more than :data:`MAX_TICK_LABELS` labels every k-th layer (:func:`tick_positions`) with a thin
+    grid line there, at a fixed readable font size.  Colours: signed matrices (DLCL's weights) get a
+    diverging map centred at 0 (blue negative, white 0, red positive, symmetric limits), non-negative
+    ones (softmax weights) a sequential map from 0; the colour bar beside the plot is as tall as it
+    and says which.
     """
     plt = _pyplot()
     import numpy as np
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
 
     m = np.asarray(matrix.detach().cpu().float() if isinstance(matrix, Tensor) else matrix, dtype=float)
     hidden = np.zeros_like(m, dtype=bool) if mask is None else np.asarray(
         mask.cpu() if isinstance(mask, Tensor) else mask, dtype=bool)
     data = np.ma.masked_array(m, mask=hidden)
     shown = m[~hidden]
-    if shown.size and shown.min() < 0:
+    signed = bool(shown.size and shown.min() < 0)
+    if signed:
         vmax = float(np.abs(shown).max()) or 1.0
         cmap, vmin = plt.get_cmap("RdBu_r").copy(), -vmax
+        bar_label = "weight (signed: blue < 0 < red, centred at 0)"
     else:
         cmap = plt.get_cmap("viridis").copy()
         vmin, vmax = 0.0, (float(shown.max()) if shown.size else 1.0) or 1.0
-    cmap.set_bad("white")
+        bar_label = "weight"
+    cmap = cmap.with_extremes(bad="white") if hasattr(cmap, "with_extremes") else cmap  # masked: white
+    if not hasattr(cmap, "with_extremes"):  # pragma: no cover - matplotlib < 3.4
+        cmap.set_bad("white")
 
     n_rows, n_cols = m.shape
-    size = max(3.5, 0.32 * max(n_rows, n_cols) + 2.0)
-    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    size = _figure_size(n_rows, n_cols)
+    fig, ax = plt.subplots(figsize=size)
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
-    fontsize = 8 if max(n_rows, n_cols) <= 16 else 6
-    ax.set_xticks(range(n_cols))
-    ax.set_xticklabels(col_labels, rotation=90, fontsize=fontsize)
-    ax.set_yticks(range(n_rows))
-    ax.set_yticklabels(row_labels, fontsize=fontsize)
-    ax.set_xlabel("layer read")
-    ax.set_ylabel("reader")
-    ax.set_title(title, fontsize=9)
+    fontsize = min(13.0, max(9.0, 0.5 * max(size)))  # the large figures of deep models: larger labels
+    rows, cols = tick_positions(n_rows), tick_positions(n_cols)
+    ax.set_xticks(cols)
+    long_labels = max((len(str(col_labels[c])) for c in cols), default=0) > 4
+    ax.set_xticklabels([col_labels[c] for c in cols], fontsize=fontsize, rotation=45 if long_labels else 0,
+                       ha="right" if long_labels else "center", rotation_mode="anchor")
+    ax.set_yticks(rows)
+    ax.set_yticklabels([row_labels[r] for r in rows], fontsize=fontsize)
+    if len(cols) < n_cols or len(rows) < n_rows:  # thin guides at the labelled layers
+        for c in cols:
+            ax.axvline(c, color="0.6", linewidth=0.4, alpha=0.5, zorder=3)
+        for r in rows:
+            ax.axhline(r, color="0.6", linewidth=0.4, alpha=0.5, zorder=3)
+    ax.set_xlabel("layer read", fontsize=fontsize + 1)
+    ax.set_ylabel("reader", fontsize=fontsize + 1)
+    ax.set_title(title, fontsize=fontsize + 1)
     if annotate is None:
         annotate = max(n_rows, n_cols) <= 12
     if annotate:
         for r in range(n_rows):
             for c in range(n_cols):
                 if not hidden[r, c]:
-                    ax.text(c, r, f"{m[r, c]:.2f}", ha="center", va="center", fontsize=6,
-                            color="white" if cmap.name == "viridis" and m[r, c] < (vmin + vmax) / 2 else "black")
+                    dark = (abs(m[r, c]) > 0.6 * vmax) if signed else (m[r, c] < (vmin + vmax) / 2)
+                    ax.text(c, r, f"{m[r, c]:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
     if empty is not None:
         from matplotlib.patches import Rectangle
 
@@ -259,12 +319,12 @@ def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], t
         for r, c in zip(*np.nonzero(hidden & ~absent)):
             ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor="0.88", edgecolor="0.55",
                                    hatch="///", linewidth=0))
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cax = make_axes_locatable(ax).append_axes("right", size=0.22, pad=0.15)  # inches: as tall as the plot
+    bar = fig.colorbar(im, cax=cax)
+    bar.ax.tick_params(labelsize=fontsize)
+    bar.set_label(bar_label, fontsize=fontsize)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = None,
