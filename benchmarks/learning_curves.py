@@ -1,0 +1,159 @@
+"""Learning curves per update of RNMT+, multi-layer attention and Deep-Att against their baselines (issue 25).
+
+Every system of a family trains with fairseq-train on the same data, batches, seed and (unless the
+row says otherwise) the same optimiser and schedule: Adam (0.9, 0.98), inverse_sqrt warm-up over
+``--warmup`` updates to ``--lr``, label-smoothed cross-entropy 0.1, ``--max-tokens`` tokens per
+update, validation every ``--valid-interval`` updates.  The table gives each system's valid loss
+(bits, label-smoothed, as fairseq logs it) at every validation, with the seconds since its
+training started in brackets.
+
+Families (``--family``, repeatable; sizes follow ``--width`` W as fairseq-deep-study's --width):
+
+* ``rnmt``: fairseq's own ``lstm`` (bidirectional encoder, W cells, 2 + 2 layers), ``rnmt_plus``
+  2 + 2 at lr and at 3x lr, and ``transformer_prenorm`` 6 + 6 (FFN 4W, W/64 heads, at least 2);
+  dropout 0.1 everywhere (attention dropout too).
+* ``dou``: ``transformer_agg_baseline`` (post-norm, 6 + 6), ``transformer_mla2``,
+  ``transformer_hier_agg``.
+* ``zhou``: ``deep_att_ff_2x2`` and ``deep_att_noff_2x2`` (embeddings W/2, W cells) with the
+  shared Adam, and ``deep_att_ff_2x2`` with the paper's ``--optimizer deep_att`` (Adam, l_f 4e-5,
+  l_r 5e-4, L2 r = 2, fixed rates; fairseq-deep-study's --recipe paper before issue 25).
+
+``--systems a,b`` keeps only the named rows.  Runs go to ``--out`` (one directory per system, its
+fairseq log in ``log``); a system whose log already holds ``--updates`` updates is not rerun.
+
+    OMP_NUM_THREADS=1 python benchmarks/learning_curves.py --data prep/data-bin --family rnmt \\
+        --width 128 --updates 300 --valid-interval 50 --jobs 2 --out curves
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _device import add_device_argument, device_from_args, train_flags  # noqa: E402
+
+PLUGIN = os.path.join(os.path.dirname(HERE), "fairseq_deep")
+
+DEEP_ATT_PAPER = ["--optimizer", "deep_att", "--deep-att-update-rule", "adam", "--lr", "4e-5",
+                  "--deep-att-lr-recurrent", "5e-4", "--l2-strength", "2", "--lr-scheduler", "fixed"]
+
+
+def transformer(w):
+    heads = str(max(2, w // 64))
+    return ["--encoder-embed-dim", str(w), "--decoder-embed-dim", str(w), "--encoder-ffn-embed-dim", str(4 * w),
+            "--decoder-ffn-embed-dim", str(4 * w), "--encoder-attention-heads", heads,
+            "--decoder-attention-heads", heads, "--dropout", "0.1"]
+
+
+def rnn(w, embed=None):
+    e = str(embed or w)
+    return ["--encoder-embed-dim", e, "--decoder-embed-dim", e, "--encoder-hidden-size", str(w),
+            "--decoder-hidden-size", str(w)]
+
+
+def families(w, lr):
+    """{family: [(name, arch, flags, lr or None = --lr)]}"""
+    two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
+    return {
+        "rnmt": [
+            ("lstm_2x2", "lstm", rnn(w) + two + ["--decoder-out-embed-dim", str(w), "--encoder-bidirectional"], None),
+            ("rnmt_plus_2x2", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], None),
+            ("rnmt_plus_2x2_lr3x", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], 3 * lr),
+            ("transformer_prenorm", "transformer_prenorm", transformer(w), None),
+        ],
+        "dou": [
+            ("baseline", "transformer_agg_baseline", transformer(w), None),
+            ("mla2", "transformer_mla2", transformer(w), None),
+            ("hierarchical", "transformer_hier_agg", transformer(w), None),
+        ],
+        "zhou": [
+            ("noff_2x2", "deep_att_noff_2x2", rnn(w, max(1, w // 2)), None),
+            ("ff_2x2", "deep_att_ff_2x2", rnn(w, max(1, w // 2)), None),
+            ("ff_2x2_paper_optimizer", "deep_att_ff_2x2", rnn(w, max(1, w // 2)) + DEEP_ATT_PAPER, None),
+        ],
+    }
+
+
+def command(args, name, arch, flags, lr):
+    shared = [] if "--optimizer" in flags else [
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(lr or args.lr),
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"]
+    out = os.path.join(args.out, name)
+    return [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
+            *flags, *shared, "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", str(args.seed),
+            "--validate-interval-updates", str(args.valid_interval), "--validate-interval", "100000",
+            "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "25",
+            "--skip-invalid-size-inputs-valid-test", *train_flags(args.device)]
+
+
+def curve(log_path):
+    """[(updates, valid loss, seconds since training started)] from a fairseq json log."""
+    points, start = [], None
+    if not os.path.exists(log_path):
+        return points
+    for line in open(log_path, errors="replace"):
+        stamp = line[:19]
+        if "Start iterating" in line and start is None:
+            start = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+        if "| valid |" in line and "{" in line:
+            j = json.loads(line[line.index("{"):])
+            t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+            points.append((int(j["valid_num_updates"]), float(j["valid_loss"]), (t - start).total_seconds()))
+    return points
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", help="fairseq data-bin (required to run)")
+    p.add_argument("--family", action="append", choices=["rnmt", "dou", "zhou"])
+    p.add_argument("--systems", default="", help="comma-separated system names to keep")
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--updates", type=int, default=300)
+    p.add_argument("--valid-interval", type=int, default=50)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1, help="systems trained at once")
+    p.add_argument("--out", default="learning_curves")
+    add_device_argument(p)
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    device_from_args(args)
+    if not args.data:
+        raise SystemExit("error: --data DATA_BIN is required")
+    keep = set(filter(None, args.systems.split(",")))
+    table = families(args.width, args.lr)
+    rows = [(f, *s) for f in (args.family or ["rnmt"]) for s in table[f] if not keep or s[0] in keep]
+    pending, running = list(rows), []
+    while pending or running:
+        running = [(r, p) for r, p in running if p.poll() is None]
+        while pending and len(running) < args.jobs:
+            fam, name, arch, flags, lr = pending.pop(0)
+            log = os.path.join(args.out, name, "log")
+            done = curve(log)
+            if done and done[-1][0] >= args.updates:
+                continue
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            print("running", name, flush=True)
+            running.append((name, subprocess.Popen(command(args, name, arch, flags, lr), stdout=open(log, "w"),
+                                                   stderr=subprocess.STDOUT)))
+        time.sleep(2)
+    for fam in args.family or ["rnmt"]:
+        print(f"\n{fam}: valid loss (bits) at updates (seconds)\n")
+        for _, name, *_ in [r for r in rows if r[0] == fam]:
+            pts = curve(os.path.join(args.out, name, "log"))
+            print(f"| {name} | " + " | ".join(f"{u}: {loss:.2f} ({sec:.0f}s)" for u, loss, sec in pts) + " |")
+
+
+if __name__ == "__main__":
+    main()
