@@ -22,30 +22,32 @@ import os
 import re
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import UserError, report_user_errors
-from .prepare import check_inputs, count_lines
+from .prepare import check_inputs
 
 PROG = "run.sh"
 
 #: defaults by device; every one can be set by an environment variable of the same name
 DEFAULTS = {
-    "cpu": {"MINUTES": 30, "WIDTH": 256, "MAX_UPDATE": 0, "LR": 1e-3, "WARMUP": 400, "MAX_TOKENS": 4096,
+    # measured (docs/study.md, equal time): width 128, lr 2e-3, 400 warm-up updates, 2,048-token batches
+    # gave a 6 + 6 pre-norm Transformer 32.5 BLEU on Multi30k in 15 minutes on one CPU thread
+    "cpu": {"MINUTES": 30, "WIDTH": 128, "MAX_UPDATE": 0, "LR": 2e-3, "WARMUP": 400, "MAX_TOKENS": 2048,
             "LOG_INTERVAL": 10},
     "cuda": {"MINUTES": 480, "WIDTH": 512, "MAX_UPDATE": 50000, "LR": 1e-3, "WARMUP": 4000, "MAX_TOKENS": 4096,
              "LOG_INTERVAL": 100},
 }
 COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECISION": ""}
 
-#: seconds per test sentence decoded (beam 5, width 256), the start-up of a fairseq command, and per
-#: validation sentence; deliberately on the slow side (measured on a shared 2-core machine)
-COSTS = {
-    "cpu": {"decode_sentence": 0.08, "startup": 25.0, "valid_sentence": 0.03},
-    "cuda": {"decode_sentence": 0.01, "startup": 40.0, "valid_sentence": 0.002},
-}
-MIN_TRAIN_SECONDS = 60
+#: fairseq-generate's batch (sentences) and beam: the rows of one decoder step
+DECODE_BATCH = 128
+#: sentencepiece pieces per raw word (an estimate that errs long for European languages)
+PIECES_PER_WORD = 1.3
+#: Python's own cost of one decoder step per layer (beam bookkeeping, small ops), seconds
+STEP_OVERHEAD = 0.002
 
 
 @dataclass
@@ -96,22 +98,58 @@ def settings_from_env(env: Dict[str, str], device: str) -> Settings:
     return s
 
 
-def reserve_seconds(s: Settings, test_sentences: int, valid_sentences: int) -> int:
-    """Seconds of the budget kept for what is not training: fairseq-train's start-up and last
-    validation, averaging, fairseq-generate's start-up and decoding, scoring (an estimate that
-    errs long: with beam B at width W, decoding costs about B/5 * (W/256)^2 of the base rate)."""
-    c = COSTS[s.device]
-    width = s.width or 512
-    scale = max(0.25, (width / 256) ** 2) * max(1, s.beam) / 5
-    decode = test_sentences * c["decode_sentence"] * scale
-    valid = valid_sentences * c["valid_sentence"] * max(0.25, (width / 256) ** 2)
-    return int(math.ceil(3 * c["startup"] + decode + valid))
+def step_seconds(width: int, ffn: int, layers: int, vocab: int, rows: int = DECODE_BATCH * 5) -> float:
+    """This machine's time, now (other processes included), for the matrix products of one decoder
+    step of a batch: 8 W x W projections and the FFN per layer, the output layer; with torch's
+    threads as fairseq will have them.  About a second at most on a slow or busy machine."""
+    import time
+
+    import torch
+    from torch.nn import functional as F
+
+    x, h = torch.randn(rows, width), torch.randn(rows, ffn)
+    w, w1, w2, wo = torch.randn(width, width), torch.randn(ffn, width), torch.randn(width, ffn), torch.randn(vocab, width)
+
+    def layer():
+        for _ in range(8):
+            F.linear(x, w)
+        F.linear(x, w1)
+        F.linear(h, w2)
+
+    def output():
+        F.log_softmax(F.linear(x, wo), dim=-1)
+
+    def seconds(f):
+        t0 = time.perf_counter()
+        f()
+        return time.perf_counter() - t0
+
+    layer(), output()  # warm-up
+    layer_s = sorted(seconds(layer) for _ in range(3))[1]  # medians: a busy machine's time, not its best
+    output_s = sorted(seconds(output) for _ in range(3))[1]
+    return layers * layer_s + output_s
 
 
-def training_seconds(budget_s: float, elapsed_s: float, reserve_s: float) -> int:
-    """What is left of the budget for training after ``elapsed_s`` (checks, preparation) and the
-    reserve; at least :data:`MIN_TRAIN_SECONDS`."""
-    return int(max(MIN_TRAIN_SECONDS, budget_s - elapsed_s - reserve_s))
+def reserve_seconds(*args, **kwargs) -> int:
+    """:func:`reserve_parts` summed, in whole seconds."""
+    return int(math.ceil(sum(reserve_parts(*args, **kwargs).values())))
+
+
+def reserve_parts(test_sentences: int, test_words: float, valid_sentences: int, valid_words: float,
+                  step_s: float, layers: int, startup_s: float, device: str = "cpu", beam: int = 5) -> Dict[str, float]:
+    """Seconds of the budget kept for what is not training: three start-ups (fairseq-train,
+    averaging, fairseq-generate), the validation fairseq-train runs after its time is up, and
+    decoding: a batch of DECODE_BATCH sentences takes at most 1.2 x its source + 10 steps
+    (--max-len-a/-b), each ``step_s`` (:func:`step_seconds`) plus Python's overhead; ``*_words``
+    are mean raw words per sentence."""
+    if device != "cpu":  # a GPU decodes a batch step in milliseconds: start-ups dominate
+        return {"start-ups": 3 * startup_s + 30, "validation": 0.002 * valid_sentences,
+                "decoding": 0.01 * test_sentences}
+    steps = 1.2 * PIECES_PER_WORD * test_words + 10
+    decode = math.ceil(test_sentences / DECODE_BATCH) * steps * (step_s + STEP_OVERHEAD * layers) * max(1, beam) / 5
+    # validation: teacher-forced, the encoder and the decoder once over each batch of pieces
+    valid = 2 * valid_sentences * PIECES_PER_WORD * valid_words / (DECODE_BATCH * 5) * step_s
+    return {"start-ups": 3 * startup_s + 10, "validation": valid, "decoding": decode}
 
 
 def width_flags(arch: str, width: int) -> List[str]:
@@ -148,9 +186,9 @@ def generate_command(s: Settings, data_bin: str) -> List[str]:
     return cmd + shlex.split(s.precision)
 
 
-def check_train_command(cmd: Sequence[str]):
+def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
     """fairseq-train's parser on the whole command (an unknown option, a bad value, a preset's
-    refusal: a :class:`UserError`), without data or a model."""
+    refusal: a :class:`UserError`), without data or a model; returns the parsed arguments."""
     from fairseq import options
 
     from .cli import PLUGIN_DIR, check_arch
@@ -163,7 +201,19 @@ def check_train_command(cmd: Sequence[str]):
         raise UserError(f"fairseq-train: {message}")
 
     parser.error = error
-    options.parse_args_and_arch(parser, argv)
+    return options.parse_args_and_arch(parser, argv)
+
+
+def sentences_and_words(path: str) -> Tuple[int, float]:
+    """Lines of a raw text file and their mean number of space-separated words."""
+    from .prepare import open_text
+
+    lines = words = 0
+    with open_text(path) as f:
+        for line in f:
+            lines += 1
+            words += len(line.split())
+    return lines, words / max(1, lines)
 
 
 def detect_device(env: Dict[str, str]) -> str:
@@ -199,11 +249,19 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     data_bin = os.path.join(work, "data-bin")
     save_dir = os.path.join(work, "checkpoints", f"{arch}_w{s.width}" if s.width else arch)
     train = train_command(s, arch, data_bin, save_dir, extra)
-    check_train_command(train)
+    args = check_train_command(train)
     generate = generate_command(s, data_bin)
-    test_sentences = count_lines(files[f"test.{src}"])
-    valid_sentences = count_lines(files[f"valid.{src}"])
-    reserve = reserve_seconds(s, test_sentences, valid_sentences)
+    test_sentences, test_words = sentences_and_words(files[f"test.{src}"])
+    valid_sentences, valid_words = sentences_and_words(files[f"valid.{src}"])
+    width = getattr(args, "decoder_embed_dim", None) or s.width or 512
+    ffn = getattr(args, "decoder_ffn_embed_dim", None) or getattr(args, "decoder_hidden_size", None) or 4 * width
+    layers = getattr(args, "decoder_layers", None) or 6
+    start = float(env.get("RUN_START") or 0)
+    startup = max(10.0, time.time() - start) if start else 20.0  # this process's start: python, torch, fairseq
+    step = step_seconds(width, ffn, layers, s.vocab) if device == "cpu" else 0.0
+    parts = reserve_parts(test_sentences, test_words, valid_sentences, valid_words, step, layers, startup,
+                          device, s.beam)
+    reserve = int(math.ceil(sum(parts.values())))
     budget = int(round(s.minutes * 60))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
     values = {
@@ -220,7 +278,9 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     budget_text = (f"a budget of {s.minutes:g} minutes in all (MINUTES)" if s.minutes else "no time budget")
     print(f"{PROG}: {arch} at {width} on {'the CPU' if device == 'cpu' else 'CUDA'}, {budget_text}"
           + (f", at most {s.max_update} updates" if s.max_update else "")
-          + f"; about {reserve} s of it kept for decoding {test_sentences} test sentences and start-ups"
+          + f"; {reserve} s of it kept for what follows training ("
+          + ", ".join(f"{name} {value:.0f} s" for name, value in parts.items())
+          + f" for {test_sentences} test sentences" + (f", {step:.2f} s a decoder step here now" if step else "") + ")"
           + (f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)" if resumed else ""),
           file=log)
 

@@ -75,32 +75,35 @@ def test_setup_names_each_mistake_before_any_work(raw, tmp_path, argv, env_extra
 def test_setup_derives_the_cpu_budget_width_and_commands(raw, tmp_path):
     values, log = run_setup(["transformer_dlcl", "--encoder-layers", "3"], env_for(raw, tmp_path))
     assert values["DEVICE_KIND"] == "cpu" and values["BUDGET_S"] == "1800"  # 30 minutes in all
-    assert 0 < int(values["RESERVE_S"]) < 300
+    assert 0 < int(values["RESERVE_S"]) < 1800
     train = values["TRAIN"]
     i = train.index("--encoder-embed-dim")
-    assert train[i + 1] == "256" and "--cpu" in train and train[-2:] == ["--encoder-layers", "3"]
+    assert train[i + 1] == "128" and "--cpu" in train and train[-2:] == ["--encoder-layers", "3"]
     assert "--no-epoch-checkpoints" not in train and train[train.index("--keep-last-epochs") + 1] == "5"
     assert "--stop-time-hours" not in train  # run.sh adds it after preparation, from what is left
-    assert train[train.index("--save-dir") + 1].endswith(os.path.join("checkpoints", "transformer_dlcl_w256"))
+    assert train[train.index("--save-dir") + 1].endswith(os.path.join("checkpoints", "transformer_dlcl_w128"))
     gen = values["GENERATE"]
     assert gen[gen.index("--post-process") + 1] == "sentencepiece" and "--max-len-a" in gen
-    assert "width 256" in log and "30 minutes" in log
+    assert "width 128" in log and "30 minutes" in log
 
 
 def test_budget_and_sizes_follow_the_device_and_the_environment():
     cpu, cuda = own_data.settings_from_env({}, "cpu"), own_data.settings_from_env({}, "cuda")
-    assert (cpu.minutes, cpu.width, cpu.max_update) == (30, 256, 0)
+    assert (cpu.minutes, cpu.width, cpu.max_update) == (30, 128, 0)
     assert (cuda.width, cuda.max_update) == (512, 50000) and cuda.minutes >= 240
     mine = own_data.settings_from_env({"MINUTES": "2.5", "WIDTH": "128", "BEAM": "4"}, "cpu")
     assert (mine.minutes, mine.width, mine.beam) == (2.5, 128, 4)
     with pytest.raises(UserError, match="MINUTES=0 and MAX_UPDATE=0"):
         own_data.settings_from_env({"MINUTES": "0"}, "cpu")
-    # the reserve grows with the test set, the width and the beam; training gets the rest, at least a minute
-    small = own_data.reserve_seconds(cpu, 100, 100)
-    assert own_data.reserve_seconds(cpu, 1000, 100) > small
-    assert own_data.reserve_seconds(own_data.settings_from_env({"WIDTH": "512"}, "cpu"), 100, 100) > small
-    assert own_data.training_seconds(1800, 90, 200) == 1510
-    assert own_data.training_seconds(120, 90, 200) == own_data.MIN_TRAIN_SECONDS
+    # the reserve (run.sh trains for the rest) grows with the test set, its sentences' length, the
+    # machine's step time, the start-up time and the beam
+    base = dict(test_sentences=1000, test_words=11, valid_sentences=1000, valid_words=11, step_s=0.1, layers=6,
+                startup_s=20)
+    reserve = own_data.reserve_seconds(**base)
+    for more in ({"test_sentences": 2000}, {"test_words": 30}, {"step_s": 0.3}, {"startup_s": 40}, {"beam": 10}):
+        assert own_data.reserve_seconds(**{**base, **more}) > reserve, more
+    cuda_reserve = own_data.reserve_seconds(**base, device="cuda")  # start-ups, not the CPU's step time
+    assert cuda_reserve == own_data.reserve_seconds(**{**base, "step_s": 1.0}, device="cuda") < 300
     assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
     assert "--max-update" not in own_data.train_command(cpu, "transformer_dlcl", "d", "s", [])
 

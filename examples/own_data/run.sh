@@ -10,9 +10,9 @@
 # last, so they override the script's.  Settings by environment (defaults CPU / CUDA):
 #   MINUTES     the whole run, preparation and decoding included (30 / 480); training gets what is
 #               left after preparation and an estimate of decoding (fairseq's --stop-time-hours)
-#   WIDTH       model width (256 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
+#   WIDTH       model width (128 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
 #   MAX_UPDATE  a cap on the updates (none / 50000); MINUTES=0 MAX_UPDATE=N trains N updates
-#   WORK (own_data_run), VOCAB (8000), MAX_TOKENS (4096), LR (1e-3), WARMUP (400 / 4000),
+#   WORK (own_data_run), VOCAB (8000), MAX_TOKENS (2048 / 4096), LR (2e-3 / 1e-3), WARMUP (400 / 4000),
 #   BEAM (5), AVERAGE (5: average up to the last 5 epoch checkpoints of the second half of
 #   training; 0: decode checkpoint_best.pt), LOG_INTERVAL (10 / 100), PRECISION (e.g. --fp16 or
 #   --bf16 on a GPU), DEVICE=--cpu (use the CPU although CUDA is there).
@@ -22,7 +22,7 @@ set -euo pipefail
 START=$(date +%s)
 export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
-setup=$(python -m fairseq_deep.own_data setup "$@") || exit $?
+setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
 eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
 mkdir -p "$WORK"
 
@@ -52,7 +52,7 @@ fairseq-deep-train "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"} 2>&1 | 
 # 3. average the last epoch checkpoints (or take the best), translate the test set in input order
 echo "== 3/4 translating the test set"
 CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
-fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" > "$WORK/generate.out"
+fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" | { grep --line-buffered "| progress:" || true; }
 
 # 4. one sacreBLEU score (detokenized hypotheses against the raw references)
 echo "== 4/4 scoring"
