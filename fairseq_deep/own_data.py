@@ -42,12 +42,16 @@ DEFAULTS = {
 }
 COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECISION": ""}
 
-#: fairseq-generate's batch (sentences) and beam: the rows of one decoder step
+#: fairseq-generate's batch (sentences)
 DECODE_BATCH = 128
 #: sentencepiece pieces per raw word (an estimate that errs long for European languages)
 PIECES_PER_WORD = 1.3
-#: Python's own cost of one decoder step per layer (beam bookkeeping, small ops), seconds
-STEP_OVERHEAD = 0.002
+#: seconds of one decoder step of a batch (128 sentences, beam 5) at width 128 with 6 decoder layers
+#: on a CPU, and of validating one sentence of 11 words; measured on Multi30k de-en on a 2-core
+#: machine busy with other work (0.7 s, 0.035 s), rounded down: a quiet machine is 2-4x faster, and
+#: a timing taken at the start (tried) swung tenfold with the machine's load
+CPU_STEP = 0.5
+CPU_VALID_SENTENCE = 0.03
 
 
 @dataclass
@@ -98,57 +102,25 @@ def settings_from_env(env: Dict[str, str], device: str) -> Settings:
     return s
 
 
-def step_seconds(width: int, ffn: int, layers: int, vocab: int, rows: int = DECODE_BATCH * 5) -> float:
-    """This machine's time, now (other processes included), for the matrix products of one decoder
-    step of a batch: 8 W x W projections and the FFN per layer, the output layer; with torch's
-    threads as fairseq will have them.  About a second at most on a slow or busy machine."""
-    import time
-
-    import torch
-    from torch.nn import functional as F
-
-    x, h = torch.randn(rows, width), torch.randn(rows, ffn)
-    w, w1, w2, wo = torch.randn(width, width), torch.randn(ffn, width), torch.randn(width, ffn), torch.randn(vocab, width)
-
-    def layer():
-        for _ in range(8):
-            F.linear(x, w)
-        F.linear(x, w1)
-        F.linear(h, w2)
-
-    def output():
-        F.log_softmax(F.linear(x, wo), dim=-1)
-
-    def seconds(f):
-        t0 = time.perf_counter()
-        f()
-        return time.perf_counter() - t0
-
-    layer(), output()  # warm-up
-    layer_s = sorted(seconds(layer) for _ in range(3))[1]  # medians: a busy machine's time, not its best
-    output_s = sorted(seconds(output) for _ in range(3))[1]
-    return layers * layer_s + output_s
-
-
 def reserve_seconds(*args, **kwargs) -> int:
     """:func:`reserve_parts` summed, in whole seconds."""
     return int(math.ceil(sum(reserve_parts(*args, **kwargs).values())))
 
 
 def reserve_parts(test_sentences: int, test_words: float, valid_sentences: int, valid_words: float,
-                  step_s: float, layers: int, startup_s: float, device: str = "cpu", beam: int = 5) -> Dict[str, float]:
+                  width: int, layers: int, startup_s: float, device: str = "cpu", beam: int = 5) -> Dict[str, float]:
     """Seconds of the budget kept for what is not training: three start-ups (fairseq-train,
-    averaging, fairseq-generate), the validation fairseq-train runs after its time is up, and
-    decoding: a batch of DECODE_BATCH sentences takes at most 1.2 x its source + 10 steps
-    (--max-len-a/-b), each ``step_s`` (:func:`step_seconds`) plus Python's overhead; ``*_words``
-    are mean raw words per sentence."""
+    averaging, fairseq-generate; ``startup_s`` each), the validation fairseq-train runs after its
+    time is up, and decoding: a batch of DECODE_BATCH sentences takes at most 1.2 x its source + 10
+    steps (--max-len-a/-b); a step's cost grows with width^1.5 (matrix products and the overhead
+    of small ones), the decoder layers and the beam.  ``*_words``: mean raw words per sentence."""
     if device != "cpu":  # a GPU decodes a batch step in milliseconds: start-ups dominate
         return {"start-ups": 3 * startup_s + 30, "validation": 0.002 * valid_sentences,
                 "decoding": 0.01 * test_sentences}
+    scale = (width / 128) ** 1.5 * max(1, layers) / 6
     steps = 1.2 * PIECES_PER_WORD * test_words + 10
-    decode = math.ceil(test_sentences / DECODE_BATCH) * steps * (step_s + STEP_OVERHEAD * layers) * max(1, beam) / 5
-    # validation: teacher-forced, the encoder and the decoder once over each batch of pieces
-    valid = 2 * valid_sentences * PIECES_PER_WORD * valid_words / (DECODE_BATCH * 5) * step_s
+    decode = math.ceil(test_sentences / DECODE_BATCH) * steps * CPU_STEP * scale * max(1, beam) / 5
+    valid = valid_sentences * CPU_VALID_SENTENCE * scale * valid_words / 11
     return {"start-ups": 3 * startup_s + 10, "validation": valid, "decoding": decode}
 
 
@@ -254,12 +226,10 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     test_sentences, test_words = sentences_and_words(files[f"test.{src}"])
     valid_sentences, valid_words = sentences_and_words(files[f"valid.{src}"])
     width = getattr(args, "decoder_embed_dim", None) or s.width or 512
-    ffn = getattr(args, "decoder_ffn_embed_dim", None) or getattr(args, "decoder_hidden_size", None) or 4 * width
     layers = getattr(args, "decoder_layers", None) or 6
     start = float(env.get("RUN_START") or 0)
     startup = max(10.0, time.time() - start) if start else 20.0  # this process's start: python, torch, fairseq
-    step = step_seconds(width, ffn, layers, s.vocab) if device == "cpu" else 0.0
-    parts = reserve_parts(test_sentences, test_words, valid_sentences, valid_words, step, layers, startup,
+    parts = reserve_parts(test_sentences, test_words, valid_sentences, valid_words, width, layers, startup,
                           device, s.beam)
     reserve = int(math.ceil(sum(parts.values())))
     budget = int(round(s.minutes * 60))
@@ -280,7 +250,7 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
           + (f", at most {s.max_update} updates" if s.max_update else "")
           + f"; {reserve} s of it kept for what follows training ("
           + ", ".join(f"{name} {value:.0f} s" for name, value in parts.items())
-          + f" for {test_sentences} test sentences" + (f", {step:.2f} s a decoder step here now" if step else "") + ")"
+          + f" for {test_sentences} test sentences; an estimate)"
           + (f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)" if resumed else ""),
           file=log)
 
