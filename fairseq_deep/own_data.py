@@ -49,11 +49,11 @@ PIECES_PER_WORD = 1.3
 #: seconds of one decoder step of a batch (128 sentences, beam 5) at width 128 with 6 decoder layers
 #: on a CPU, and of validating one sentence of 11 words.  Measured on Multi30k de-en (1,000 test
 #: sentences, a model of 36 updates that writes to the length bound) on a 2-core machine shared with
-#: 6 other busy processes: decoding 1.9 s a step (5.6 sentences/s at first, 2.4 by the longest
-#: batches), validation 0.01-0.035 s a sentence.  A quiet machine is several times faster and a
-#: trained model stops early: 1 s errs long.  (A timing taken at the start, tried, swung tenfold
-#: with the machine's load within minutes.)
-CPU_STEP = 1.0
+#: 6 other busy processes: decoding 1.9 s a step (5.6 sentences/s at first, 2.1 by the longest
+#: batches; 8 minutes in all), validation 0.01-0.035 s a sentence.  A quiet machine is several times
+#: faster and a trained model stops early, so 1.5 s errs long on most machines.  (A timing taken at
+#: the start, tried, swung tenfold with the machine's load within minutes.)
+CPU_STEP = 1.5
 CPU_VALID_SENTENCE = 0.04
 
 
