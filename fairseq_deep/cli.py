@@ -233,7 +233,8 @@ def generate():
 
     from .progress import install_decoding_progress
 
-    install_decoding_progress(fairseq_generate)  # a progress line with the ETA every 30 s
+    # a progress line with the ETA every 30 s; no batch started after FAIRSEQ_DEEP_DEADLINE
+    install_decoding_progress(fairseq_generate)
     _run(fairseq_generate.cli_main, log_stream=None)  # fairseq-generate configures logging itself
 
 

@@ -21,6 +21,14 @@ that the trainer's ``train_step`` of that run is wrapped on the instance
 names are replaced by proxies whose progress bar's iterator counts the sentences decoded, and
 whose task records its batch iterator, to know the number of sentences
 (:func:`install_decoding_progress`).  Both take a ``clock`` (tests use a fake one).
+
+A deadline for decoding: :data:`DEADLINE_ENV` (``FAIRSEQ_DEEP_DEADLINE``, a Unix time in seconds,
+e.g. ``$(( $(date +%s) + 600 ))``) makes ``fairseq-deep-generate``'s batch iterator start no batch
+once the deadline has passed, nor one that the last batch's time says would end after it (the
+first batch is always decoded: a score needs sentences, and fairseq's summary divides by the
+decoding time).  A warning says how many of how many sentences were decoded, and fairseq's
+generate ends as usual with what it decoded (its "Translated N sentences" and BLEU lines).
+examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.
 """
 
 import logging
@@ -34,6 +42,10 @@ logger = logging.getLogger("fairseq_deep.progress")
 #: the environment variable with the seconds between two progress lines (0: none)
 INTERVAL_ENV = "FAIRSEQ_DEEP_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 30.0
+#: the environment variable with the Unix time (seconds) after which decoding starts no batch
+DEADLINE_ENV = "FAIRSEQ_DEEP_DEADLINE"
+#: the start of the warning logged when decoding stops at the deadline (own_data's score looks for it)
+DEADLINE_STOP = "decoding stopped at the deadline"
 
 
 def interval_seconds() -> float:
@@ -43,6 +55,21 @@ def interval_seconds() -> float:
     except ValueError:
         logger.warning("%s=%r is not a number of seconds: using %g", INTERVAL_ENV, value, DEFAULT_INTERVAL)
         return DEFAULT_INTERVAL
+
+
+def deadline_from_env() -> Optional[float]:
+    """:data:`DEADLINE_ENV` as a Unix time, or None (unset, empty or not a number: a warning)."""
+    value = os.environ.get(DEADLINE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        deadline = float(value)
+    except ValueError:
+        deadline = float("nan")
+    if not math.isfinite(deadline):
+        logger.warning("%s=%r is not a Unix time in seconds: decoding has no deadline", DEADLINE_ENV, value)
+        return None
+    return deadline
 
 
 def hms(seconds: Optional[float]) -> str:
@@ -265,16 +292,48 @@ def _sample_sentences(sample) -> int:
 
 
 class _CountingBar:
-    """fairseq's progress bar, with an iterator that counts what it yields into ``progress``."""
+    """fairseq's progress bar, with an iterator that counts what it yields into ``progress`` and,
+    given a ``deadline`` (a time of ``wall_clock``), starts no batch after it (see the module's
+    docstring): it ends early, with a warning, and fairseq's loop ends as if the data had."""
 
-    def __init__(self, bar, progress: DecodingProgress):
+    def __init__(self, bar, progress: DecodingProgress, deadline: Optional[float] = None,
+                 wall_clock: Callable[[], float] = time.time):
         self._bar = bar
         self._progress = progress
+        self._deadline = deadline
+        self._wall_clock = wall_clock
+
+    def _out_of_time(self, last_batch_s: Optional[float]) -> bool:
+        if self._deadline is None or last_batch_s is None:  # the first batch is always decoded
+            return False
+        return self._wall_clock() + last_batch_s > self._deadline
 
     def __iter__(self):
-        for sample in self._bar:
+        last_batch_s = None
+        iterator = iter(self._bar)
+        while True:
+            if self._out_of_time(last_batch_s):
+                self._stop()
+                return
+            try:
+                sample = next(iterator)
+            except StopIteration:
+                return
+            started = self._wall_clock()
             yield sample
+            last_batch_s = max(0.0, self._wall_clock() - started)
             self._progress.step(_sample_sentences(sample))  # the batch has been decoded
+
+    def _stop(self):
+        p = self._progress
+        done = f"{p.sentences:,} of {p.total_sentences:,} sentences" if p.total_sentences else (
+            f"{p.sentences:,} sentences ({p.batches:,} of {p.total_batches:,} batches)" if p.total_batches
+            else f"{p.sentences:,} sentences")
+        late = self._wall_clock() - self._deadline
+        when = (f"it passed {late:.0f} s ago" if late >= 0 else
+                f"{-late:.0f} s left, less than the last batch took")
+        logger.warning(f"{DEADLINE_STOP} ({DEADLINE_ENV}; {when}): {done} decoded; the rest are not "
+                       "translated, and the scores below are of the decoded ones only")
 
     def __len__(self):
         return len(self._bar)
@@ -302,14 +361,18 @@ def _sentences_in(epoch_batch_iterator) -> Optional[int]:
 
 
 def install_decoding_progress(generate_module, interval: Optional[float] = None,
-                              clock: Callable[[], float] = time.monotonic):
-    """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines:
-    its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded (the number
-    of sentences), its ``progress_bar.progress_bar`` a bar that counts the sentences.  Idempotent."""
+                              clock: Callable[[], float] = time.monotonic, deadline: Optional[float] = None,
+                              wall_clock: Callable[[], float] = time.time):
+    """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines and
+    stop at ``deadline`` (a Unix time, by default from :data:`DEADLINE_ENV`; see the module's
+    docstring): its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded
+    (the number of sentences), its ``progress_bar.progress_bar`` a bar that counts the sentences
+    and ends at the deadline.  Idempotent."""
     if isinstance(generate_module.progress_bar, _Proxy):
         return
     interval = interval_seconds() if interval is None else interval
-    if interval <= 0:
+    deadline = deadline_from_env() if deadline is None else deadline
+    if interval <= 0 and deadline is None:
         return
     real_tasks, real_bars = generate_module.tasks, generate_module.progress_bar
     recorded = []
@@ -333,7 +396,8 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
             batches = len(iterator)
         except TypeError:
             batches = None
-        return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock))
+        return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock),
+                            deadline=deadline, wall_clock=wall_clock)
 
     generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
     generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)

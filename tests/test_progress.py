@@ -155,3 +155,68 @@ def test_interval_from_the_environment(monkeypatch):
     assert not getattr(module.train, "_fairseq_deep", False)  # 0: no progress lines
     monkeypatch.setenv(P.INTERVAL_ENV, "soon")
     assert P.interval_seconds() == P.DEFAULT_INTERVAL
+
+
+def fake_generate(batches):
+    """A fake fairseq_cli.generate: its task's batch iterator holds ``batches`` (lists of ids)."""
+
+    class Task:
+        def get_batch_iterator(self, **kwargs):
+            return types.SimpleNamespace(frozen_batches=batches)
+
+    tasks = types.SimpleNamespace(setup_task=lambda cfg: Task())
+    bars = types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr))
+    return types.SimpleNamespace(tasks=tasks, progress_bar=bars)
+
+
+def decode(module, seconds_per_batch, clock):
+    """fairseq's loop: every batch the bar yields is decoded (the fake clock advances)."""
+    itr = module.tasks.setup_task(None).get_batch_iterator(dataset=None)
+    decoded = []
+    for sample in module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches]):
+        clock.t += seconds_per_batch
+        decoded.append(sample["nsentences"])
+    return decoded
+
+
+def test_decoding_starts_no_batch_after_the_deadline_and_says_how_many(caplog):
+    """Issue 26: FAIRSEQ_DEEP_DEADLINE.  Batches of 10 s from t=1000, deadline 1045: the fourth
+    batch ends at 1040, and a fifth (10 s, as the last took) would end at 1050: not started."""
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+    clock.t = 1000.0
+    module = fake_generate([list(range(10))] * 9 + [list(range(5))])  # 95 sentences
+    P.install_decoding_progress(module, interval=0, clock=clock, deadline=1045.0, wall_clock=clock)
+    assert decode(module, 10.0, clock) == [10] * 4
+    warnings = [r for r in caplog.records if r.name == "fairseq_deep.progress" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and len(lines(caplog)) == 1  # interval 0: no progress lines
+    message = warnings[0].getMessage()
+    assert message.startswith(P.DEADLINE_STOP) and "40 of 95 sentences decoded" in message, message
+    assert "FAIRSEQ_DEEP_DEADLINE" in message
+
+
+def test_decoding_decodes_the_first_batch_even_after_the_deadline_and_all_before_it(caplog):
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+    clock.t = 2000.0
+    late = fake_generate([list(range(10))] * 3)
+    P.install_decoding_progress(late, interval=0, clock=clock, deadline=1000.0, wall_clock=clock)
+    assert decode(late, 1.0, clock) == [10]  # one batch: fairseq's summary needs a decoding time
+    assert "10 of 30 sentences decoded" in lines(caplog)[-1] and "passed 1001 s ago" in lines(caplog)[-1]
+    caplog.clear()
+    early = fake_generate([list(range(10))] * 3)
+    P.install_decoding_progress(early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock)
+    assert decode(early, 1.0, clock) == [10, 10, 10] and lines(caplog) == []
+
+
+def test_deadline_from_the_environment(monkeypatch, caplog):
+    monkeypatch.delenv(P.DEADLINE_ENV, raising=False)
+    assert P.deadline_from_env() is None
+    monkeypatch.setenv(P.DEADLINE_ENV, "1700000000")
+    assert P.deadline_from_env() == 1700000000.0
+    monkeypatch.setenv(P.INTERVAL_ENV, "0")  # progress lines off: the deadline is installed anyway
+    module = fake_generate([[0]])
+    P.install_decoding_progress(module)
+    assert isinstance(module.progress_bar, P._Proxy)
+    monkeypatch.setenv(P.DEADLINE_ENV, "soon")
+    assert P.deadline_from_env() is None and "not a Unix time" in caplog.text
