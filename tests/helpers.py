@@ -109,6 +109,33 @@ def assert_incremental_equals_full(model, dictionary, atol=1e-5):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=atol, atol=atol)
 
 
+def assert_same_scores_and_grads(reference, other, batch, atol=1e-5, rtol=1e-4):
+    """``other`` gives ``reference``'s scores on ``batch`` (src, lengths, prev) and the same gradient
+    of every parameter (of log-softmax summed), e.g. a fused kernel against the loop it replaces."""
+    outs, grads = [], []
+    for m in (reference, other):
+        out = m(*batch)[0]
+        out.log_softmax(-1).sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    torch.testing.assert_close(outs[1], outs[0], atol=atol, rtol=rtol)
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=atol, rtol=rtol, msg=name)
+
+
+def build_family(entry, seed=0):
+    """The tiny model of one entry of benchmarks/precision_matrix.py's FAMILIES (dropout off) and
+    its dictionary."""
+    _, arch, tiny, model_flags, _ = entry
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch, "--cpu",
+                                                *tiny, *model_flags, "--dropout", "0"])
+    d = tiny_dictionary()
+    task = tasks.translation.TranslationTask(args, d, d)
+    torch.manual_seed(seed)
+    return task.build_model(args), d
+
+
 def run_cli(*argv, cwd=None, check=True):
     """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
     # one intra-op thread per process: tiny models gain nothing from more, and parallel test

@@ -18,7 +18,8 @@ import sys
 import pytest
 import torch
 
-from helpers import interpreted, needs_triton, not_interpreted, random_batch, run_interpreted_tests
+from helpers import (assert_same_scores_and_grads, interpreted, needs_triton, not_interpreted, random_batch,
+                     run_interpreted_tests)
 from test_deep_att import build
 
 from fairseq_deep.modules import kernel_choice
@@ -173,15 +174,7 @@ def test_deep_att_with_triton_equals_the_loop():
     loop, fused, d = _model_pair()
     assert {c.impl for c in _cells(fused)} == {"triton"} and len(_cells(fused)) == 3 * 2 + 2
     src, lengths, prev = random_batch(d, bsz=2, src_len=5, tgt_len=4, seed=0)
-    outs, grads = [], []
-    for m in (loop, fused):
-        out = m(src, lengths, prev)[0]
-        out.log_softmax(-1).sum().backward()
-        outs.append(out)
-        grads.append({n: p.grad for n, p in m.named_parameters()})
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_scores_and_grads(loop, fused, (src, lengths, prev))
 
 
 @interpreted
@@ -225,15 +218,7 @@ def test_auto_takes_the_kernels_where_triton_runs_and_equals_the_loop():
     auto, d, _ = build("deep_att_ff")
     auto.load_state_dict(loop.state_dict())
     src, lengths, prev = random_batch(d, bsz=2, src_len=5, tgt_len=4, seed=0)
-    outs, grads = [], []
-    for m in (loop, auto):
-        out = m(src, lengths, prev)[0]
-        out.log_softmax(-1).sum().backward()
-        outs.append(out)
-        grads.append({n: p.grad for n, p in m.named_parameters()})
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_scores_and_grads(loop, auto, (src, lengths, prev))
 
 
 @not_interpreted

@@ -15,8 +15,8 @@ On a GPU: ``python -m pytest -m gpu tests/test_ln_lstm_triton.py`` (H = 512 and 
 import pytest
 import torch
 
-from helpers import (interpreted, needs_triton, not_interpreted, random_batch, run_interpreted_tests,
-                     tiny_dictionary)
+from helpers import (assert_same_scores_and_grads, interpreted, needs_triton, not_interpreted, random_batch,
+                     run_interpreted_tests, tiny_dictionary)
 
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM, LNLSTMRecurrence, _ln_lstm_recurrence
 
@@ -293,15 +293,7 @@ def test_auto_takes_the_kernels_where_triton_runs_and_equals_the_loop():
     auto, _ = _model([])
     auto.load_state_dict(loop.state_dict())
     src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=0)
-    outs, grads = [], []
-    for m in (loop, auto):
-        out = m(src, lengths, prev)[0]
-        out.log_softmax(-1).sum().backward()
-        outs.append(out)
-        grads.append({n: p.grad for n, p in m.named_parameters()})
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_scores_and_grads(loop, auto, (src, lengths, prev))
 
 
 @interpreted

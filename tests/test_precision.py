@@ -20,9 +20,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq import options, tasks
+from fairseq import options
 
-from helpers import random_batch, tiny_dictionary
+from helpers import build_family, random_batch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from precision_matrix import FAMILIES  # noqa: E402  (one list of families for the script and tests)
@@ -40,14 +40,7 @@ INCREMENTAL_ATOL = {torch.float16: 0.02, torch.bfloat16: 0.1}
 
 
 def build(family, seed=0):
-    _, arch, tiny, model_flags, _ = FAMILIES[family]
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch, "--cpu",
-                                                *tiny, *model_flags, "--dropout", "0"])
-    d = tiny_dictionary()
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(seed)
-    return task.build_model(args), d
+    return build_family(FAMILIES[family], seed)
 
 
 def log_probs(model, src, lengths, prev):

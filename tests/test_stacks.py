@@ -21,12 +21,11 @@ import sys
 
 import pytest
 import torch
-from fairseq import options, tasks
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.sequence_generator import SequenceGenerator
 
-from helpers import PLUGIN_DIR, TINY, dtype_marker, random_batch, run_cli, tiny_dictionary
+from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, run_cli
 
 from fairseq_deep.compat import BETTER_TRANSFORMER_PARAMS
 
@@ -39,14 +38,7 @@ POST_NORM = ["transformer_ta", "transformer_dlcl_postnorm", "transformer_rezero"
 
 
 def build(family, seed=0):
-    _, arch, tiny, model_flags, _ = FAMILIES[family]
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch, "--cpu",
-                                                *tiny, *model_flags, "--dropout", "0"])
-    d = tiny_dictionary()
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(seed)
-    return task.build_model(args), d
+    return build_family(FAMILIES[family], seed)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
