@@ -14,6 +14,11 @@ gives training what is left of ``MINUTES`` after preparation and that reserve, a
 training (and the final one), or names ``checkpoint_best.pt`` when there are too few.  ``score``
 puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
 its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
+
+The budget's end is a guarantee, not the estimate: run.sh gives fairseq-deep-generate a deadline
+(``FAIRSEQ_DEEP_DEADLINE``: the run's start + MINUTES - :data:`END_MARGIN_S`) after which it starts
+no batch, and ``score`` then scores the sentences decoded against their own references and says so
+in its line.
 """
 
 import argparse
@@ -55,6 +60,8 @@ PIECES_PER_WORD = 1.3
 #: the start, tried, swung tenfold with the machine's load within minutes.)
 CPU_STEP = 1.5
 CPU_VALID_SENTENCE = 0.04
+#: seconds of the budget after decoding's deadline: fairseq-generate's summary and exit, and scoring
+END_MARGIN_S = 15
 
 
 @dataclass
@@ -240,7 +247,7 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     values = {
         "WORK": work, "SAVE": save_dir, "DATA_BIN": data_bin, "PREFIX_TRAIN": prefixes["train"],
         "PREFIX_VALID": prefixes["valid"], "PREFIX_TEST": prefixes["test"], "VOCAB": s.vocab,
-        "BUDGET_S": budget, "RESERVE_S": reserve, "AVERAGE": s.average, "DEVICE_KIND": device,
+        "BUDGET_S": budget, "RESERVE_S": reserve, "MARGIN_S": END_MARGIN_S, "AVERAGE": s.average, "DEVICE_KIND": device,
         "REF": files[f"test.{tgt}"], "TRAIN": train, "GENERATE": generate,
         "INTERACTIVE": [data_bin, "--source-lang", src, "--target-lang", tgt, "--bpe", "sentencepiece",
                         "--sentencepiece-model", os.path.join(work, "spm.model")] + (["--cpu"] if device == "cpu" else []),
@@ -314,38 +321,56 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
 _FAIRSEQ_BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
 
 
-def ordered_hypotheses(generate_out: str) -> List[str]:
-    """The ``D-`` lines of fairseq-generate's output, in input order."""
+def hypotheses_by_id(generate_out: str) -> Dict[int, str]:
+    """The ``D-`` lines of fairseq-generate's output: ``{sentence id (its line in the test set): text}``."""
     hyps = {}
     with open(generate_out, encoding="utf-8") as f:
         for line in f:
             if line.startswith("D-"):
                 head, _, text = line.rstrip("\n").partition("\t")
                 hyps[int(head[2:])] = text.partition("\t")[2]
-    return [hyps[i] for i in sorted(hyps)]
+    return hyps
 
 
 def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> float:
+    """One sacreBLEU line of the hypotheses of ``generate_out`` against ``reference``, written in
+    input order to ``hyp_out``.  When fewer sentences were decoded than the test set has (the
+    deadline of run.sh's budget stopped decoding), the decoded ones are scored against their own
+    references (by sentence id) and the line says so; ``hyp_out`` then has an empty line for each
+    sentence not decoded, so that its lines stay those of the test set."""
     import sacrebleu
 
     from .prepare import read_lines
+    from .progress import DEADLINE_STOP
 
     refs = read_lines(reference)
-    hyps = ordered_hypotheses(generate_out)
-    if len(hyps) != len(refs):
-        raise UserError(f"{generate_out}: {len(hyps)} hypotheses for {len(refs)} test sentences in {reference}")
+    by_id = hypotheses_by_id(generate_out)
+    strays = sorted(i for i in by_id if not 0 <= i < len(refs))
+    if strays or not by_id:
+        raise UserError(f"{generate_out}: {len(by_id)} hypotheses for {len(refs)} test sentences in {reference}"
+                        + (f" (ids {', '.join(map(str, strays[:3]))} are not lines of it)" if strays else ""))
+    ids = sorted(by_id)
+    hyps = [by_id[i] for i in ids]
     with open(hyp_out, "w", encoding="utf-8") as f:
-        f.writelines(h + "\n" for h in hyps)
+        f.writelines(by_id.get(i, "") + "\n" for i in range(len(refs)))
+    chosen = [refs[i] for i in ids]
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    b = bleu.corpus_score(hyps, [refs])
-    c = chrf.corpus_score(hyps, [refs])
+    b = bleu.corpus_score(hyps, [chosen])
+    c = chrf.corpus_score(hyps, [chosen])
     fairseq_bleu = None
+    stopped = False
     with open(generate_out, encoding="utf-8") as f:
         for line in f:
+            stopped = stopped or DEADLINE_STOP in line
             if "Generate" in line and "BLEU" in line:
                 m = _FAIRSEQ_BLEU.search(line)
                 fairseq_bleu = m.group(1) if m else None
-    print(f"sacreBLEU {b}   (signature {bleu.get_signature()}; {c})", file=out)
+    subset = ""
+    if len(ids) < len(refs):
+        why = ("the budget ran out while decoding; a larger MINUTES decodes all" if stopped else
+               f"fairseq-generate decoded only these; see {generate_out}")
+        subset = f" on {len(ids):,} of {len(refs):,} test sentences ({why}):"
+    print(f"sacreBLEU{subset} {b}   (signature {bleu.get_signature()}; {c})", file=out)
     if fairseq_bleu is not None:
         print(f"(fairseq-generate's own \"BLEU4 = {fairseq_bleu}\" in {generate_out} is another number: it "
               "splits the same output at spaces only, so punctuation stays on words; report the sacreBLEU line, "

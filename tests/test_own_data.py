@@ -132,9 +132,74 @@ def test_score_prints_one_sacrebleu_line_and_says_what_fairseqs_bleu_is(tmp_path
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("sacreBLEU BLEU = 100.00") and "nrefs:1" in lines[0]
     assert "BLEU4 = 87.50" in lines[1] and "sacreBLEU" in lines[1]
-    gen.write_text("D-0\t-0.2\ta small house .\n")
-    with pytest.raises(UserError, match="1 hypotheses for 2 test sentences"):
+    gen.write_text("D-5\t-0.2\ta small house .\n")
+    with pytest.raises(UserError, match="1 hypotheses for 2 test sentences.*ids 5"):
         own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+
+
+def test_score_on_the_sentences_decoded_before_the_deadline_says_so(tmp_path):
+    """Issue 26: decoding stopped at FAIRSEQ_DEEP_DEADLINE: sentences 1 and 3 of 4 decoded are
+    scored against references 1 and 3 (by the ids of the S-/H-/D- lines), and the line says so."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text("one two three four\nthe cat sat on the mat .\nfive six seven eight\na small house is here .\n")
+    gen = tmp_path / "generate.out"
+    gen.write_text("2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline "
+                   "(FAIRSEQ_DEEP_DEADLINE; it passed 3 s ago): 2 of 4 sentences decoded\n"
+                   "S-3\tx\nH-3\t-0.1\ta small house is here .\nD-3\t-0.1\ta small house is here .\n"
+                   "S-1\ty\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n")
+    out = io.StringIO()
+    assert own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out) == pytest.approx(100.0)
+    line = out.getvalue().splitlines()[0]
+    assert line.startswith("sacreBLEU on 2 of 4 test sentences (the budget ran out while decoding; "
+                           "a larger MINUTES decodes all): BLEU = 100.00"), line
+    # the translations keep the test set's lines: an empty one for each sentence not decoded
+    assert (tmp_path / "hyp").read_text() == "\nthe cat sat on the mat .\n\na small house is here .\n"
+    # fewer hypotheses without the deadline's warning: said too, with another reason
+    gen.write_text("D-1\t-0.1\tthe cat sat on the mat .\n")
+    own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+    assert "sacreBLEU on 1 of 4 test sentences (fairseq-generate decoded only these" in out.getvalue()
+
+
+STUBS = {  # fairseq-deep-* stand-ins for a dry run of run.sh: they record what they are given
+    "fairseq-deep-prepare": 'mkdir -p "$WORK"\n',
+    "fairseq-deep-train": 'echo "$*" > "$STUB_OUT/train.args"\n'
+                          'while [ $# -gt 0 ]; do [ "$1" = --save-dir ] && save=$2; shift; done\n'
+                          'mkdir -p "$save" && "$STUB_PYTHON" -c "import sys, torch; torch.save({\'model\': {}, '
+                          '\'optimizer_history\': [{\'num_updates\': 3}]}, sys.argv[1])" "$save/checkpoint_last.pt"\n',
+    # the deadline it is given, and an output cut short by it: sentence 2 of the 9 decoded
+    "fairseq-deep-generate": 'echo "${FAIRSEQ_DEEP_DEADLINE-unset}" > "$STUB_OUT/deadline"\n'
+                             'echo "2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline '
+                             '(FAIRSEQ_DEEP_DEADLINE; it passed 1 s ago): 1 of 9 sentences decoded"\n'
+                             'ref=$(sed -n 3p "$STUB_REF"); printf "S-2\\tx\\nH-2\\t-0.1\\t%s\\nD-2\\t-0.1\\t%s\\n" "$ref" "$ref"\n',
+}
+
+
+def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
+    """Issue 26: a dry run of run.sh (the fairseq-deep-* commands stubbed): fairseq-deep-generate
+    gets FAIRSEQ_DEEP_DEADLINE = the run's start + MINUTES * 60 - MARGIN_S, training keeps its
+    --stop-time-hours, and the score of what was decoded before the deadline says so."""
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text("#!/usr/bin/env bash\nset -eu\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, **env_for(raw, tmp_path), MINUTES="3", AVERAGE="0", OMP_NUM_THREADS="1",
+               STUB_OUT=str(tmp_path), STUB_REF=os.path.join(raw, "test.tgt"), STUB_PYTHON=sys.executable,
+               PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    before = int(time.time())
+    proc = subprocess.run(["bash", RUN_SH], env=env, capture_output=True, text=True, cwd=str(tmp_path))
+    after = int(time.time())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    deadline = int((tmp_path / "deadline").read_text())
+    end = 180 - own_data.END_MARGIN_S
+    assert before + end <= deadline <= after + end  # START + BUDGET_S - MARGIN_S
+    assert "--stop-time-hours" in (tmp_path / "train.args").read_text()
+    assert "sacreBLEU on 1 of 9 test sentences (the budget ran out while decoding; a larger MINUTES decodes all): " \
+           "BLEU = 100.00" in proc.stdout, proc.stdout
+    assert "decoding stopped at the deadline" in proc.stdout  # shown as decoding's progress lines are
 
 
 def test_run_sh_is_valid_bash():

@@ -9,7 +9,9 @@
 # them, `fairseq-deep-train --arch X --help` shows their options); the flags go to fairseq-train
 # last, so they override the script's.  Settings by environment (defaults CPU / CUDA):
 #   MINUTES     the whole run, preparation and decoding included (30 / 480); training gets what is
-#               left after preparation and an estimate of decoding (fairseq's --stop-time-hours)
+#               left after preparation and an estimate of decoding (fairseq's --stop-time-hours);
+#               decoding starts no batch after the run's start + MINUTES - MARGIN_S (15 s kept for
+#               scoring; FAIRSEQ_DEEP_DEADLINE), and the score then says it is of the sentences decoded
 #   WIDTH       model width (128 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
 #   MAX_UPDATE  a cap on the updates (none / 50000); MINUTES=0 MAX_UPDATE=N trains N updates
 #   WORK (own_data_run), VOCAB (8000), MAX_TOKENS (2048 / 4096), LR (2e-3 / 1e-3), WARMUP (400 / 4000),
@@ -23,7 +25,7 @@ START=$(date +%s)
 export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
-eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
+eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
 mkdir -p "$WORK"
 
 # 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
@@ -38,7 +40,7 @@ if [ "$BUDGET_S" -gt 0 ]; then
   train_s=$(( BUDGET_S - elapsed - RESERVE_S ))
   if [ "$train_s" -lt 60 ]; then
     echo "run.sh: warning: MINUTES leaves $train_s s for training after preparation (${elapsed} s) and" \
-         "the decoding reserve (${RESERVE_S} s); training 60 s anyway, the run will overrun" >&2
+         "the decoding reserve (${RESERVE_S} s); training 60 s anyway, decoding stops at the budget's end" >&2
     train_s=60
   fi
   BUDGET_FLAGS=(--stop-time-hours "$(awk -v s="$train_s" 'BEGIN { printf "%.5f", s / 3600 }')")
@@ -49,10 +51,19 @@ else
 fi
 fairseq-deep-train "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"} 2>&1 | tee "$WORK/train.log"
 
-# 3. average the last epoch checkpoints (or take the best), translate the test set in input order
-echo "== 3/4 translating the test set"
+# 3. average the last epoch checkpoints (or take the best), translate the test set in input order;
+# with a budget, no batch is started after its end less MARGIN_S (what decoding did not reach is
+# left out of the score, which says so)
+DEADLINE=""
+if [ "$BUDGET_S" -gt 0 ]; then
+  DEADLINE=$(( START + BUDGET_S - MARGIN_S ))
+  echo "== 3/4 translating the test set (no batch started after $(date -d "@$DEADLINE" +%H:%M:%S 2>/dev/null || echo "$DEADLINE"))"
+else
+  echo "== 3/4 translating the test set"
+fi
 CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
-fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" | { grep --line-buffered "| progress:" || true; }
+FAIRSEQ_DEEP_DEADLINE=$DEADLINE fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" |
+  { grep --line-buffered -E "\| progress:|decoding stopped at the deadline" || true; }
 
 # 4. one sacreBLEU score (detokenized hypotheses against the raw references)
 echo "== 4/4 scoring"
