@@ -10,8 +10,9 @@ training started in brackets.
 Families (``--family``, repeatable; sizes follow ``--width`` W as fairseq-deep-study's --width):
 
 * ``rnmt``: fairseq's own ``lstm`` (bidirectional encoder, W cells, 2 + 2 layers), ``rnmt_plus``
-  2 + 2 at lr and at 3x lr, and ``transformer_prenorm`` 6 + 6 (FFN 4W, W/64 heads, at least 2);
-  dropout 0.1 everywhere (attention dropout too).
+  2 + 2 at lr and at 3x lr, with what fairseq-deep-study now passes it (Adam (0.9, 0.999, 1e-6),
+  Eq. 1 to 3.2 x lr) at dropout 0.1 and at the preset's 0.3, and ``transformer_prenorm`` 6 + 6
+  (FFN 4W, W/64 heads, at least 2); dropout 0.1 everywhere else (attention dropout too).
 * ``dou``: ``transformer_agg_baseline`` (post-norm, 6 + 6), ``transformer_mla2``,
   ``transformer_hier_agg``.
 * ``zhou``: ``deep_att_ff_2x2`` and ``deep_att_noff_2x2`` (embeddings W/2, W cells) with the
@@ -56,14 +57,21 @@ def rnn(w, embed=None):
             "--decoder-hidden-size", str(w)]
 
 
-def families(w, lr):
+def families(w, lr, warmup=100):
     """{family: [(name, arch, flags, lr or None = --lr)]}"""
     two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
+    # what fairseq-deep-study --recipe paper passes RNMT+ (issue 25): Chen et al.'s Adam, Eq. 1 to 3.2 x lr
+    eq1 = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-6", "--lr", f"{3.2 * lr:.6g}",
+           "--lr-scheduler", "rnmt_plus", "--rnmt-replicas", "32", "--rnmt-base-lr", f"{3.2 * lr / 32:.6g}",
+           "--warmup-updates", str(max(1, round(warmup / 32)))]
     return {
         "rnmt": [
             ("lstm_2x2", "lstm", rnn(w) + two + ["--decoder-out-embed-dim", str(w), "--encoder-bidirectional"], None),
             ("rnmt_plus_2x2", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], None),
             ("rnmt_plus_2x2_lr3x", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], 3 * lr),
+            ("rnmt_plus_2x2_eq1", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"] + eq1, None),
+            ("rnmt_plus_2x2_eq1_dropout0.3", "rnmt_plus",
+             rnn(w) + two + ["--dropout", "0.3", "--attention-dropout", "0.3"] + eq1, None),
             ("transformer_prenorm", "transformer_prenorm", transformer(w), None),
         ],
         "dou": [
@@ -132,7 +140,7 @@ def main(argv=None):
     if not args.data:
         raise SystemExit("error: --data DATA_BIN is required")
     keep = set(filter(None, args.systems.split(",")))
-    table = families(args.width, args.lr)
+    table = families(args.width, args.lr, args.warmup)
     rows = [(f, *s) for f in (args.family or ["rnmt"]) for s in table[f] if not keep or s[0] in keep]
     pending, running = list(rows), []
     while pending or running:
