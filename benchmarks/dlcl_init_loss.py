@@ -9,7 +9,7 @@ just fed (its input token, ``prev_output_tokens``), and how often that token is 
 tied (``--share-all-embeddings``) and untied output embeddings.
 
 Part 2 (``--updates N``): fairseq-train of transformer_prenorm and transformer_dlcl side by side,
-same data, seed and schedule, logging every ``--log-interval`` updates; the table gives each one's
+same data, seed and schedule (tied embeddings, or ``--untied``), logging every ``--log-interval`` updates; the table gives each one's
 loss at the logged updates and their difference.
 
     python benchmarks/dlcl_init_loss.py --data DATA_BIN --width 512 --updates 200 --warmup 100
@@ -81,7 +81,7 @@ def at_initialisation(args, device):
 
 def train_losses(args, arch, save_dir):
     cmd = [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
-           *width_flags(args.width), "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+           *width_flags(args.width), *([] if args.untied else ["--share-all-embeddings"]), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
            "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
            "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", "1",
@@ -105,6 +105,8 @@ def get_parser():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=4000)
     p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--untied", action="store_true", help="part 2 with untied output embeddings (default: tied)")
+    p.add_argument("--skip-init", action="store_true", help="leave out part 1 (the loss at initialisation)")
     p.add_argument("--out", default="bench_runs/dlcl_init_loss")
     add_device_argument(p)
     return p
@@ -114,10 +116,11 @@ def main(argv=None):
     args = get_parser().parse_args(argv)
     device = device_from_args(args)
     os.makedirs(args.out, exist_ok=True)
-    result = dict(width=args.width, init=at_initialisation(args, device))
-    lines = [f"width {args.width}, {args.sentences} {args.subset} sentences, at initialisation (training mode)", "",
-             "| model | output embeddings | loss (nll, bits) | logit of the fed token | argmax = fed token |",
-             "| --- | --- | ---: | ---: | ---: |"]
+    result = dict(width=args.width, init=[] if args.skip_init else at_initialisation(args, device))
+    lines = [] if args.skip_init else [
+        f"width {args.width}, {args.sentences} {args.subset} sentences, at initialisation (training mode)", "",
+        "| model | output embeddings | loss (nll, bits) | logit of the fed token | argmax = fed token |",
+        "| --- | --- | ---: | ---: | ---: |"]
     lines += [f"| {r['model']} | {'tied' if r['tied'] else 'untied'} | {r['nll_bits']:.2f} | "
               f"{r['fed_token_logit']:.1f} | {r['argmax_is_fed_token']:.0%} |" for r in result["init"]]
     if args.updates:
@@ -125,7 +128,7 @@ def main(argv=None):
                   for arch in ("transformer_prenorm", "transformer_dlcl")}
         result["train"] = curves
         pre, dlcl = curves["transformer_prenorm"], curves["transformer_dlcl"]
-        lines += ["", f"fairseq-train, tied embeddings, lr {args.lr}, warm-up {args.warmup}, "
+        lines += ["", f"fairseq-train, {'untied' if args.untied else 'tied'} embeddings, lr {args.lr}, warm-up {args.warmup}, "
                       f"{args.max_tokens} tokens per batch (label-smoothed loss, bits)", "",
                   "| update | pre-norm | DLCL | DLCL - pre-norm |", "| ---: | ---: | ---: | ---: |"]
         lines += [f"| {u} | {pre[u]:.2f} | {dlcl[u]:.2f} | {dlcl[u] - pre[u]:+.2f} |" for u in sorted(pre) if u in dlcl]
