@@ -325,8 +325,6 @@ RNMT_REPLICAS = 32
 #: The study's --lr is the Transformers' peak, so RNMT+ peaks at 3.2 x --lr (Eq. 1's base 1e-4 at the
 #: default --lr 1e-3); before issue 25 it peaked at --lr, a third of what its paper gives it.
 RNMT_LR_RATIO = 3.2
-#: Zhou et al. Sec. 4.3: l_f (feed-forward parameters, embeddings, softmax) and l_r (recurrent)
-DEEP_ATT_LR, DEEP_ATT_LR_RECURRENT = 4e-5, 5e-4
 
 
 def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
