@@ -43,14 +43,18 @@ def with_user_dir(argv: List[str]) -> List[str]:
     return [argv[0], "--user-dir", PLUGIN_DIR, *argv[1:]]
 
 
-def _fairseq_logging(stream=sys.stdout):
-    """The root logger as fairseq's own scripts set it up.  fairseq_cli configures logging before it
-    imports fairseq; here fairseq was imported first (with our package), and that import leaves a
-    bare stderr handler at DEBUG level behind, which would turn fairseq's basicConfig into a no-op."""
+def _fairseq_logging(stream="stdout"):
+    """The root logger as fairseq's own scripts set it up, writing to ``stream`` ("stdout": the
+    ``sys.stdout`` of the call, not the one of the import; None: no handler).  fairseq_cli
+    configures logging before it imports fairseq; here fairseq was imported first (with our
+    package), and that import leaves a bare stderr handler at DEBUG level behind, which would turn
+    fairseq's basicConfig into a no-op."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    if stream == "stdout":
+        stream = sys.stdout
     if stream is not None:
         logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                             datefmt="%Y-%m-%d %H:%M:%S", level=root.level, stream=stream)
@@ -195,7 +199,7 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
     return parse
 
 
-def _run(main, log_stream=sys.stdout, needs_arch=False):
+def _run(main, log_stream="stdout", needs_arch=False):
     quiet_warnings()
     _fairseq_logging(log_stream)
     from fairseq import options
