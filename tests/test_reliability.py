@@ -258,8 +258,8 @@ def _malicious_checkpoint(trained, path, marker, inside_real_checkpoint=True):
     assert b"system" in zipfile.ZipFile(path).read(zipfile.ZipFile(path).namelist()[0].split("/")[0] + "/data.pkl")
 
 
-# torch < 2.6 (the newest on Python 3.8 is 2.4) loads with weights_only=False by default, and so do
-# fairseq and the package there: a pickled callable runs, as with plain fairseq (README, Installation)
+# torch < 2.6 (the newest on Python 3.8 is 2.4) loads full pickles by default (no weights-only check),
+# and so do fairseq and the package there: a pickled callable runs, as with plain fairseq (README, Installation)
 WEIGHTS_ONLY_BY_DEFAULT = pytest.mark.skipif(
     compat._torch_version() < (2, 6), reason="torch < 2.6 does not load weights-only by default")
 
