@@ -12,7 +12,8 @@ and width) it measures
   decoding), with the output length forced to ``--gen-len`` (min_len = max_len) so that every
   variant decodes the same number of steps whatever its random weights prefer;
 
-rounds alternate the variants (A B C ... A B C ...) and the median over ``--rounds`` is reported,
+rounds alternate the variants (A B C ... A B C ...) and the median over ``--rounds`` is reported
+(a round's decoding speed is itself the median of ``--gen-repeats`` generations),
 with each variant's ratio to the baseline (1.00 = as fast; 0.79 = 21% slower, the paper's figure for
 multi-layer attention decoding).  ``--threads`` sets torch's intra-op threads.  Numbers go to
 stdout as a markdown table and to ``--json`` if given.  Close other CPU-heavy work first.
@@ -100,11 +101,13 @@ def gen_tps(model, dictionary, data, a):
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
     with torch.no_grad():
         gen.forward(sample)  # warm-up
-        start = clock(a.device)
-        hyps = gen.forward(sample)
-        seconds = clock(a.device) - start
+        seconds = []
+        for _ in range(a.gen_repeats):  # one generation is a few tens of ms on a GPU: take a median
+            start = clock(a.device)
+            hyps = gen.forward(sample)
+            seconds.append(clock(a.device) - start)
     tokens = sum(len(h[0]["tokens"]) for h in hyps)
-    return tokens / seconds
+    return tokens / statistics.median(seconds)
 
 
 def get_parser():
@@ -121,6 +124,7 @@ def get_parser():
     p.add_argument("--gen-batch", type=int, default=16)
     p.add_argument("--gen-len", type=int, default=24)
     p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--gen-repeats", type=int, default=3, help="timed generations per round and variant (median)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--variants", default="", help="comma-separated --arch names (default: all of Table 1)")

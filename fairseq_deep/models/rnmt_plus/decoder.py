@@ -10,8 +10,10 @@ With ``--dlcl-stacks decoder|both`` layers 2..L and the softmax read a dynamic l
 of the layer outputs below them, as in the encoder (the loop of ``stack.py``); it is position-wise,
 so incremental decoding needs no extra state.
 
-Incremental decoding keeps each layer's (h, c), the last context and the projected encoder keys
-and values (computed once per sentence) in the incremental state; all are reordered with the beam.
+Incremental decoding keeps each layer's (h, c), the last context, the projected encoder keys
+and values and the source mask (computed once per sentence) in the incremental state; all are
+reordered with the beam.  A step makes the host wait for the device nowhere (the mask's "is there
+padding at all" is asked once per batch): ``benchmarks/decode_ops.py`` counts it.
 """
 
 from typing import Any, Dict, List, Optional
@@ -84,14 +86,18 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
     def _initial_state(self, encoder_out, batch_size: int, like: Tensor) -> Dict[str, Optional[Tensor]]:
         keys, values = self.attention.precompute(encoder_out["encoder_out"][0])
         zeros = like.new_zeros(self.num_layers, batch_size, self.hidden_size)
+        # whether the attention needs the source mask is asked once per batch, not at every step
+        # (the question makes the host wait for the device)
+        masks = encoder_out["encoder_padding_mask"]
+        padding_mask = masks[0] if len(masks) > 0 and masks[0].any() else None
         return {"hiddens": zeros, "cells": zeros, "context": like.new_zeros(batch_size, self.context_dim),
-                "keys": keys, "values": values}
+                "keys": keys, "values": values, "padding_mask": padding_mask}
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         state = self.get_incremental_state(incremental_state, CACHE)
         if state is None:
             return
-        # layers x B x H states, S x B x A keys and values; the context is B x C
+        # layers x B x H states, S x B x A keys and values; the context is B x C, the mask B x S
         new_state = reorder_batch(state, new_order, ("hiddens", "cells", "keys", "values"))
         self.set_incremental_state(incremental_state, CACHE, new_state)
 
@@ -110,10 +116,6 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         B, T = prev_output_tokens.shape
-        padding_mask = None
-        if len(encoder_out["encoder_padding_mask"]) > 0 and encoder_out["encoder_padding_mask"][0].any():
-            padding_mask = encoder_out["encoder_padding_mask"][0]
-
         x = self.embed_tokens(prev_output_tokens)
         x = F.dropout(x, p=self.dropout, training=self.training).transpose(0, 1)  # T x B x E
 
@@ -122,7 +124,7 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
             state = self.get_incremental_state(incremental_state, CACHE)
         if state is None:
             state = self._initial_state(encoder_out, B, x)
-        keys, values = state["keys"], state["values"]
+        keys, values, padding_mask = state["keys"], state["values"], state["padding_mask"]
         hiddens, cells = state["hiddens"], state["cells"]
 
         # Bottom layer: one step at a time, its output queries the attention.
@@ -158,7 +160,7 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, CACHE, {
                 "hiddens": torch.cat(new_h), "cells": torch.cat(new_c), "context": context,
-                "keys": keys, "values": values,
+                "keys": keys, "values": values, "padding_mask": padding_mask,
             })
 
         features = torch.cat([x, ctx], dim=-1).transpose(0, 1)  # B x T x (H + C)

@@ -1,0 +1,74 @@
+"""What a decoding step costs, counted by ``benchmarks/decode_ops.py`` (issue 24): identities that
+hold whatever the machine's speed.
+
+* Layer aggregation is position-wise (Dou et al. 2018): a decoding step adds exactly the matrix
+  products of the new position's combination, never a recomputation over earlier positions.  The
+  FLOPs of a decoding step are therefore a formula of the model's sizes: dense aggregation adds
+  none, the linear combination L products d x d, iterative aggregation L - 1 AGG nodes.
+* No decoder of ours makes the host wait for the device at a step where its reference does not
+  (a host sync stalls a GPU's launch queue): RNMT+ and Deep-Att at most once a batch, the aggregation
+  stacks as many as fairseq's own decoder (its padding test).
+"""
+
+import os
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+import decode_ops  # noqa: E402
+
+L, D, FFN, BATCH, BEAM = 2, 16, 24, 3, 2
+TINY = ["--device", "cpu", "--layers", str(L), "--embed-dim", str(D), "--ffn-dim", str(FFN), "--heads", "2",
+        "--hidden", str(D), "--vocab", "60", "--gen-batch", str(BATCH), "--beam", str(BEAM), "--src-len", "7",
+        "--gen-len", "5", "--repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return {name: {r["arch"]: r for r in decode_ops.run_group(name, decode_ops.get_parser().parse_args(TINY))}
+            for name in decode_ops.GROUPS}
+
+
+def decoder_flops_per_step(row):
+    return row["decoder_mflop"] * 1e6
+
+
+def test_every_step_is_counted(groups):
+    for rows in groups.values():
+        for row in rows.values():
+            assert row["steps"] == 6  # gen_len 5 forced, plus the step that ends every hypothesis
+            assert row["per_step"]["decoder"]["kernels"] > 0 and row["encoder"]["kernels"] > 0
+
+
+def test_aggregation_adds_exactly_the_new_positions_products(groups):
+    rows = groups["aggregation"]
+    base = decoder_flops_per_step(rows["transformer_agg_baseline"])
+    hypotheses = BATCH * BEAM
+    # dense: sums only
+    assert decoder_flops_per_step(rows["transformer_dense"]) == base
+    # linear (Eq. 5): H = sum_l W_l H^l, one d x d product per layer for the new position
+    assert decoder_flops_per_step(rows["transformer_linear_agg"]) - base == L * 2 * hypotheses * D * D
+    # iterative (Eq. 6): L - 1 AGG nodes LN(W_2 sigmoid(W_1 [x; y] + b_1) + b_2 + x + y), F's width the FFN's
+    node = 2 * hypotheses * (2 * D * FFN + FFN * D)
+    assert decoder_flops_per_step(rows["transformer_iterative_agg"]) - base == (L - 1) * node
+
+
+def test_no_decoder_of_ours_waits_for_the_device_more_than_its_reference(groups):
+    recurrent = groups["recurrent"]
+    for arch in ("rnmt_plus", "deep_att_ff"):  # at most once per batch (is the source padded?)
+        row = recurrent[arch]
+        assert row["per_step"]["decoder"]["syncs"] * row["steps"] <= 1, arch
+    aggregation = groups["aggregation"]
+    reference = aggregation["transformer_agg_baseline"]["per_step"]["decoder"]["syncs"]
+    for arch, row in aggregation.items():
+        assert row["per_step"]["decoder"]["syncs"] == reference, arch
+
+
+def test_the_table_has_a_row_per_system_and_the_reference_at_one(groups):
+    rows = list(groups["recurrent"].values())
+    text = decode_ops.table(rows)
+    assert len(text.splitlines()) == 2 + len(rows)
+    reference = groups["recurrent"]["lstm"]
+    assert reference["ratio_launch_bound"] == reference["ratio_compute_bound"] == reference["ratio_measured"] == 1
