@@ -22,7 +22,7 @@ rest (the generator's own bookkeeping), per decoding step:
 
 then the *predicted* speed ratios of each system to its reference, ``kernels`` (launch-bound) and
 ``FLOPs`` (compute-bound) of a whole step, beside the measured one (tokens/s, median of
-``--repeats`` generations on ``--device``).  The counts do not depend on the device (the same
+``--repeats`` generations on ``--device``, the systems alternated round by round).  The counts do not depend on the device (the same
 ATen calls on CPU and GPU; cuBLAS may split a product into more than one kernel), so the floors can
 be read off a CPU run; the measured ratio needs the device it claims.
 """
@@ -179,8 +179,9 @@ GROUPS = {
 }
 
 
-def measure(model, d: Dictionary, a) -> Dict[str, object]:
-    """Counts and time of one forced-length beam search of ``--gen-batch`` random sentences."""
+def counted(model, d: Dictionary, a):
+    """Counts of one forced-length beam search of ``--gen-batch`` random sentences, and the
+    generation itself (a function returning the number of tokens) for the timed rounds."""
     g = torch.Generator().manual_seed(a.seed)
     src = torch.randint(d.nspecial, len(d), (a.gen_batch, a.src_len), generator=g)
     src[:, -1] = d.eos()
@@ -188,44 +189,46 @@ def measure(model, d: Dictionary, a) -> Dict[str, object]:
                             "src_lengths": torch.full((a.gen_batch,), a.src_len).to(a.device)}}
     gen = SequenceGenerator([model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len, min_len=a.gen_len)
     sections = Sections(model)
-    hyps = []
 
-    def generate():
+    def generate() -> int:
         with torch.no_grad():
-            hyps[:] = gen.forward(sample)
+            return sum(len(h[0]["tokens"]) for h in gen.forward(sample))
 
     generate()  # warm-up: TorchScript profiling runs, allocator
     counter = sections.count(generate)
     steps = sections.steps
     flops = sections.count_flops(generate)
-    seconds = []
-    for _ in range(a.repeats):
-        start = clock(a.device)
-        generate()
-        seconds.append(clock(a.device) - start)
-    tokens = sum(len(h[0]["tokens"]) for h in hyps)
     per_step = {s: {k: v / steps for k, v in counter.totals(s).items()} for s in SECTIONS if s != "encoder"}
-    row = {"steps": steps, "tokens_per_s": tokens / statistics.median(seconds),
-           "encoder": counter.totals("encoder"), "per_step": per_step,
+    row = {"steps": steps, "encoder": counter.totals("encoder"), "per_step": per_step,
            "step_kernels": sum(per_step[s]["kernels"] for s in per_step),
            "step_syncs": sum(per_step[s]["syncs"] for s in per_step),
            "step_mflop": sum(flops[s] for s in SECTIONS if s != "encoder") / steps / 1e6,
            "decoder_mflop": flops["decoder"] / steps / 1e6, "encoder_mflop": flops["encoder"] / 1e6,
            "params": sum(p.numel() for p in model.parameters()),
            "decoder_ops": dict(counter.ops["decoder"])}
-    return row
+    return row, generate
 
 
 def run_group(name: str, a) -> List[Dict[str, object]]:
+    """Counts every system of the group, then times their generations in alternated rounds
+    (A B C ... A B C ...: a slow moment of the machine hits every system alike)."""
     reference, systems, argv_of = GROUPS[name]
     d = dictionary(a.vocab)
-    rows = []
+    rows, generators = [], []
     for label, arch in systems:
-        row = measure(build(argv_of(arch, a), d, a.device, a.seed), d, a)
-        row.update(label=label, arch=arch, group=name)
+        row, generate = counted(build(argv_of(arch, a), d, a.device, a.seed), d, a)
+        row.update(label=label, arch=arch, group=name, seconds=[])
         rows.append(row)
+        generators.append(generate)
         print(f"[decode_ops] {label}: {row['step_kernels']:.0f} kernels, {row['step_syncs']:.1f} syncs, "
               f"{row['step_mflop']:.1f} MFLOP a step", file=sys.stderr, flush=True)
+    for _ in range(a.repeats):
+        for row, generate in zip(rows, generators):
+            start = clock(a.device)
+            row["tokens"] = generate()
+            row["seconds"].append(clock(a.device) - start)
+    for row in rows:
+        row["tokens_per_s"] = row["tokens"] / statistics.median(row["seconds"])
     ref = next(r for r in rows if r["arch"] == reference)
     for r in rows:
         r["ratio_launch_bound"] = ref["step_kernels"] / r["step_kernels"]
@@ -260,7 +263,7 @@ def get_parser():
     p.add_argument("--src-len", type=int, default=24)
     p.add_argument("--gen-len", type=int, default=24, help="forced output length (min = max)")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3, help="timed generations (median)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds, the systems alternated (median)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="")
