@@ -134,8 +134,8 @@ PHASES: Dict[str, List[Step]] = {
             "--work-dir", "{work}"), 140),
         # what a decoding step costs on CUDA (fairseq's LSTMCell is one fused cell there, not on a CPU):
         # the launch- and compute-bound floors of the aggregation and recurrent generation targets
-        Step("decode_ops", 16, _bench("decode_ops", "--device", "cuda", "--gen-batch", "64", "--repeats", "5",
-                                      "--json", "{work}/decode_ops.json"), 35),
+        Step("step_cost", 16, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64", "--repeats", "5",
+                                      "--json", "{work}/step_cost.json"), 35),
     ],
     "study": [
         Step("study", 15, ["{py}", "-m", "fairseq_deep.study", "--data", "{data}", "--spm", "{spm}", "--ref", "{ref}",

@@ -13,7 +13,7 @@ so incremental decoding needs no extra state.
 Incremental decoding keeps each layer's (h, c), the last context, the projected encoder keys
 and values and the source mask (computed once per sentence) in the incremental state; all are
 reordered with the beam.  A step makes the host wait for the device nowhere (the mask's "is there
-padding at all" is asked once per batch): ``benchmarks/decode_ops.py`` counts it.
+padding at all" is asked once per batch): ``benchmarks/step_cost.py`` counts it.
 """
 
 from typing import Any, Dict, List, Optional

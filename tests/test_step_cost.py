@@ -1,10 +1,12 @@
-"""What a decoding step costs, counted by ``benchmarks/decode_ops.py`` (issue 24): identities that
-hold whatever the machine's speed.
+"""What a step costs, counted by ``benchmarks/step_cost.py`` (issue 24): identities that hold
+whatever the machine's speed.
 
 * Layer aggregation is position-wise (Dou et al. 2018): a decoding step adds exactly the matrix
   products of the new position's combination, never a recomputation over earlier positions.  The
   FLOPs of a decoding step are therefore a formula of the model's sizes: dense aggregation adds
-  none, the linear combination L products d x d, iterative aggregation L - 1 AGG nodes.
+  none, the linear combination L products d x d, iterative aggregation L - 1 AGG nodes; in
+  training the linear combination adds L products per position and stack forward, twice that
+  backward.
 * No decoder of ours makes the host wait for the device at a step where its reference does not
   (a host sync stalls a GPU's launch queue): RNMT+ and Deep-Att at most once a batch, the aggregation
   stacks as many as fairseq's own decoder (its padding test).
@@ -14,21 +16,31 @@ import os
 import sys
 
 import pytest
+import torch
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCHMARKS)
-import decode_ops  # noqa: E402
+import step_cost  # noqa: E402
 
 L, D, FFN, BATCH, BEAM = 2, 16, 24, 3, 2
 TINY = ["--device", "cpu", "--layers", str(L), "--embed-dim", str(D), "--ffn-dim", str(FFN), "--heads", "2",
         "--hidden", str(D), "--vocab", "60", "--gen-batch", str(BATCH), "--beam", str(BEAM), "--src-len", "7",
-        "--gen-len", "5", "--repeats", "1"]
+        "--gen-len", "5", "--train-batch", "3", "--train-len", "4", "--repeats", "1"]
+
+
+def run(phase):
+    args = step_cost.get_parser().parse_args(TINY)
+    return {name: {r["arch"]: r for r in step_cost.run_group(name, args, phase)} for name in step_cost.GROUPS}
 
 
 @pytest.fixture(scope="module")
 def groups():
-    return {name: {r["arch"]: r for r in decode_ops.run_group(name, decode_ops.get_parser().parse_args(TINY))}
-            for name in decode_ops.GROUPS}
+    return run("decode")
+
+
+@pytest.fixture(scope="module")
+def training():
+    return run("train")
 
 
 def decoder_flops_per_step(row):
@@ -68,7 +80,36 @@ def test_no_decoder_of_ours_waits_for_the_device_more_than_its_reference(groups)
 
 def test_the_table_has_a_row_per_system_and_the_reference_at_one(groups):
     rows = list(groups["recurrent"].values())
-    text = decode_ops.table(rows)
+    text = step_cost.table(rows)
     assert len(text.splitlines()) == 2 + len(rows)
     reference = groups["recurrent"]["lstm"]
     assert reference["ratio_launch_bound"] == reference["ratio_compute_bound"] == reference["ratio_measured"] == 1
+
+
+def test_training_the_linear_combination_adds_its_products_forward_and_twice_backward(training):
+    rows = training["aggregation"]
+    base, dense, linear = (rows[a] for a in ("transformer_agg_baseline", "transformer_dense", "transformer_linear_agg"))
+    assert dense["forward_mflop"] == base["forward_mflop"] and dense["backward_mflop"] == base["backward_mflop"]
+    positions = 3 * 4  # --train-batch x --train-len, in each of the two stacks
+    added = 2 * L * 2 * positions * D * D / 1e6
+    assert linear["forward_mflop"] - base["forward_mflop"] == pytest.approx(added, rel=1e-9)
+    # backward: the gradients of each product's input and of its weight
+    assert linear["backward_mflop"] - base["backward_mflop"] == pytest.approx(2 * added, rel=1e-9)
+    assert step_cost.table(list(rows.values())).count("\n") == len(rows) + 1
+
+
+def test_a_fused_lstm_is_counted_as_its_products():
+    """torch's counter leaves nn.LSTM's fused layer (oneDNN here, cuDNN on a GPU) at zero FLOPs;
+    step_cost counts its input and recurrent products, which is what the same layer costs when
+    run step by step (a packed batch of unequal lengths takes that path on a CPU)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(6, 5, num_layers=2, bidirectional=True)
+    x = torch.randn(4, 3, 6)
+    per_row = 2 * (4 * 5 * 6 + 4 * 5 * 5) + 2 * (4 * 5 * 10 + 4 * 5 * 5)  # two layers, two directions
+    with step_cost.flop_counter() as mode:
+        lstm(x)
+    assert mode.get_total_flops() == 2 * 12 * per_row
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([4, 3, 1]))
+    with step_cost.flop_counter() as mode:
+        lstm(packed)
+    assert mode.get_total_flops() == 2 * 8 * per_row
