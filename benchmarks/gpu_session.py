@@ -17,11 +17,11 @@ tarball of logs and tables whatever happens inside it:
 ``--steps A,B`` runs only those, e.g. what a cut phase did not reach):
 steps marked background start at once and run beside the later ones (the correctness runs of the
 check phase share the GPU); timed steps run one after another, alone.  No step may outlast the
-phase's ``--budget`` (default 535 s, under the tool's 600 s with the wheels' install before it): a step's timeout is cut to what is
-left and a step that would get less than 30 s is skipped.  Each step runs in its own process group
-in ``--work/PHASE/STEP`` and is killed with its children at its timeout.  At the end (or on
-SIGTERM) the phase writes ``OUT/PHASE/summary.md`` (each step: exit status, seconds, the command)
-and ``OUT/PHASE.tar.gz``: every file of the work folders but checkpoints and binarized data, text
+phase's ``--budget`` (default 535 s, under the tool's 600 s with the wheels' install before it): a
+step's timeout is cut to what is left and a step that would get less than 30 s is skipped.  Each
+step runs in its own process group in ``--work/PHASE/STEP`` and is killed with its children at its
+timeout.  At the end (or on SIGTERM) the phase writes ``OUT/PHASE/summary.md`` (each step: exit
+status, seconds, the command) and ``OUT/PHASE.tar.gz``: every file of the work folders but checkpoints and binarized data, text
 files over 256 KiB cut to their last 256 KiB.  Each step's stdout+stderr goes to
 ``--work/PHASE/STEP/STEP.log``, so that it (and a table a benchmark prints only there, e.g.
 rnmt_speed's) is inside the tarball and the output folder holds two files per phase, whatever the
@@ -134,8 +134,8 @@ PHASES: Dict[str, List[Step]] = {
             "--work-dir", "{work}"), 140),
         # what a decoding step costs on CUDA (fairseq's LSTMCell is one fused cell there, not on a CPU):
         # the launch- and compute-bound floors of the aggregation and recurrent generation targets
-        Step("step_cost", 16, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64", "--repeats", "5",
-                                      "--json", "{work}/step_cost.json"), 35),
+        Step("step_cost", 16, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64",
+                                     "--repeats", "5", "--json", "{work}/step_cost.json"), 35),
     ],
     "study": [
         Step("study", 15, ["{py}", "-m", "fairseq_deep.study", "--data", "{data}", "--spm", "{spm}", "--ref", "{ref}",

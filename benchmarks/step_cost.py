@@ -321,17 +321,24 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
     return rows
 
 
+def _decode_cells(r) -> List[str]:
+    step = r["per_step"]
+    return [f"{step['decoder']['kernels']:.0f}", f"{step['reorder']['kernels']:.0f}",
+            f"{step['generator']['kernels']:.0f}", f"{r['step_syncs']:.1f}", f"{r['step_mflop']:.1f}"]
+
+
+def _train_cells(r) -> List[str]:
+    return [str(r["forward"]["kernels"]), str(r["backward"]["kernels"]), str(r["step_syncs"]),
+            f"{r['forward_mflop'] / 1e3:.2f}", f"{r['backward_mflop'] / 1e3:.2f}"]
+
+
+COLUMNS = {"decode": (["decoder kernels", "reorder kernels", "generator kernels", "syncs", "MFLOP"], _decode_cells),
+           "train": (["forward kernels", "backward kernels", "syncs", "GFLOP forward", "GFLOP backward"], _train_cells)}
+
+
 def table(rows: List[Dict[str, object]]) -> str:
     """A markdown table of one group's rows (one phase)."""
-    if rows[0]["phase"] == "decode":
-        names = ["decoder kernels", "reorder kernels", "generator kernels", "syncs", "MFLOP"]
-        cells = lambda r: [f"{r['per_step']['decoder']['kernels']:.0f}",  # noqa: E731
-                           f"{r['per_step']['reorder']['kernels']:.0f}", f"{r['per_step']['generator']['kernels']:.0f}",
-                           f"{r['step_syncs']:.1f}", f"{r['step_mflop']:.1f}"]
-    else:
-        names = ["forward kernels", "backward kernels", "syncs", "GFLOP forward", "GFLOP backward"]
-        cells = lambda r: [str(r["forward"]["kernels"]), str(r["backward"]["kernels"]), str(r["step_syncs"]),  # noqa: E731
-                           f"{r['forward_mflop'] / 1e3:.2f}", f"{r['backward_mflop'] / 1e3:.2f}"]
+    names, cells = COLUMNS[rows[0]["phase"]]
     names = ["system", "`--arch`", "params", *names, "ratio if launch-bound", "ratio if compute-bound",
              "measured ratio"]
     lines = ["| " + " | ".join(names) + " |", "| --- | --- |" + " ---: |" * (len(names) - 2)]
