@@ -21,11 +21,11 @@ phase's ``--budget`` (default 535 s, under the tool's 600 s with the wheels' ins
 step's timeout is cut to what is left and a step that would get less than 30 s is skipped.  Each
 step runs in its own process group in ``--work/PHASE/STEP`` and is killed with its children at its
 timeout.  At the end (or on SIGTERM) the phase writes ``OUT/PHASE/summary.md`` (each step: exit
-status, seconds, the command) and ``OUT/PHASE.tar.gz``: every file of the work folders but checkpoints and binarized data, text
-files over 256 KiB cut to their last 256 KiB.  Each step's stdout+stderr goes to
-``--work/PHASE/STEP/STEP.log``, so that it (and a table a benchmark prints only there, e.g.
-rnmt_speed's) is inside the tarball and the output folder holds two files per phase, whatever the
-number of steps (the device tool brings back few files; issue 24).
+status, seconds, the command) and ``OUT/PHASE.tar.gz``: every file of the work folders but
+checkpoints and binarized data, text files over 256 KiB cut to their last 256 KiB.  Each step's
+stdout+stderr goes to ``--work/PHASE/STEP/STEP.log``, so that it (and a table a benchmark prints
+only there, e.g. rnmt_speed's) is inside the tarball and the output folder holds two files per
+phase, whatever the number of steps (the device tool brings back few files; issue 24).
 
 The plan fits one 80 GB GPU and 10-minute commands (issue 24): the precision matrices cap their
 concurrent runs by an estimate of each run's GPU memory (``precision_matrix.estimate_gb``, the
