@@ -21,7 +21,8 @@ once under torch's ``FlopCounterMode``:
   number of parameter tensors and the device's foreach default, not the model);
 
 and reports ``kernels`` (every ATen call but views, metadata and allocations without a fill: on a
-GPU each is at least one launch), ``syncs`` (calls that make the host wait for the device:
+GPU each is at least one launch; plus every launch of a Triton kernel, the fused recurrent cells
+that ``auto`` runs on CUDA), ``syncs`` (calls that make the host wait for the device:
 ``.item()``, ``bool(tensor)``, ``nonzero``, ``masked_select``), matmul FLOPs (torch's counter: mm,
 bmm, addmm, baddbmm, attention; and the fused recurrent layers of ``nn.LSTM``, which it
 leaves at zero), and each system's speed ratio to its reference if time followed
@@ -102,17 +103,49 @@ DECODE_SECTIONS = ("encoder", "decoder", "reorder", "generator")
 TRAIN_SECTIONS = ("forward", "backward")
 
 
+def _triton_launchers() -> list:
+    """The classes whose ``run`` launches a Triton kernel: compiled, and the CPU interpreter's."""
+    classes = []
+    for module, name in (("triton.runtime.jit", "JITFunction"), ("triton.runtime.interpreter", "InterpretedFunction")):
+        try:
+            classes.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return classes
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts ATen calls by ``section``, which its user switches as the step goes on."""
+    """Counts ATen calls by ``section``, which its user switches as the step goes on, and the
+    launches of Triton kernels (the fused LN-LSTM and Deep-Att cells), which are no ATen calls and
+    which it records as ``triton:<kernel>``."""
 
     def __init__(self, sections: Tuple[str, ...], section: str):
         super().__init__()
         self.section = section
         self.ops: Dict[str, collections.Counter] = {s: collections.Counter() for s in sections}
+        self._patched = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[self.section][func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        for cls in _triton_launchers():
+            self._patched.append((cls, cls.run))
+            cls.run = self._counting(cls.run)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for cls, run in reversed(self._patched):
+            cls.run = run
+        self._patched = []
+        return super().__exit__(*exc)
+
+    def _counting(self, run):
+        def launch(kernel, *args, **kwargs):
+            self.ops[self.section]["triton:" + getattr(kernel.fn, "__name__", "kernel")] += 1
+            return run(kernel, *args, **kwargs)
+        return launch
 
     def totals(self, section: str) -> Dict[str, int]:
         c = self.ops[section]

@@ -12,7 +12,9 @@ whatever the machine's speed.
   stacks as many as fairseq's own decoder (its padding test).
 """
 
+import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -113,3 +115,29 @@ def test_a_fused_lstm_is_counted_as_its_products():
     with step_cost.flop_counter() as mode:
         lstm(packed)
     assert mode.get_total_flops() == 2 * 8 * per_row
+
+
+COUNT_TRITON = """
+import sys
+sys.path.insert(0, "benchmarks")
+import torch
+import step_cost
+from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+layer = LayerNormLSTM(4, 3, impl="triton")
+counter = step_cost.OpCounter(("all",), "all")
+with torch.no_grad(), counter:
+    layer(torch.randn(5, 2, 4))
+print(counter.ops["all"]["triton:_fwd_step"], counter.totals("all")["kernels"])
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_launches_are_counted_as_kernels():
+    """The fused cells' kernels are no ATen calls: step_cost counts their launches (here in
+    Triton's CPU interpreter, one per time step of the layer)."""
+    root = os.path.dirname(BENCHMARKS)
+    run = subprocess.run([sys.executable, "-c", COUNT_TRITON], cwd=root, capture_output=True, text=True,
+                         env=dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"), timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    launches, kernels = map(int, run.stdout.split()[-2:])
+    assert launches == 5 and kernels > launches
