@@ -56,6 +56,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 import fairseq_deep  # noqa: E402,F401  (registers the architectures)
 from _device import add_device_argument, clock, describe, device_from_args, parse_flags  # noqa: E402
+from aggregation_speed import VARIANTS as AGGREGATION_VARIANTS  # noqa: E402
 
 #: operators that launch nothing: views, metadata, allocations without a fill
 NO_KERNEL = frozenset("""
@@ -239,11 +240,7 @@ def recurrent_argv(arch: str, a) -> List[str]:
 
 #: group: (reference --arch, [(label, --arch)], argv builder)
 GROUPS = {
-    "aggregation": ("transformer_agg_baseline", [
-        ("1 baseline", "transformer_agg_baseline"), ("2 dense", "transformer_dense"),
-        ("3 linear", "transformer_linear_agg"), ("4 iterative", "transformer_iterative_agg"),
-        ("5 hierarchical", "transformer_hier_agg"), ("6 MLA k=2", "transformer_mla2"),
-        ("7 MLA k=3", "transformer_mla3")], transformer_argv),
+    "aggregation": ("transformer_agg_baseline", AGGREGATION_VARIANTS, transformer_argv),  # Dou et al.'s Table 1
     "recurrent": ("lstm", [("fairseq lstm", "lstm"), ("RNMT+", "rnmt_plus"), ("Deep-Att F-F", "deep_att_ff")],
                   recurrent_argv),
 }
