@@ -34,6 +34,10 @@
    parameter counts.  :func:`without_better_transformer` turns it off for every encoder layer the
    package builds (on fairseq versions without it, it only drops the keys of 0.12.2 checkpoints):
    the same parameters, the same outputs and the same checkpoints on both stacks.
+7. The hub interface on sentencepiece data: ``from_pretrained`` without ``bpe=`` would translate
+   words as if they were pieces; :func:`fairseq_deep.interactive.hub_from_pretrained_checked` applies
+   the ``spm.model`` beside the data (with a warning) or stops naming the arguments, as
+   fairseq-deep-interactive does on the command line.
 
 Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs,
 except that ``--bf16`` works there.
@@ -56,6 +60,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 
 from .errors import MissingFileError, UserError
+from .interactive import hub_from_pretrained_checked
 
 logger = logging.getLogger(__name__)
 
@@ -525,7 +530,7 @@ def _install(owner, name, shim, as_classmethod=False):
 
 
 def apply():
-    from fairseq import trainer
+    from fairseq import hub_utils, trainer
     from fairseq.distributed import utils as distributed_utils
     from fairseq.models import BaseFairseqModel, distributed_fairseq_model
     from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
@@ -545,6 +550,7 @@ def apply():
         (BaseFairseqModel, "prepare_for_inference_", prepare_for_inference_bf16, False),
         (FP16Optimizer, "build_optimizer", fp16_build_optimizer, True),
         (MemoryEfficientFP16Optimizer, "build_optimizer", memory_efficient_fp16_build_optimizer, True),
+        (hub_utils, "from_pretrained", hub_from_pretrained_checked, False),               # 7
     ]:
         _install(owner, name, shim, as_classmethod)
     if not getattr(distributed_fairseq_model.DistributedDataParallel, "_fairseq_deep_cpu", False):

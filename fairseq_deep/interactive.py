@@ -16,7 +16,8 @@ output keeps its ``▁`` pieces, with no error.  :func:`with_sentencepiece_check
 it applies ``--bpe sentencepiece --sentencepiece-model M`` with the ``spm.model`` found beside the
 data (``DATA/spm.model``, ``DATA/../spm.model``: fairseq-deep-prepare's layout, or
 ``DATA/../spm/spm.model``: the quickstart's), with a warning naming it; where there is none it stops
-with one line naming the flags to add.
+with one line naming the flags to add.  The hub interface (``Model.from_pretrained``) gets the same
+check (:func:`hub_from_pretrained_checked`), worded in its keyword arguments.
 """
 
 import glob
@@ -139,10 +140,18 @@ def _get(node, name, default=None):
     return default if value is None else value
 
 
-def sentencepiece_to_apply(cfg):
-    """The ``--sentencepiece-model`` to apply to ``cfg`` (fairseq-interactive's), or None when there
-    is nothing to do; a :class:`~fairseq_deep.errors.UserError` when the data is sentencepiece data,
-    no --bpe was given and no model lies beside it."""
+#: how to give the model, by where it is missing: (the fix, the input is pieces already)
+HOW = {"cli": ("add --bpe sentencepiece --sentencepiece-model PATH/spm.model (fairseq-deep-prepare writes "
+               "DESTDIR/spm.model)", "--post-process sentencepiece"),
+       "hub": ("pass bpe='sentencepiece', sentencepiece_model='PATH/spm.model' to from_pretrained "
+               "(fairseq-deep-prepare writes DESTDIR/spm.model)", "post_process='sentencepiece'")}
+
+
+def sentencepiece_to_apply(cfg, how: str = "cli"):
+    """The ``--sentencepiece-model`` to apply to ``cfg`` (fairseq-interactive's, or the hub's), or
+    None when there is nothing to do; a :class:`~fairseq_deep.errors.UserError` when the data is
+    sentencepiece data, no --bpe was given and no model lies beside it (``how`` the fix is worded:
+    ``cli`` flags or ``hub`` keyword arguments)."""
     from .errors import UserError
 
     if _get(cfg, "bpe") is not None or _get(cfg.common_eval, "post_process") is not None:
@@ -157,13 +166,39 @@ def sentencepiece_to_apply(cfg):
         return None
     model = spm_model_beside(data)
     if model is None:
+        fix, pieces = HOW[how]
         raise UserError(
             f"{dicts[0]} holds sentencepiece pieces ('{SPM_MARK}...') but no --bpe was given, so the input "
-            f"would not be split into pieces and the output would keep them: add --bpe sentencepiece "
-            f"--sentencepiece-model PATH/spm.model (fairseq-deep-prepare writes DESTDIR/spm.model), "
-            f"or --post-process sentencepiece if the input is already pieces"
+            f"would not be split into pieces and the output would keep them: {fix}, or {pieces} if the "
+            f"input is already pieces"
         )
     return model
+
+
+def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                                archive_map=None, **kwargs):
+    """fairseq's ``hub_utils.from_pretrained`` (``Model.from_pretrained``, the hub interface), then
+    :func:`sentencepiece_to_apply`: without ``bpe=`` the hub's ``translate`` passes words to a model
+    that knows sentencepiece pieces (``<unk>`` everywhere, pieces in the output, no error), so the
+    ``spm.model`` beside the data is applied, with a warning, or the load stops naming the
+    arguments to give.  Installed by :mod:`fairseq_deep.compat`."""
+    from omegaconf import open_dict
+
+    from .compat import fairseq_original
+
+    loaded = fairseq_original(hub_from_pretrained_checked)(
+        model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
+    cfg = loaded["args"]
+    if loaded["task"] is None or isinstance(cfg, dict):  # fairseq's vocoders: no text in or out
+        return loaded
+    model = sentencepiece_to_apply(cfg, how="hub")
+    if model is not None:
+        logger.warning("the data is sentencepiece data and no bpe= was given: translating with "
+                       "bpe='sentencepiece', sentencepiece_model=%r (found beside the data; pass bpe= "
+                       "to choose)", model)
+        with open_dict(cfg):
+            cfg.bpe = {"_name": "sentencepiece", "sentencepiece_model": model}
+    return loaded
 
 
 def with_sentencepiece_check(main, reparse):

@@ -131,3 +131,51 @@ def test_sentencepiece_data_without_a_model_is_refused(tmp_path, monkeypatch, ca
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fairseq-deep-interactive: error: "), err
     assert str(data / "dict.src.txt") in err[0] and "--bpe sentencepiece --sentencepiece-model" in err[0]
+
+
+# -- the same check in the hub interface (Model.from_pretrained) ----------------------------------
+
+
+def hub_load(monkeypatch, data, **cfg_values):
+    """fairseq's ``hub_utils.from_pretrained`` (our shim around it) on ``data``, with the loading
+    itself replaced by a cfg as fairseq's would give it (nothing is loaded)."""
+    from fairseq import hub_utils
+    from omegaconf import OmegaConf
+
+    from fairseq_deep import compat
+    from fairseq_deep.interactive import hub_from_pretrained_checked
+
+    cfg = OmegaConf.create({"bpe": None, "common_eval": {"post_process": None},
+                            "task": {"data": str(data), "source_lang": "src"}, **cfg_values})
+    monkeypatch.setitem(compat._ORIGINAL, hub_from_pretrained_checked,
+                        lambda *args, **kwargs: {"args": cfg, "task": object(), "models": []})
+    return hub_utils.from_pretrained("unused", data_name_or_path=str(data))["args"]
+
+
+def test_hub_interface_applies_the_sentencepiece_model_beside_the_data(tmp_path, monkeypatch, caplog):
+    import sentencepiece
+    from fairseq.data import encoders
+
+    root = tmp_path / "prep"
+    data = spm_data(root, with_model=False)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(["the man in the street", "a man on a horse", "the men are walking"] * 20),
+        model_prefix=str(root / "spm"), vocab_size=20, minloglevel=2)
+    cfg = hub_load(monkeypatch, data)
+    assert cfg.bpe._name == "sentencepiece" and cfg.bpe.sentencepiece_model == str(root / "spm.model")
+    assert "no bpe= was given: translating with bpe='sentencepiece'" in caplog.text
+    # what the hub interface then builds splits words into the model's pieces
+    assert encoders.build_bpe(cfg.bpe).encode("the man").split()[0].startswith("\u2581")
+    # given bpe= or post_process=: as it is
+    assert hub_load(monkeypatch, data, bpe={"_name": "sentencepiece", "sentencepiece_model": "x"}).bpe.sentencepiece_model == "x"
+    assert hub_load(monkeypatch, data, common_eval={"post_process": "sentencepiece"}).bpe is None
+
+
+def test_hub_interface_refuses_sentencepiece_data_without_a_model(tmp_path, monkeypatch, synthetic_bin):
+    from fairseq_deep.errors import UserError
+
+    data = spm_data(tmp_path, with_model=False)
+    with pytest.raises(UserError, match="pass bpe='sentencepiece', sentencepiece_model='PATH/spm.model' to "
+                                        "from_pretrained .*or post_process='sentencepiece'"):
+        hub_load(monkeypatch, data)
+    assert hub_load(monkeypatch, synthetic_bin).bpe is None  # word-level data: nothing to do
