@@ -35,7 +35,7 @@
    package builds (on fairseq versions without it, it only drops the keys of 0.12.2 checkpoints):
    the same parameters, the same outputs and the same checkpoints on both stacks.
 7. The hub interface on sentencepiece data: ``from_pretrained`` without ``bpe=`` would translate
-   words as if they were pieces; :func:`fairseq_deep.interactive.hub_from_pretrained_checked` applies
+   words as if they were pieces; :func:`hub_from_pretrained_checked` applies
    the ``spm.model`` beside the data (with a warning) or stops naming the arguments, as
    fairseq-deep-interactive does on the command line.
 
@@ -60,7 +60,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 
 from .errors import MissingFileError, UserError
-from .interactive import hub_from_pretrained_checked
+from . import interactive
 
 logger = logging.getLogger(__name__)
 
@@ -507,6 +507,33 @@ def without_better_transformer_keys(state_dict):
     fused = {prefix + name for prefix in (k[:-len(suffix)] for k in state_dict if k.endswith("." + suffix))
              for name in BETTER_TRANSFORMER_PARAMS}
     return type(state_dict)((k, v) for k, v in state_dict.items() if k not in fused)
+
+
+# -- 7. the hub interface on sentencepiece data ---------------------------------------------------
+
+
+def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                                archive_map=None, **kwargs):
+    """fairseq's ``hub_utils.from_pretrained`` (``Model.from_pretrained``, the hub interface), then
+    :func:`~fairseq_deep.interactive.sentencepiece_to_apply`: without ``bpe=`` the hub's
+    ``translate`` passes words to a model that knows sentencepiece pieces (``<unk>`` everywhere,
+    pieces in the output, no error), so the ``spm.model`` beside the data is applied, with a
+    warning, or the load stops naming the arguments to give."""
+    from omegaconf import open_dict
+
+    loaded = fairseq_original(hub_from_pretrained_checked)(
+        model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
+    cfg = loaded["args"]
+    if loaded["task"] is None or isinstance(cfg, dict):  # fairseq's vocoders: no text in or out
+        return loaded
+    model = interactive.sentencepiece_to_apply(cfg, how="hub")
+    if model is not None:
+        interactive.logger.warning(
+            "the data is sentencepiece data and no bpe= was given: translating with bpe='sentencepiece', "
+            "sentencepiece_model=%r (found beside the data; pass bpe= to choose)", model)
+        with open_dict(cfg):
+            cfg.bpe = {"_name": "sentencepiece", "sentencepiece_model": model}
+    return loaded
 
 
 # -- apply -----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ it applies ``--bpe sentencepiece --sentencepiece-model M`` with the ``spm.model`
 data (``DATA/spm.model``, ``DATA/../spm.model``: fairseq-deep-prepare's layout, or
 ``DATA/../spm/spm.model``: the quickstart's), with a warning naming it; where there is none it stops
 with one line naming the flags to add.  The hub interface (``Model.from_pretrained``) gets the same
-check (:func:`hub_from_pretrained_checked`), worded in its keyword arguments.
+check (``compat.hub_from_pretrained_checked``), worded in its keyword arguments.
 """
 
 import glob
@@ -173,32 +173,6 @@ def sentencepiece_to_apply(cfg, how: str = "cli"):
             f"input is already pieces"
         )
     return model
-
-
-def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                                archive_map=None, **kwargs):
-    """fairseq's ``hub_utils.from_pretrained`` (``Model.from_pretrained``, the hub interface), then
-    :func:`sentencepiece_to_apply`: without ``bpe=`` the hub's ``translate`` passes words to a model
-    that knows sentencepiece pieces (``<unk>`` everywhere, pieces in the output, no error), so the
-    ``spm.model`` beside the data is applied, with a warning, or the load stops naming the
-    arguments to give.  Installed by :mod:`fairseq_deep.compat`."""
-    from omegaconf import open_dict
-
-    from .compat import fairseq_original
-
-    loaded = fairseq_original(hub_from_pretrained_checked)(
-        model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
-    cfg = loaded["args"]
-    if loaded["task"] is None or isinstance(cfg, dict):  # fairseq's vocoders: no text in or out
-        return loaded
-    model = sentencepiece_to_apply(cfg, how="hub")
-    if model is not None:
-        logger.warning("the data is sentencepiece data and no bpe= was given: translating with "
-                       "bpe='sentencepiece', sentencepiece_model=%r (found beside the data; pass bpe= "
-                       "to choose)", model)
-        with open_dict(cfg):
-            cfg.bpe = {"_name": "sentencepiece", "sentencepiece_model": model}
-    return loaded
 
 
 def with_sentencepiece_check(main, reparse):

@@ -143,7 +143,7 @@ def hub_load(monkeypatch, data, **cfg_values):
     from omegaconf import OmegaConf
 
     from fairseq_deep import compat
-    from fairseq_deep.interactive import hub_from_pretrained_checked
+    from fairseq_deep.compat import hub_from_pretrained_checked
 
     cfg = OmegaConf.create({"bpe": None, "common_eval": {"post_process": None},
                             "task": {"data": str(data), "source_lang": "src"}, **cfg_values})
