@@ -27,7 +27,9 @@ that ``auto`` runs on CUDA), ``syncs`` (calls that make the host wait for the de
 bmm, addmm, baddbmm, attention; and the fused recurrent layers of ``nn.LSTM``, which it
 leaves at zero), and each system's speed ratio to its reference if time followed
 kernels, if it followed FLOPs, and as measured (tokens/s, median of ``--repeats`` rounds in which
-the systems alternate).  The counts barely depend on the device (the same ATen calls; a composite
+the systems alternate).  With ``TRITON_INTERPRET=1`` a CPU runs the fused cells as CUDA does
+(``auto``), and their launches are counted without the interpreter's own tensor moves; the
+measured ratio then means nothing.  The counts barely depend on the device (the same ATen calls; a composite
 op may decompose differently: fairseq's ``LSTMCell`` is one fused cell on CUDA and ~10 kernels on a
 CPU, ``nn.LSTM`` one call on both), so the floors can be read off a CPU run; the measured ratio
 needs the device it claims.
@@ -125,9 +127,11 @@ class OpCounter(TorchDispatchMode):
         self.section = section
         self.ops: Dict[str, collections.Counter] = {s: collections.Counter() for s in sections}
         self._patched = []
+        self._launching = 0  # inside a Triton launch: its own ATen calls are no kernels of the model
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[self.section][func.overloadpacket.__name__] += 1
+        if not self._launching:  # Triton's CPU interpreter moves a kernel's tensors with ATen calls
+            self.ops[self.section][func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
@@ -145,7 +149,11 @@ class OpCounter(TorchDispatchMode):
     def _counting(self, run):
         def launch(kernel, *args, **kwargs):
             self.ops[self.section]["triton:" + getattr(kernel.fn, "__name__", "kernel")] += 1
-            return run(kernel, *args, **kwargs)
+            self._launching += 1
+            try:
+                return run(kernel, *args, **kwargs)
+            finally:
+                self._launching -= 1
         return launch
 
     def totals(self, section: str) -> Dict[str, int]:
