@@ -135,7 +135,7 @@ PHASES: Dict[str, List[Step]] = {
         # what a decoding step costs on CUDA (fairseq's LSTMCell is one fused cell there, not on a CPU):
         # the launch- and compute-bound floors of the aggregation and recurrent generation targets
         Step("step_cost", 16, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64",
-                                     "--repeats", "5", "--json", "{work}/step_cost.json"), 35),
+                                     "--repeats", "3", "--json", "{work}/step_cost.json"), 35),
     ],
     "study": [
         Step("study", 15, ["{py}", "-m", "fairseq_deep.study", "--data", "{data}", "--spm", "{spm}", "--ref", "{ref}",

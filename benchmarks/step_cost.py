@@ -428,9 +428,9 @@ def main(argv=None):
             print(f"\n### {phase}, {name}: {a.layers}+{a.layers} layers, {width}, vocab {a.vocab}; {what}; "
                   f"{describe(a.device)}, torch threads {torch.get_num_threads()}\n")
             print(table(rows), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, f, indent=1)
+            if a.json:  # after every group: a run cut short keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, f, indent=1)
     return results
 
 
