@@ -134,7 +134,7 @@ PHASES: Dict[str, List[Step]] = {
             "--work-dir", "{work}"), 140),
         # what a decoding step costs on CUDA (fairseq's LSTMCell is one fused cell there, not on a CPU):
         # the launch- and compute-bound floors of the aggregation and recurrent generation targets
-        Step("step_cost", 16, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64",
+        Step("step_cost", 24, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64",
                                      "--repeats", "3", "--json", "{work}/step_cost.json"), 35),
     ],
     "study": [
