@@ -10,7 +10,9 @@ before ``auto`` existed store ``loop`` and keep it.  Does not import triton unti
 """
 
 import functools
+import warnings
 
+import torch
 from torch import Tensor
 
 IMPLS = ("auto", "loop", "triton")
@@ -35,3 +37,14 @@ def resolve(impl: str, x: Tensor) -> str:
     if mode and (x.device.type == "cuda" or mode == "interpreter"):
         return "triton"
     return "loop"
+
+
+def scripted(fn):
+    """The loop ``fn`` compiled by TorchScript (no Python per time step), as the ``loop``
+    implementations run it; ``fn`` itself where TorchScript is unavailable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch >= 2.9 deprecates it
+            return torch.jit.script(fn)
+    except Exception:  # pragma: no cover - a torch without TorchScript
+        return fn

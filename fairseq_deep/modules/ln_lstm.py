@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl
+from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl, scripted
 from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
 
@@ -208,19 +208,9 @@ def _ln_lstm_backward(
     return torch.stack(das, 1), torch.stack(dgs, 1), dh, dc
 
 
-def _script(fn):
-    """TorchScript the loop (no Python per step); eager where TorchScript is unavailable."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # torch >= 2.9 deprecates it
-            return torch.jit.script(fn)
-    except Exception:  # pragma: no cover - a torch without TorchScript
-        return fn
-
-
-ln_lstm_recurrence = _script(_ln_lstm_recurrence)
-_forward_saving = _script(_ln_lstm_forward_saving)
-_backward = _script(_ln_lstm_backward)
+ln_lstm_recurrence = scripted(_ln_lstm_recurrence)
+_forward_saving = scripted(_ln_lstm_forward_saving)
+_backward = scripted(_ln_lstm_backward)
 
 class LNLSTMRecurrence(torch.autograd.Function):
     """``ln_lstm_recurrence`` with a hand-written backward through time (same arguments and
@@ -301,7 +291,7 @@ def _plain_lstm_recurrence(
     return torch.stack(outputs), h, c
 
 
-plain_lstm_recurrence = _script(_plain_lstm_recurrence)
+plain_lstm_recurrence = scripted(_plain_lstm_recurrence)
 
 
 
