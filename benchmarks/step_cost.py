@@ -52,13 +52,13 @@ for path in (REPO, HERE):
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from fairseq import options, tasks  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 import fairseq_deep  # noqa: E402,F401  (registers the architectures)
-from _device import add_device_argument, clock, describe, device_from_args, parse_flags  # noqa: E402
+from _device import add_device_argument, clock, describe, device_from_args  # noqa: E402
 from aggregation_speed import VARIANTS as AGGREGATION_VARIANTS  # noqa: E402
+from deep_att_speed import build, dictionary  # noqa: E402  (a model of an --arch argv, in process; a vocabulary)
 
 #: operators that launch nothing: views, metadata, allocations without a fill
 NO_KERNEL = frozenset("""
@@ -211,21 +211,6 @@ class DecodeSections:
             total = mode.get_total_flops()
         self.flops["generator"] = total - sum(v for s, v in self.flops.items() if s != "generator")
         return dict(self.flops)
-
-
-def dictionary(size: int) -> Dictionary:
-    d = Dictionary()
-    for i in range(size - d.nspecial):
-        d.add_symbol(f"w{i}")
-    return d
-
-
-def build(argv: List[str], d: Dictionary, device, seed: int = 1):
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       ["dummy", "--task", "translation", *parse_flags(device), *argv])
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(seed)
-    return task.build_model(args).to(device)
 
 
 def transformer_argv(arch: str, a) -> List[str]:

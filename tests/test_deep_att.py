@@ -12,7 +12,7 @@ from helpers import PLUGIN_DIR, random_batch, run_cli, tiny_dictionary
 
 from fairseq_deep.models.deep_att.encoder import column_directions
 from fairseq_deep.modules.fast_forward_lstm import (
-    FFLSTMCell, FFLSTMRecurrence, FFLSTMStack, ff_input, loop_recurrence, lstm_recurrence, reverse_index,
+    FFLSTMCell, FFLSTMStack, ff_input, reverse_index,
 )
 
 H = 8
@@ -79,43 +79,6 @@ def test_cell_is_eq4():
 
 
 # ------------------------------------------------------------------------- Half / Dr, Eq. 6
-
-
-def recurrence_inputs(T, B=3, H=4, dtype=torch.float64, seed=0):
-    """f, W_r, theta and the initial (h, s), all nonzero and requiring gradients."""
-    g = torch.Generator().manual_seed(seed)
-    shapes_scales = [((T, B, 4 * H), 1.0), ((4 * H, H), 0.5), ((3, H), 0.5), ((B, H), 0.5), ((B, H), 0.5)]
-    return [(torch.randn(*shape, generator=g, dtype=dtype) * scale).requires_grad_()
-            for shape, scale in shapes_scales]
-
-
-@pytest.mark.parametrize("T", [1, 6])
-def test_hand_written_backward_equals_autograd_through_eq4(T):
-    """The loop's training path (FFLSTMRecurrence: a backward written out, dW_r and d theta summed
-    over all steps at once) gives autograd's gradients through lstm_recurrence, for f, W_r, every
-    theta (the output gate's peephole reads s_t, the others s_{t-1}) and the initial (h, s)."""
-    inputs = recurrence_inputs(T)
-    ref, ours = lstm_recurrence(*inputs), FFLSTMRecurrence.apply(*inputs)
-    g = torch.Generator().manual_seed(1)
-    weights = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in ref]
-    grads = [torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights)), inputs)
-             for outs in (ref, ours)]
-    for a, b in zip(ref, ours):
-        assert torch.equal(a, b)
-    for name, a, b in zip(("f", "W_r", "theta", "h0", "s0"), *grads):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=name)
-
-
-def test_loop_trains_through_the_hand_written_backward_with_the_same_values():
-    """In float32 the training path's forward is lstm_recurrence's, bit for bit; without a gradient
-    the loop is lstm_recurrence itself."""
-    inputs = recurrence_inputs(5, dtype=torch.float32)
-    out = loop_recurrence(*inputs)
-    assert out[0].grad_fn is not None and "FFLSTMRecurrence" in type(out[0].grad_fn).__name__
-    for a, b in zip(out, lstm_recurrence(*inputs)):
-        assert torch.equal(a, b)
-    with torch.no_grad():
-        assert loop_recurrence(*inputs)[0].grad_fn is None
 
 
 @pytest.mark.parametrize("mode,width", [("half", 3 * H), ("whole", 5 * H), ("none", H)])

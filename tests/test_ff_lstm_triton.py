@@ -1,5 +1,6 @@
-"""The fused Triton loop of the Deep-Att / Deep-ED cell (``--deep-att-cell-impl triton``, issue 16)
-against :func:`lstm_recurrence` (Zhou et al. 2016, Eq. 4) and autograd through it.
+"""The fused Triton loop of the Deep-Att / Deep-ED cell (``--deep-att-cell-impl triton``, issue 16),
+and the loop's own hand-written backward (``FFLSTMRecurrence``, issue 24), against
+:func:`lstm_recurrence` (Zhou et al. 2016, Eq. 4) and autograd through it.
 
 As in ``tests/test_ln_lstm_triton.py``: on a CPU the kernels run in Triton's interpreter, which
 Triton switches on only when ``TRITON_INTERPRET=1`` is set before it is imported, so the
@@ -23,7 +24,7 @@ from helpers import (assert_same_scores_and_grads, interpreted, needs_triton, no
 from test_deep_att import build
 
 from fairseq_deep.modules import kernel_choice
-from fairseq_deep.modules.fast_forward_lstm import FFLSTMCell, lstm_recurrence
+from fairseq_deep.modules.fast_forward_lstm import FFLSTMCell, FFLSTMRecurrence, loop_recurrence, lstm_recurrence
 
 IMPL = ["--deep-att-cell-impl", "triton"]
 
@@ -49,17 +50,23 @@ def _inputs(T, B, H, dtype, seed=0, transposed=False):
     return tuple(t.requires_grad_() for t in tensors)
 
 
+def _outputs_and_grads(function, inputs):
+    """``function(*inputs)`` (out, h_n, s_n) and the gradients of f, W_r, theta, h0 and s0 of a
+    fixed random weighting of its outputs, for :func:`lstm_recurrence` and for ``function``."""
+    ref, ours = lstm_recurrence(*inputs), function(*inputs)
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r) for r in ref]
+    g_ref = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ref, weights)), inputs)
+    g_ours = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ours, weights)), inputs)
+    return ref, ours, g_ref, g_ours
+
+
 def _check_against_loop(inputs, atol, rtol):
     """Outputs, the final (h, s) and the gradients of f, W_r, theta, h0 and s0: the fused Function
     against autograd through :func:`lstm_recurrence`, and the no-gradient path against the loop."""
     from fairseq_deep.modules.ff_lstm_triton import TritonFFLSTMRecurrence, recurrence
 
-    ref = lstm_recurrence(*inputs)
-    ours = TritonFFLSTMRecurrence.apply(*inputs)
-    g = torch.Generator().manual_seed(5)
-    weights = [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r) for r in ref]
-    g_ref = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ref, weights)), inputs)
-    g_ours = torch.autograd.grad(sum((r * w).sum() for r, w in zip(ours, weights)), inputs)
+    ref, ours, g_ref, g_ours = _outputs_and_grads(TritonFFLSTMRecurrence.apply, inputs)
     names = ["out", "h_n", "s_n", "d_f", "d_w_r", "d_theta", "d_h0", "d_s0"]
     for name, a, b in zip(names, ref + g_ref, ours + g_ours):
         assert b.dtype == a.dtype and b.shape == a.shape, name
@@ -104,6 +111,35 @@ def test_only_some_outputs_get_a_gradient():
         g_ours = torch.autograd.grad(pick(TritonFFLSTMRecurrence.apply(*inputs)), inputs)
         for a, b in zip(g_ref, g_ours):
             torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-10)
+
+
+# -- the loop's own training path: a backward written out (issue 24) --------------------------------
+
+
+@not_interpreted
+@pytest.mark.parametrize("T", [1, 6])
+def test_hand_written_backward_equals_autograd_through_eq4(T):
+    """The loop's training path (FFLSTMRecurrence: a backward written out, dW_r and d theta summed
+    over all steps at once) gives autograd's gradients through lstm_recurrence, for f, W_r, every
+    theta (the output gate's peephole reads s_t, the others s_{t-1}) and the initial (h, s)."""
+    ref, ours, g_ref, g_ours = _outputs_and_grads(FFLSTMRecurrence.apply, _inputs(T, 3, 4, torch.float64))
+    for a, b in zip(ref, ours):
+        assert torch.equal(a, b)
+    for name, a, b in zip(("f", "W_r", "theta", "h0", "s0"), g_ref, g_ours):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=name)
+
+
+@not_interpreted
+def test_loop_trains_through_the_hand_written_backward_with_the_same_values():
+    """In float32 the training path's forward is lstm_recurrence's, bit for bit; without a gradient
+    the loop is lstm_recurrence itself."""
+    inputs = _inputs(5, 3, 4, torch.float32)
+    out = loop_recurrence(*inputs)
+    assert out[0].grad_fn is not None and "FFLSTMRecurrence" in type(out[0].grad_fn).__name__
+    for a, b in zip(out, lstm_recurrence(*inputs)):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        assert loop_recurrence(*inputs)[0].grad_fn is None
 
 
 def _cell_pair(H=6, seed=0):
