@@ -157,8 +157,8 @@ class FFLSTMRecurrence(torch.autograd.Function):
     results, the same forward values): one TorchScript loop back over the steps (one matmul per
     step for dh_{t-1}), then dW_r in one matmul over T*B rows and d theta in one sum, instead of
     autograd's ~30 graph nodes per step (a layer's fwd+bwd on a CPU: 0.37x -> 0.42x of nn.LSTM's at
-    H 512, docs/deep_att.md).  Inputs of one
-    dtype: :class:`FFLSTMCell` hands it float32 (or float64) with autocast off."""
+    H 512, docs/deep_att.md).  Inputs of one dtype: :class:`FFLSTMCell` hands it float32 (or
+    float64) with autocast off."""
 
     @staticmethod
     @custom_fwd
