@@ -74,6 +74,26 @@ def test_memory_efficient_fp16_trains_or_names_the_alternative(synthetic_bin, tm
     assert "--memory-efficient-fp16" in refused.stderr and "Use --fp16" in refused.stderr
 
 
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+def test_admin_profile_survives_the_master_copies(synthetic_bin, tmp_path, precision):
+    """Admin's profile is written in the first training forward.  fairseq's ``--fp16``/``--bf16``
+    keep float32 master copies of the parameters, taken before that forward and copied back after
+    the first step: a profile written into a parameter came back as omega = 1 (admin_omega was a
+    parameter then).  It is a buffer now: after 2 updates at a tiny learning rate the 16-bit run
+    holds the float32 run's profile (to 16-bit rounding), not ones."""
+    omegas = {}
+    for name, extra in (("fp32", ()), ("half", (precision,))):
+        proc = _train(synthetic_bin, tmp_path / name, "--arch", "transformer_admin",
+                      *precision_matrix._TRANSFORMER_TINY, "--optimizer", "adam", "--lr", "1e-7",
+                      "--max-update", "2", "--dropout", "0", *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state = torch.load(tmp_path / name / "checkpoint_last.pt", weights_only=False)["model"]
+        learned = {k: state.get(k + "_learned", 0) for k in state if k.endswith("admin_omega")}
+        omegas[name] = torch.cat([(state[k] + learned[k]).float().flatten() for k in sorted(learned)])
+    assert not torch.allclose(omegas["fp32"], torch.ones_like(omegas["fp32"]))  # a real profile
+    assert torch.allclose(omegas["half"], omegas["fp32"], rtol=2e-2)
+
+
 # -- adaptive gradient clipping under fp16 ---------------------------------------------------------
 
 

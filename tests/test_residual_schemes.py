@@ -113,6 +113,28 @@ def test_admin_profile_follows_the_authors_recurrence_and_is_kept():
             assert torch.equal(value, state[name]), name
 
 
+def test_admin_checkpoint_of_the_earlier_form_loads_the_same_omega():
+    """Checkpoints written before the profile became a buffer hold omega whole in ``admin_omega``
+    (then a parameter) and no ``admin_omega_learned``: they load with a learned part of 0, and the
+    model computes what the checkpoint's did."""
+    flags = ["--encoder-layers", "2", "--decoder-layers", "2"]
+    model, task = build_model("transformer_admin", flags)
+    with torch.no_grad():
+        for layer in [*model.encoder.layers, *model.decoder.layers]:
+            layer.admin_omega_learned.uniform_(-0.5, 0.5)
+            layer.admin_profiled.fill_(True)
+    old_form = {k: v.clone() for k, v in model.state_dict().items() if not k.endswith("admin_omega_learned")}
+    for k in list(old_form):
+        if k.endswith("admin_omega"):
+            old_form[k] = old_form[k] + model.state_dict()[k + "_learned"]
+    reloaded, _ = build_model("transformer_admin", flags, seed=9)
+    reloaded.load_state_dict(old_form)
+    model.eval(), reloaded.eval()
+    src, lengths, prev = random_batch(task.source_dictionary)
+    assert torch.allclose(reloaded(src, lengths, prev)[0], model(src, lengths, prev)[0], atol=1e-6)
+    assert all(not torch.any(layer.admin_omega_learned) for layer in reloaded.encoder.layers)
+
+
 def test_admin_layer_is_reentrant():
     """Design: nothing is stored on a module during forward.  A second pass through the same Admin
     layer while one is in flight (here nested, from inside the first one's self-attention) leaves

@@ -226,6 +226,18 @@ class AdminResidual:
     re-entrant.  The first training forward profiles the layer (Liu et al. 2020, Sec. 4.3: it sets
     ``admin_omega`` and the buffer ``admin_profiled``, once); after that, and after a profiled
     checkpoint is loaded, a forward writes nothing.
+
+    omega_i = ``admin_omega[i]`` + ``admin_omega_learned[i]``: the profile is a buffer, what
+    training learns is a parameter that starts at 0.  The profile is written during a forward
+    pass, and a parameter written there does not stay written under mixed precision: ``--fp16``
+    and ``--bf16`` keep float32 master copies taken before the first forward and copy them back
+    after the first step, and fully sharded training (``--ddp-backend fully_sharded``) computes on
+    a temporary copy of its flat parameters, so the profile was silently lost (omega = 1 after one
+    update, measured with ``--fp16``).  A buffer is the module's own in every precision and
+    backend.  The gradient of the learned part is omega's gradient, so Adam takes the same steps
+    as on omega itself (weight decay pulls the learned part, not omega, towards 0).  A checkpoint
+    of the earlier form (``admin_omega`` a parameter holding omega whole) loads with a learned part
+    of 0: the same omega.
     """
 
     _admin_done = False  # a Python copy of the buffer admin_profiled: no device sync per step
@@ -238,21 +250,28 @@ class AdminResidual:
             _ADMIN_SUBLAYER.reset(token)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        learned = prefix + "admin_omega_learned"
+        if learned not in state_dict and prefix + "admin_omega" in state_dict:  # the earlier form
+            state_dict[learned] = torch.zeros_like(state_dict[prefix + "admin_omega"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._admin_done = bool(self.admin_profiled)
 
     def residual_connection(self, x, residual):
         index = next(_ADMIN_SUBLAYER.get())
         if self.training and not self._admin_done:
-            with torch.no_grad():  # through .data: the rows set earlier are saved for backward
-                omega = self.admin_omega.data[index].fill_(self.admin_profile.ratio)
+            with torch.no_grad():  # the learned part is 0 until the first update
+                omega = self.admin_omega[index].fill_(self.admin_profile.ratio)
                 variance = torch.stack([(residual.float() * omega.float()).var(), x.float().var()])
                 self.admin_profile.ratio = float(_mean_over_workers(variance).sum().sqrt())
                 if index == self.admin_omega.size(0) - 1:
                     self.admin_profiled.fill_(True)
                     self._admin_done = True
                     logger.debug(f"Admin profile: omega = {self.admin_omega.data[:, 0].tolist()}")
-        return residual * self.admin_omega[index] + x
+        return residual * (self.admin_omega[index] + self.admin_omega_learned[index]) + x
+
+    def admin_omegas(self) -> Tensor:
+        """omega of every sublayer, one row each (the profile plus what training learned)."""
+        return self.admin_omega + self.admin_omega_learned
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,7 +341,8 @@ def apply_schemes(layer: nn.Module, cfg, side: str, index: int, num_layers: int,
         _init_deepnorm(layer, beta)
     elif opts.admin:
         _mix(layer, AdminResidual)
-        layer.admin_omega = nn.Parameter(torch.ones(_sublayers(layer), layer.embed_dim))
+        layer.register_buffer("admin_omega", torch.ones(_sublayers(layer), layer.embed_dim))
+        layer.admin_omega_learned = nn.Parameter(torch.zeros(_sublayers(layer), layer.embed_dim))
         layer.register_buffer("admin_profiled", torch.tensor(False))
         layer.admin_profile = profile if profile is not None else AdminProfile()
     elif opts.rezero:
