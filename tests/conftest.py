@@ -10,7 +10,7 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 
 import torch  # noqa: E402
 
-from helpers import run_cli  # noqa: E402
+from helpers import python_module, run_cli  # noqa: E402
 
 # Tiny models gain nothing from intra-op threads; one thread per process keeps the suite steady
 # on a 2-core machine (the CLI tests' subprocesses get OMP_NUM_THREADS=1 from helpers.run_cli).
@@ -25,8 +25,8 @@ def synthetic_bin(tmp_path_factory):
     (an odd size, so that a dropped partial batch would show)."""
     root = tmp_path_factory.mktemp("synthetic")
     prefixes = write_corpus(str(root / "raw"), train=2000, valid=101, test=101, seed=1)
-    run_cli(
-        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+    run_cli(  # fairseq's module, not its console script: the GPU machine's fairseq has none (gpu_session.py)
+        *python_module("fairseq_cli.preprocess"), "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
         "--testpref", prefixes["test"], "--destdir", str(root / "bin"),
         "--joined-dictionary", "--workers", "1",

@@ -129,6 +129,14 @@ def _takes_over_post_norm(history: LayerHistory, normalize_before: bool) -> bool
     return not normalize_before and getattr(history, "use_layer_norm", False)
 
 
+def _give_norm_to_history(layer: nn.Module, taken_over: bool):
+    """Drop a built layer's post-norm LN where the history applies it (``_takes_over_post_norm``).
+    Done before the layer is wrapped: a module assigned to an FSDP-wrapped layer lands on the
+    wrapper, and the layer's own LN would go on computing (tests/test_fsdp_wrap.py)."""
+    if taken_over:
+        layer.final_layer_norm = nn.Identity()
+
+
 class FairseqTransformerEncoder(TransformerEncoderBase):
     """fairseq's own Transformer encoder (the hybrids' Transformer parts), its layers without
     fairseq 0.12.2's fused fast path (compat.py) and under the initialisation scheme of ``cfg``
@@ -163,12 +171,10 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory):
         self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
+        self._history_norms = _takes_over_post_norm(history, cfg.encoder.normalize_before)
         super().__init__(cfg, dictionary, embed_tokens)
         _check_history(history, self.encoder_layerdrop, "encoder")
         self.history = history
-        if _takes_over_post_norm(history, cfg.encoder.normalize_before):
-            for layer in self.layers:
-                layer.final_layer_norm = nn.Identity()
 
     def build_encoder_layer(self, cfg):
         """fairseq's hook, called once per layer: builds layer ``index`` of N (without fairseq
@@ -178,6 +184,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         if index == 0:
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
         layer = without_better_transformer(self.build_layer(cfg, index, cfg.encoder.layers))
+        _give_norm_to_history(layer, self._history_norms)
         return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
@@ -243,12 +250,10 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory, no_encoder_attn=False):
         self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
+        self._history_norms = _takes_over_post_norm(history, cfg.decoder.normalize_before)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _check_history(history, self.decoder_layerdrop, "decoder")
         self.history = history
-        if _takes_over_post_norm(history, cfg.decoder.normalize_before):
-            for layer in self.layers:
-                layer.final_layer_norm = nn.Identity()
 
     def forward_embedding(self, prev_output_tokens, incremental_state=None) -> Tensor:
         """Token and position embeddings of the (last, when incremental) target positions, T x B x C."""
@@ -277,6 +282,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         if index == 0:
             self.admin_profile = AdminProfile()
         layer = self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn)
+        _give_norm_to_history(layer, self._history_norms)
         return wrap_layer(apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False) -> nn.Module:

@@ -16,7 +16,7 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from ....compat import without_better_transformer
 from ....modules.reorder import reorder_encoder_out
 from ....modules.residual_schemes import apply_schemes
-from ...transformer_stack import FairseqTransformerEncoder
+from ...transformer_stack import FairseqTransformerEncoder, wrap_layer
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding
 from .config import COLUMN_KINDS, rnmt_options, transformer_cfg
@@ -32,7 +32,8 @@ class TransformerLayers(nn.Module):
     def __init__(self, cfg: TransformerConfig, num_layers: int):
         super().__init__()
         self.layers = nn.ModuleList(
-            apply_schemes(without_better_transformer(TransformerEncoderLayerBase(cfg)), cfg, "encoder", i, num_layers)
+            wrap_layer(apply_schemes(without_better_transformer(TransformerEncoderLayerBase(cfg)), cfg, "encoder", i,
+                                     num_layers), cfg)
             for i in range(num_layers))
         dim = cfg.encoder.embed_dim
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder.normalize_before else None
