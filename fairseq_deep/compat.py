@@ -39,16 +39,32 @@
    the ``spm.model`` beside the data (with a warning) or stops naming the arguments, as
    fairseq-deep-interactive does on the command line.
 
+8. Fully sharded training (``--ddp-backend fully_sharded``, fairscale's FSDP) in bfloat16: fairseq
+   0.12 refuses ``--bf16`` there with a flag check in ``Trainer.__init__`` (the model is not cast
+   there under FSDP) and would hand FSDP float32 as its compute dtype; with ``--bf16`` FSDP now
+   keeps float32 parameters and computes in bfloat16 (``mixed_precision``, as fairseq does for
+   ``--fp16``), and the optimizer is the one fairseq builds for ``--fp16`` under FSDP
+   (``MemoryEfficientFP16Optimizer`` over FSDP's float32 flat parameters), without a loss scale.
+   ``--memory-efficient-bf16`` (bfloat16 parameters) stays refused.  And on one GPU: fairseq runs
+   a world of one without initialising torch.distributed and hands FSDP a dummy process group,
+   but fairscale 0.4 asks torch.distributed for a reduce-scatter group in FSDP's constructor
+   (``torch.distributed is not yet initialized``) and fairseq's checkpoint loading broadcasts over
+   the group; so a fully sharded run of one process gets a process group of one (fairseq's own
+   ``distributed_init``, as for several GPUs, on a free local port), as ``torchrun`` would give it.
+
 Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs,
-except that ``--bf16`` works there.
+except that ``--bf16`` works there (also fully sharded).
 """
 
 import argparse
 import collections
+import contextlib
+import functools
 import logging
 import os
 import pickle
 import re
+import socket
 import traceback
 import typing
 import zipfile
@@ -58,6 +74,7 @@ import torch
 
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
+from fairseq.distributed import utils as distributed_utils
 
 from .errors import MissingFileError, UserError
 from . import interactive
@@ -399,15 +416,19 @@ def _has_torch_xla() -> bool:
     return importlib.util.find_spec("torch_xla") is not None
 
 
-def call_main_bf16(cfg, main, **kwargs):
+def call_main_compat(cfg, main, **kwargs):
     """fairseq's ``call_main``, after taking back the ``--tpu`` that ``--bf16`` implied where no
-    TPU runtime (torch_xla) is installed."""
+    TPU runtime (torch_xla) is installed; and, under ``--ddp-backend fully_sharded``, with FSDP
+    computing in bfloat16 under ``--bf16`` and a process group of one on one GPU (shim 8)."""
     common = cfg.common
     if getattr(common, "bf16", False) and getattr(common, "tpu", False) and not _has_torch_xla():
         logger.info("--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
                     "CPU" if common.cpu or _no_gpu() else "the GPU")
         common.tpu = False
-    return fairseq_original(call_main_bf16)(cfg, main, **kwargs)
+    if _fsdp_bf16(cfg):
+        main = functools.partial(main_with_fsdp_bf16, main)  # picklable: spawned workers run it too
+    _fully_sharded_process_group_of_one(cfg)
+    return fairseq_original(call_main_compat)(cfg, main, **kwargs)
 
 
 def prepare_for_inference_bf16(self, cfg, *args, **kwargs):
@@ -536,6 +557,93 @@ def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", 
     return loaded
 
 
+# -- 8. bf16 with fully sharded training -----------------------------------------------------------
+
+#: True while a training ``main`` runs under ``--bf16 --ddp-backend fully_sharded`` (the model is
+#: built, and wrapped, inside it, before any Trainer exists)
+_FSDP_BF16 = False
+
+
+def _fsdp_bf16(cfg) -> bool:
+    """``--bf16 --ddp-backend fully_sharded`` (``--memory-efficient-bf16`` is left to fairseq's refusal)."""
+    common, distributed = getattr(cfg, "common", None), getattr(cfg, "distributed_training", None)
+    return (common is not None and distributed is not None and bool(getattr(common, "bf16", False))
+            and not getattr(common, "memory_efficient_bf16", False)
+            and getattr(distributed, "ddp_backend", None) == "fully_sharded")
+
+
+def main_with_fsdp_bf16(main, cfg, **kwargs):
+    """fairseq's training ``main`` with FSDP's wrapping set to compute in bfloat16 (:func:`enable_wrap_bf16`)."""
+    global _FSDP_BF16
+    previous, _FSDP_BF16 = _FSDP_BF16, True
+    try:
+        return main(cfg, **kwargs)
+    finally:
+        _FSDP_BF16 = previous
+
+
+def _fully_sharded_process_group_of_one(cfg):
+    """Under ``--ddp-backend fully_sharded``, where fairseq finds no launcher (torchrun, SLURM) and
+    would run one process without torch.distributed: one process, in a process group of one."""
+    distributed = getattr(cfg, "distributed_training", None)
+    if distributed is None or distributed.ddp_backend != "fully_sharded" or getattr(cfg.common, "tpu", False):
+        return
+    if distributed.distributed_init_method is None:
+        distributed_utils.infer_init_method(distributed)  # fairseq's own (torchrun, SLURM, several GPUs)
+    if distributed.distributed_init_method is not None or distributed.distributed_world_size != 1:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    distributed.distributed_init_method = f"tcp://127.0.0.1:{port}"
+    distributed.distributed_no_spawn = True
+    distributed.distributed_rank = 0
+    if (cfg.common.cpu or _no_gpu()) and distributed.distributed_backend == "nccl":
+        distributed.distributed_backend = "gloo"
+    logger.info("--ddp-backend fully_sharded on one process: a process group of one (%s)",
+                distributed.distributed_init_method)
+
+
+def enable_wrap_bf16(*args, **kwargs):
+    """fairscale's ``enable_wrap`` as fairseq's ``fsdp_enable_wrap`` calls it, which sets
+    ``compute_dtype`` float16 under ``--fp16`` and float32 otherwise: under ``--bf16`` FSDP keeps
+    float32 parameters and computes in bfloat16."""
+    if _FSDP_BF16 and kwargs.get("compute_dtype") == torch.float32:
+        kwargs.update(mixed_precision=True, compute_dtype=torch.bfloat16)
+    return fairseq_original(enable_wrap_bf16)(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _flag(section, name: str, value: bool):
+    previous = getattr(section, name)
+    setattr(section, name, value)
+    try:
+        yield
+    finally:
+        setattr(section, name, previous)
+
+
+def trainer_init_fsdp_bf16(self, cfg, *args, **kwargs):
+    """``Trainer.__init__``, past its refusal of ``--bf16`` under FSDP: with ``--bf16`` switched
+    off while it runs it does the same (the model is not cast under FSDP: FSDP casts)."""
+    init = fairseq_original(trainer_init_fsdp_bf16)
+    if not _fsdp_bf16(cfg):
+        return init(self, cfg, *args, **kwargs)
+    with _flag(cfg.common, "bf16", False):
+        return init(self, cfg, *args, **kwargs)
+
+
+def trainer_build_optimizer_fsdp_bf16(self):
+    """``Trainer._build_optimizer``; under FSDP with ``--bf16`` the optimizer fairseq builds for
+    ``--fp16`` under FSDP (``MemoryEfficientFP16Optimizer``), which sees ``--bf16`` and takes no loss
+    scale."""
+    build = fairseq_original(trainer_build_optimizer_fsdp_bf16)
+    if not _fsdp_bf16(self.cfg):
+        return build(self)
+    with _flag(self.cfg.common, "fp16", True):
+        return build(self)
+
+
 # -- apply -----------------------------------------------------------------------------------------
 
 _ORIGINAL = {}  # each shim -> the fairseq function it stands in for
@@ -558,7 +666,6 @@ def _install(owner, name, shim, as_classmethod=False):
 
 def apply():
     from fairseq import hub_utils, trainer
-    from fairseq.distributed import utils as distributed_utils
     from fairseq.models import BaseFairseqModel, distributed_fairseq_model
     from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 
@@ -573,13 +680,21 @@ def apply():
         (distributed_utils, "infer_init_method", infer_init_method_cpu, False),             # 4
         (distributed_utils, "_infer_torch_distributed_launch_init", torch_launch_init_cpu, False),
         (trainer.Trainer, "train_step", trainer_train_step_cpu_fp16, False),                # 5
-        (distributed_utils, "call_main", call_main_bf16, False),
+        (distributed_utils, "call_main", call_main_compat, False),
         (BaseFairseqModel, "prepare_for_inference_", prepare_for_inference_bf16, False),
         (FP16Optimizer, "build_optimizer", fp16_build_optimizer, True),
         (MemoryEfficientFP16Optimizer, "build_optimizer", memory_efficient_fp16_build_optimizer, True),
         (hub_utils, "from_pretrained", hub_from_pretrained_checked, False),               # 7
+        (trainer.Trainer, "__init__", trainer_init_fsdp_bf16, False),                       # 8
+        (trainer.Trainer, "_build_optimizer", trainer_build_optimizer_fsdp_bf16, False),
     ]:
         _install(owner, name, shim, as_classmethod)
+    try:
+        import fairscale.nn
+    except ImportError:  # fairseq's fully sharded backend needs it; without it there is nothing to wrap
+        pass
+    else:
+        _install(fairscale.nn, "enable_wrap", enable_wrap_bf16)
     if not getattr(distributed_fairseq_model.DistributedDataParallel, "_fairseq_deep_cpu", False):
         ddp = _ddp_for_cpu_modules(distributed_fairseq_model.DistributedDataParallel)
         ddp._fairseq_deep_cpu = True

@@ -7,7 +7,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from torch import nn
 
-from ...errors import refuse_options
+from ...errors import UserError, refuse_options
 from ...modules.fast_forward_lstm import RECURRENT, mark
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
@@ -32,6 +32,12 @@ class DeepAttModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY["deep_att"](args)  # the defaults of options added since a checkpoint
         refuse_options(args, "deep_att")  # --checkpoint-activations, --encoder-layerdrop
+        if getattr(args, "ddp_backend", None) == "fully_sharded" and getattr(args, "fp16", False):
+            raise UserError(
+                f"--ddp-backend fully_sharded with --fp16 is not supported by --arch {args.arch}: FSDP "
+                "computes on a float16 copy of every parameter, and Deep-Att's F-F gradients overflow "
+                "float16 (its parameters stay float32 under --fp16, docs/precision.md). Use "
+                "--ddp-backend c10d with --fp16 or --amp, or fully sharded with --bf16 or in float32")
         opts = DeepAttConfig.from_namespace(args)
         enc_embed = build_embedding(task.source_dictionary, opts.encoder_embed_dim)
         dec_embed = build_embedding(task.target_dictionary, opts.decoder_embed_dim)
