@@ -1,0 +1,310 @@
+"""Fully sharded training (``--ddp-backend fully_sharded``, fairscale's FSDP) of the deep families on
+one GPU, checked against fairseq's ``c10d`` backend (issue 31).
+
+For each model it trains the same updates (seed 1, dropout 0, ``--log-interval 1``) under each mode
+and reports, per run: the per-update losses' largest difference from the mode's reference run (the
+same precision under ``c10d``), the parameter count that ``fairseq-train`` logs (equal to c10d's?),
+the peak GPU memory (``torch.cuda.max_memory_allocated``) and the process's peak resident memory;
+then, for the first fully sharded mode of each model, whether ``fairseq-generate`` decodes its
+checkpoint (a tenth of the test set) and whether training resumes from it (``--max-update`` +10:
+the log says it loaded update N and the loss goes on).  ``--depths`` measures the peak memory of
+DeepNorm N+N at width 512 for a few updates, with and without sharding + offload, from which the
+largest depth that fits is extrapolated (linear in N; the measured points are in the table).
+
+    # on the GPU machine (fairscale from ../shared/gpu/wheels, see benchmarks/gpu_session.py)
+    python3 benchmarks/fsdp_check.py --data .gpu/m30k/data-bin --work /tmp/fsdp --json fsdp.json
+    python3 benchmarks/fsdp_check.py ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
+
+Each run is ``python3 benchmarks/fsdp_check.py train -- <fairseq-train arguments>``, fairseq's own
+``cli_main`` in a process that prints its peak memory at the end.  FSDP needs CUDA (fairscale
+creates CUDA streams): on a machine without a GPU the script stops with one line;
+``tests/test_fully_sharded.py`` checks on CPU what would be wrapped.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLUGIN = os.path.join(ROOT, "fairseq_deep")
+
+_NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
+_W256 = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+         "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+
+#: the issue's models: DLCL 30+6 and TA 16+6 at their presets' width (512), DeepNorm 100+100 at
+#: width 256, Admin (its profile is written in the first forward), and one recurrent family
+MODELS: Dict[str, List[str]] = {
+    "dlcl_30_6": ["--arch", "transformer_dlcl_30l", *_NO_DROPOUT],
+    "ta_16_6": ["--arch", "transformer_ta_16l", *_NO_DROPOUT],
+    "deepnorm_100_100": ["--arch", "transformer_deepnorm", "--encoder-layers", "100", "--decoder-layers", "100",
+                         *_W256, *_NO_DROPOUT],
+    "admin_18_18": ["--arch", "transformer_admin_18l", *_W256, *_NO_DROPOUT],
+    "rnmt_plus": ["--arch", "rnmt_plus", "--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"],
+}
+
+#: mode -> (flags, the mode whose losses it must equal)
+MODES: Dict[str, tuple] = {
+    "c10d_fp32": (["--ddp-backend", "c10d"], None),
+    "fsdp_fp32": (["--ddp-backend", "fully_sharded"], "c10d_fp32"),
+    "fsdp_fp32_ckpt": (["--ddp-backend", "fully_sharded", "--checkpoint-activations"], "c10d_fp32"),
+    "fsdp_fp32_ckpt_offload": (["--ddp-backend", "fully_sharded", "--checkpoint-activations", "--cpu-offload"],
+                               "c10d_fp32"),
+    "c10d_fp16": (["--ddp-backend", "c10d", "--fp16"], None),
+    "fsdp_fp16": (["--ddp-backend", "fully_sharded", "--fp16"], "c10d_fp16"),
+    "fsdp_fp16_ckpt_offload": (["--ddp-backend", "fully_sharded", "--fp16", "--checkpoint-activations",
+                                "--cpu-offload"], "c10d_fp16"),
+    "c10d_bf16": (["--ddp-backend", "c10d", "--bf16"], None),
+    "fsdp_bf16": (["--ddp-backend", "fully_sharded", "--bf16"], "c10d_bf16"),
+}
+
+#: the plan of one GPU window: (model, modes), most informative first
+PLAN = [
+    ("dlcl_30_6", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload", "c10d_bf16",
+                   "fsdp_bf16"]),
+    ("deepnorm_100_100", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"]),
+    ("ta_16_6", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"]),
+    ("admin_18_18", ["c10d_fp16", "fsdp_fp16"]),
+    ("rnmt_plus", ["c10d_fp32", "fsdp_fp32", "c10d_fp16", "fsdp_fp16"]),
+]
+
+_DEEPNORM_512 = ["--arch", "transformer_deepnorm", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
+                 "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
+                 "--encoder-attention-heads", "8", "--decoder-attention-heads", "8", *_NO_DROPOUT]
+
+PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
+LOADED = re.compile(r"[Ll]oaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
+RESULT = "fsdp_check result: "
+_DEVICE_FLAGS: List[str] = []
+_EXTRA_MODEL_FLAGS: List[str] = []
+
+
+def train_main(argv: List[str]) -> int:
+    """fairseq-train's ``cli_main`` on ``argv``, then one line with the peak memories."""
+    import torch
+    from fairseq_cli import train as fairseq_train
+
+    sys.argv = ["fairseq-train", *argv]
+    status = 0
+    try:
+        fairseq_train.cli_main()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    finally:
+        peak = torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+        print(RESULT + json.dumps({"peak_gpu_gb": round(peak, 3), "peak_rss_gb": round(rss, 3)}), flush=True)
+    return status
+
+
+def train_command(data: str, save_dir: str, model_flags: List[str], mode_flags: List[str], updates: int,
+                  max_tokens: int) -> List[str]:
+    return [sys.executable, os.path.abspath(__file__), "train", "--", data, "--user-dir", PLUGIN,
+            *model_flags, *mode_flags, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation", "--log-format", "json",
+            "--log-interval", "1", "--num-workers", "0", *_DEVICE_FLAGS, *_EXTRA_MODEL_FLAGS]
+
+
+def parse_log(text: str) -> Dict:
+    """Losses by update, the logged parameter count, the update a resumed run started from, peaks."""
+    losses, out = {}, {}
+    for line in text.splitlines():
+        if "train_inner" in line and "{" in line:
+            try:
+                rec = json.loads(line[line.index("{"):])
+            except ValueError:
+                continue
+            losses[int(rec["num_updates"])] = float(rec["loss"])
+            if "loss_scale" in rec:
+                out["loss_scale"] = float(rec["loss_scale"])
+        elif RESULT in line:
+            out.update(json.loads(line.split(RESULT, 1)[1]))
+        m = PARAMS.search(line) or None
+        if m:
+            out["params"] = int(m.group(1).replace(",", ""))
+        m = LOADED.search(line)
+        if m:
+            out["resumed_from"] = int(m.group(1))
+    out["losses"] = losses
+    return out
+
+
+def run(cmd: List[str], log_path: str, timeout: float, env=None) -> Dict:
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=max(timeout, 1), env=env,
+                                  cwd=ROOT)
+            status = proc.returncode
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+    text = open(log_path, errors="replace").read()
+    out = parse_log(text)
+    out.update(status=status, seconds=round(time.monotonic() - start, 1))
+    if status != 0:
+        out["tail"] = "\n".join(text.splitlines()[-6:])[-1200:]
+    return out
+
+
+def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", PLUGIN, "--path", checkpoint,
+           "--gen-subset", "test", "--beam", "4", "--max-tokens", "8192", "--distributed-world-size", "10", "--distributed-rank", "0",
+           "--remove-bpe", "sentencepiece"]
+    out = run(cmd, log_path, timeout)
+    text = open(log_path, errors="replace").read()
+    hyps = len(re.findall(r"^H-\d+", text, re.M))
+    bleu = re.search(r"BLEU4? = ([\d.]+)", text)
+    return {"status": out["status"], "hypotheses": hyps, "bleu": float(bleu.group(1)) if bleu else None,
+            "seconds": out["seconds"], **({"tail": out["tail"]} if "tail" in out else {})}
+
+
+def max_diff(a: Dict[int, float], b: Dict[int, float]) -> Optional[float]:
+    common = sorted(set(a) & set(b))
+    return max(abs(a[u] - b[u]) for u in common) if common else None
+
+
+def train_one(a, model: str, mode: str, deadline: float) -> Dict:
+    save = os.path.join(a.work, model, mode)
+    os.makedirs(save, exist_ok=True)
+    cmd = train_command(a.data, save, MODELS[model], MODES[mode][0], a.updates, a.max_tokens)
+    env = dict(os.environ, OMP_NUM_THREADS="4" if "offload" in mode else "2")
+    return dict(model=model, mode=mode, **run(cmd, os.path.join(save, "train.log"), deadline - time.monotonic(), env))
+
+
+def generate_and_resume(a, row: Dict, deadline: float):
+    """``fairseq-generate`` on the run's checkpoint, then training resumed from it for 10 updates."""
+    save = os.path.join(a.work, row["model"], row["mode"])
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    if row["status"] != 0 or not os.path.exists(ckpt) or deadline - time.monotonic() < 30:
+        return
+    row["generate"] = generate(a.data, ckpt, os.path.join(save, "generate.log"), min(120, deadline - time.monotonic()))
+    cmd = train_command(a.data, save, MODELS[row["model"]], MODES[row["mode"]][0], a.updates + 10, a.max_tokens)
+    resumed = run(cmd, os.path.join(save, "resume.log"), min(180, deadline - time.monotonic()))
+    row["resume"] = {"status": resumed["status"], "from": resumed.get("resumed_from"),
+                     "last_update": max(resumed["losses"], default=None),
+                     **({"tail": resumed["tail"]} if "tail" in resumed else {})}
+
+
+def compare(rows: Dict[str, Dict]):
+    """Each run against its mode's reference run: largest loss difference, equal parameter count."""
+    for mode, row in rows.items():
+        reference = rows.get(MODES[mode][1])
+        if reference is not None:
+            row["max_loss_diff"] = max_diff(row["losses"], reference["losses"])
+            row["params_equal"] = row.get("params") == reference.get("params")
+
+
+def depth_one(a, depth: int, mode: str, deadline: float) -> Dict:
+    save = os.path.join(a.work, "depth", f"{depth}_{mode}")
+    os.makedirs(save, exist_ok=True)
+    flags = [*_DEEPNORM_512, "--encoder-layers", str(depth), "--decoder-layers", str(depth), "--no-save"]
+    cmd = train_command(a.data, save, flags, MODES[mode][0], a.depth_updates, 4096)
+    out = run(cmd, os.path.join(save, "train.log"), deadline - time.monotonic(), dict(os.environ, OMP_NUM_THREADS="8"))
+    out.pop("losses", None)
+    return dict(depth=depth, mode=mode, **out)
+
+
+def _cell(value, fmt="{}"):
+    return "" if value is None else fmt.format(value)
+
+
+def table(rows: List[Dict]) -> str:
+    lines = ["| model | mode | status | params | max loss diff | loss scale | peak GPU GB | peak RSS GB | s | "
+             "generate | resume |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        params = _cell(r.get("params"), "{:,}") + ("" if r.get("params_equal", True) else " (differs)")
+        gen, res = r.get("generate"), r.get("resume")
+        gen = "" if not gen else f"{gen['hypotheses']} hyps, BLEU {gen['bleu']}, status {gen['status']}"
+        res = "" if not res else f"from {res['from']} to {res['last_update']}, status {res['status']}"
+        lines.append(f"| {r['model']} | {r['mode']} | {r['status']} | {params} | "
+                     f"{_cell(r.get('max_loss_diff'), '{:.2e}')} | {_cell(r.get('loss_scale'))} | "
+                     f"{_cell(r.get('peak_gpu_gb'))} | {_cell(r.get('peak_rss_gb'))} | {r['seconds']} | {gen} | {res} |")
+    return "\n".join(lines)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="binarized data (fairseq-preprocess)")
+    p.add_argument("--work", default="/tmp/fsdp_check", help="checkpoints and logs")
+    p.add_argument("--json", help="write every row here")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), help="only these models (of the plan)")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), help="only these modes (of the plan)")
+    p.add_argument("--updates", type=int, default=50)
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--jobs", type=int, default=6, help="training runs at once")
+    p.add_argument("--budget", type=float, default=420, help="seconds for everything")
+    p.add_argument("--depths", type=int, nargs="*", default=[64, 128], help="DeepNorm N+N (width 512) to probe")
+    p.add_argument("--depth-updates", type=int, default=3)
+    p.add_argument("--model-flags", nargs=argparse.REMAINDER, default=[],
+                   help="appended to every model's flags (e.g. tiny sizes for a check of the script itself)")
+    p.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        return train_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
+    a = get_parser().parse_args(argv)
+    import torch
+
+    if a.cpu:  # the plumbing on a machine without GPU (tests/test_fully_sharded.py): c10d runs only
+        global _DEVICE_FLAGS
+        _DEVICE_FLAGS = ["--cpu"]
+    elif not torch.cuda.is_available():
+        raise SystemExit("fsdp_check.py: fully sharded training needs a CUDA GPU (fairscale's FSDP creates CUDA "
+                         "streams); tests/test_fully_sharded.py checks the wrapping on CPU")
+    _EXTRA_MODEL_FLAGS[:] = a.model_flags
+    a.data, a.work = os.path.abspath(a.data), os.path.abspath(a.work)
+    deadline = time.monotonic() + a.budget
+    plan = [(model, [m for m in modes if not a.modes or m in a.modes]) for model, modes in PLAN
+            if not a.models or model in a.models]
+    rows: List[Dict] = []
+    depth_rows: List[Dict] = []
+
+    def save():
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"runs": rows, "depths": depth_rows}, f, indent=1)
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        runs = {(model, mode): pool.submit(train_one, a, model, mode, deadline) for model, modes in plan for mode in modes}
+        followups = []
+        for model, modes in plan:
+            by_mode = {mode: runs[(model, mode)].result() for mode in modes}
+            compare(by_mode)
+            rows += by_mode.values()
+            first_fsdp = next((r for m, r in by_mode.items() if m.startswith("fsdp") and r["status"] == 0), None)
+            if first_fsdp is not None:
+                followups.append(pool.submit(generate_and_resume, a, first_fsdp, deadline))
+            save()
+        depths = [pool.submit(depth_one, a, d, mode, deadline) for d in a.depths
+                  for mode in ("c10d_fp16", "fsdp_fp16_ckpt_offload")]
+        depth_rows += [f.result() for f in depths]
+        for f in followups:
+            f.result()
+    for path in glob.glob(os.path.join(a.work, "**", "checkpoint*.pt"), recursive=True):
+        os.remove(path)
+    save()
+    print(table(rows))
+    for r in depth_rows:
+        print(f"DeepNorm {r['depth']}+{r['depth']} width 512 {r['mode']}: status {r['status']}, "
+              f"peak GPU {r.get('peak_gpu_gb')} GB, peak RSS {r.get('peak_rss_gb')} GB, params {r.get('params')}, "
+              f"{r['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
