@@ -51,6 +51,10 @@
    (``torch.distributed is not yet initialized``) and fairseq's checkpoint loading broadcasts over
    the group; so a fully sharded run of one process gets a process group of one (fairseq's own
    ``distributed_init``, as for several GPUs, on a free local port), as ``torchrun`` would give it.
+   fairscale's ``gather_full_optim_state_dict`` (fairseq calls it for every checkpoint) sizes its
+   gather buffers by an attribute that fairscale makes only for sharded parameters: in a world of
+   one it stopped the first checkpoint (``'FlatParameter' object has no attribute
+   '_full_param_padded'``, seen on an H200); there the buffer is the parameter's own size.
 
 Every shim wraps fairseq's own function and calls it; nothing here changes results on GPUs,
 except that ``--bf16`` works there (also fully sharded).
@@ -633,6 +637,23 @@ def trainer_init_fsdp_bf16(self, cfg, *args, **kwargs):
         return init(self, cfg, *args, **kwargs)
 
 
+def trainer_consolidate_optimizer_fsdp(self):
+    """``Trainer.consolidate_optimizer``; under FSDP in a world of one, each flat parameter that
+    fairscale left without ``_full_param_padded`` (not sharded) gets one for the call, a meta tensor
+    of its own size (no memory): what ``_gather_optim_state`` reads to size its gather buffers."""
+    consolidate = fairseq_original(trainer_consolidate_optimizer_fsdp)
+    if not self.is_fsdp or getattr(self.model, "world_size", None) != 1:
+        return consolidate(self)
+    added = [p for p in self.model.parameters() if not hasattr(p, "_full_param_padded")]
+    for p in added:
+        p._full_param_padded = torch.empty(p.size(), dtype=p.dtype, device="meta")
+    try:
+        return consolidate(self)
+    finally:
+        for p in added:
+            del p._full_param_padded
+
+
 def trainer_build_optimizer_fsdp_bf16(self):
     """``Trainer._build_optimizer``; under FSDP with ``--bf16`` the optimizer fairseq builds for
     ``--fp16`` under FSDP (``MemoryEfficientFP16Optimizer``), which sees ``--bf16`` and takes no loss
@@ -687,6 +708,7 @@ def apply():
         (hub_utils, "from_pretrained", hub_from_pretrained_checked, False),               # 7
         (trainer.Trainer, "__init__", trainer_init_fsdp_bf16, False),                       # 8
         (trainer.Trainer, "_build_optimizer", trainer_build_optimizer_fsdp_bf16, False),
+        (trainer.Trainer, "consolidate_optimizer", trainer_consolidate_optimizer_fsdp, False),
     ]:
         _install(owner, name, shim, as_classmethod)
     try:
