@@ -16,8 +16,9 @@ largest depth that fits is extrapolated (linear in N; the measured points are in
     python3 benchmarks/fsdp_check.py ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
 
 Each run is ``python3 benchmarks/fsdp_check.py train -- <fairseq-train arguments>``, fairseq's own
-``cli_main`` in a process that prints its peak memory at the end.  FSDP needs CUDA (fairscale
-creates CUDA streams): on a machine without a GPU the script stops with one line;
+``cli_main`` in a process that prints its peak memory at the end (fairseq resets the peak after
+every update: the largest is kept).  FSDP needs CUDA (fairscale creates CUDA streams): with
+``--device cpu`` only the c10d runs train (a check of the script itself);
 ``tests/test_fully_sharded.py`` checks on CPU what would be wrapped.
 """
 
@@ -32,6 +33,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
+
+import _device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -98,12 +101,21 @@ def train_main(argv: List[str]) -> int:
 
     sys.argv = ["fairseq-train", *argv]
     status = 0
+    # fairseq resets the peak after every update (for its gb_free): keep the largest seen first
+    peaks, reset = [0], torch.cuda.reset_peak_memory_stats
+
+    def keep_peak(*args, **kwargs):
+        peaks.append(torch.cuda.max_memory_allocated())
+        return reset(*args, **kwargs)
+
+    torch.cuda.reset_peak_memory_stats = keep_peak
     try:
         fairseq_train.cli_main()
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 1
     finally:
-        peak = torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0
+        cuda = torch.cuda.is_available()
+        peak = max(peaks + [torch.cuda.max_memory_allocated() if cuda else 0]) / 2 ** 30
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
         print(RESULT + json.dumps({"peak_gpu_gb": round(peak, 3), "peak_rss_gb": round(rss, 3)}), flush=True)
     return status
@@ -253,7 +265,8 @@ def get_parser():
     p.add_argument("--depth-updates", type=int, default=3)
     p.add_argument("--model-flags", nargs=argparse.REMAINDER, default=[],
                    help="appended to every model's flags (e.g. tiny sizes for a check of the script itself)")
-    p.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)
+    _device.add_device_argument(p, note="fully sharded training needs CUDA (fairscale's FSDP creates CUDA "
+                                "streams): on cpu only the c10d runs train, a check of the script itself")
     return p
 
 
@@ -262,14 +275,8 @@ def main(argv=None):
     if argv[:1] == ["train"]:
         return train_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     a = get_parser().parse_args(argv)
-    import torch
-
-    if a.cpu:  # the plumbing on a machine without GPU (tests/test_fully_sharded.py): c10d runs only
-        global _DEVICE_FLAGS
-        _DEVICE_FLAGS = ["--cpu"]
-    elif not torch.cuda.is_available():
-        raise SystemExit("fsdp_check.py: fully sharded training needs a CUDA GPU (fairscale's FSDP creates CUDA "
-                         "streams); tests/test_fully_sharded.py checks the wrapping on CPU")
+    _device.device_from_args(a)
+    _DEVICE_FLAGS[:] = _device.train_flags(a.device)
     _EXTRA_MODEL_FLAGS[:] = a.model_flags
     a.data, a.work = os.path.abspath(a.data), os.path.abspath(a.work)
     deadline = time.monotonic() + a.budget
@@ -282,6 +289,11 @@ def main(argv=None):
             raise SystemExit(f"fsdp_check.py: no such MODEL:MODE {', '.join(bad)} (models {', '.join(MODELS)}; "
                              f"modes {', '.join(MODES)})")
         plan = [(model, [mode for mo, mode in pairs if mo == model]) for model in dict.fromkeys(mo for mo, _ in pairs)]
+    if a.device == "cpu":
+        print("fsdp_check.py: --device cpu: the c10d runs only (fully sharded training needs CUDA; "
+              "tests/test_fully_sharded.py checks the wrapping on CPU)")
+        plan = [(model, [m for m in modes if m.startswith("c10d")]) for model, modes in plan]
+        a.depths = []
     rows: List[Dict] = []
     depth_rows: List[Dict] = []
 

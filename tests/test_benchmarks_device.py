@@ -21,7 +21,7 @@ import _device  # noqa: E402
 # (gpu_session.py runs the others on a GPU machine: it has no --device of its own)
 SCRIPTS = sorted(os.path.basename(f)[:-3] for f in glob.glob(os.path.join(BENCHMARKS, "[!_]*.py"))
                  if not f.endswith("gpu_session.py"))
-REQUIRED = {"precision_matrix": ["--data", "unused"], "batch_size_decoding": ["--data", "unused", "--out", "unused"],
+REQUIRED = {"precision_matrix": ["--data", "unused"], "fsdp_check": ["--data", "unused"], "batch_size_decoding": ["--data", "unused", "--out", "unused"],
             "dlcl_init_loss": ["--data", "unused"]}
 
 
