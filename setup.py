@@ -52,12 +52,14 @@ setup(
         # triton: the fused LN-LSTM and Deep-Att kernels are tested on CPU through Triton's interpreter
         # (tests/test_ln_lstm_triton.py, tests/test_ff_lstm_triton.py; a ~285 MB wheel, ~10 s of tests
         # each); unpinned, so that a CUDA build of torch keeps the triton it requires
-        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard", _TRITON],
+        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard", _TRITON, "fairscale>=0.4.13"],
         "plot": ["matplotlib"],
         # --rnmt-lstm-impl triton, --deep-att-cell-impl triton (a CUDA GPU; CUDA builds of torch already bring it)
         "triton": [_TRITON],
         # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
         "tensorboard": ["tensorboardX", "tensorboard"],
+        # fairseq's --ddp-backend fully_sharded (FSDP; docs/fully_sharded.md); tested with 0.4.13
+        "scale": ["fairscale>=0.4.13"],
     },
     entry_points={
         "console_scripts": [
