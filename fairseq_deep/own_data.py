@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UserError, report_user_errors
+from .errors import ArgumentParser, UserError, report_user_errors
 from .prepare import check_inputs
 
 PROG = "run.sh"
@@ -380,7 +380,7 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
 
 def main(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m fairseq_deep.own_data", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m fairseq_deep.own_data", description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["setup", "checkpoint", "score"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv[:1])

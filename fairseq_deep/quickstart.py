@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from fairseq_deep.errors import ArgumentParser
+
 logger = logging.getLogger("fairseq_deep.quickstart")
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -149,7 +151,7 @@ def score(hyps, ref_path, n_expected, what):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="quickstart_run", help="where everything is written (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train", type=int, default=20000, help="training pairs")

@@ -378,7 +378,8 @@ def test_study_li_group_stages(tmp_path):
     # the stages share the budget: a third of the updates each, the training time cumulative
     assert [value(c, "--max-update") for c in (stage6, stage12, final)] == ["100"] * 3
     assert [float(value(c, "--stop-time-hours")) for c in (stage6, stage12, final)] == pytest.approx([1 / 6, 2 / 6, 3 / 6], abs=1e-5)
-    assert steps[1][1][-2:] == ["--method", "stack"] and value(steps[1][1], "--encoder-layers") == "12"
+    # equal time: the grown checkpoints keep the stages' training time (fairseq-deep-grow's default resets it)
+    assert steps[1][1][-3:] == ["--method", "stack", "--keep-training-time"] and value(steps[1][1], "--encoder-layers") == "12"
     os.makedirs(run_dir)
     open(os.path.join(run_dir, "checkpoint_last.pt"), "w").close()  # interrupted: fairseq resumes its own
     assert "--restore-file" not in study.stage_commands(args, systems[2], 1, run_dir)[1]
