@@ -22,13 +22,22 @@ names are replaced by proxies whose progress bar's iterator counts the sentences
 whose task records its batch iterator, to know the number of sentences
 (:func:`install_decoding_progress`).  Both take a ``clock`` (tests use a fake one).
 
+A budget too small to learn: after its first updates (:data:`BUDGET_CHECK_UPDATES`) a run with
+``--stop-time-hours`` checks, at the rate measured, how many updates the budget reaches; where that
+is short of the end of warm-up (``--warmup-updates``; without warm-up, :data:`FEW_UPDATES`), it says
+so at once, with the training time (and, under a recipe that sets :data:`RECIPE_BUDGET_ENV`, the
+recipe's setting, ``MINUTES=N``) that would reach it.
+
 A deadline for decoding: :data:`DEADLINE_ENV` (``FAIRSEQ_DEEP_DEADLINE``, a Unix time in seconds,
 e.g. ``$(( $(date +%s) + 600 ))``) makes ``fairseq-deep-generate``'s batch iterator start no batch
 once the deadline has passed, nor one that the last batch's time says would end after it (the
 first batch is always decoded: a score needs sentences, and fairseq's summary divides by the
 decoding time).  A warning says how many of how many sentences were decoded, and fairseq's
 generate ends as usual with what it decoded (its "Translated N sentences" and BLEU lines).
-examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.
+examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.  A subset:
+:data:`DECODE_FRACTION_ENV` (``FAIRSEQ_DEEP_DECODE_FRACTION=f``, 0 < f < 1) decodes an evenly
+spaced fraction f of the batches (fairseq sorts them by length, so the subset spans every length)
+and says so; run.sh sets it where decoding the whole test set would starve training.
 """
 
 import logging
@@ -46,6 +55,17 @@ DEFAULT_INTERVAL = 30.0
 DEADLINE_ENV = "FAIRSEQ_DEEP_DEADLINE"
 #: the start of the warning logged when decoding stops at the deadline (own_data's score looks for it)
 DEADLINE_STOP = "decoding stopped at the deadline"
+#: the environment variable with the fraction of the batches to decode (evenly spaced; unset: all)
+DECODE_FRACTION_ENV = "FAIRSEQ_DEEP_DECODE_FRACTION"
+#: the start of the line logged when decoding a subset (own_data's score looks for it)
+DECODE_SUBSET = "decoding a subset"
+#: the environment variable with a recipe's budget setting and the seconds of it that are not
+#: training's ("MINUTES 312"), for the warning of a budget too small to learn
+RECIPE_BUDGET_ENV = "FAIRSEQ_DEEP_RECIPE_BUDGET"
+#: updates after the first at which the budget is judged (or 60 s and 3 updates, whichever first)
+BUDGET_CHECK_UPDATES = 10
+#: what a run without warm-up should reach at least
+FEW_UPDATES = 2000
 
 
 def interval_seconds() -> float:
@@ -99,13 +119,52 @@ class Ticker:
         return False
 
 
+class BudgetCheck:
+    """Whether ``--stop-time-hours`` reaches the end of warm-up at the rate of the first updates;
+    :meth:`warning` returns the one warning (once), or None."""
+
+    def __init__(self, stop_time_hours=0.0, warmup_updates=0, max_update=0, recipe: Optional[str] = None):
+        self.stop_s = (stop_time_hours or 0.0) * 3600.0
+        self.warmup = int(warmup_updates or 0)
+        self.target = self.warmup or FEW_UPDATES
+        if max_update:
+            self.target = min(self.target, int(max_update))  # a run capped lower asks for no more
+        self.recipe = recipe  # "MINUTES 312": the recipe's setting, and its seconds outside training
+        self.done = self.stop_s <= 0
+
+    def warning(self, num_updates: int, updates_measured: int, seconds_measured: float,
+                training_seconds: Optional[float]) -> Optional[str]:
+        if self.done or training_seconds is None or updates_measured < 1 or seconds_measured <= 0:
+            return None
+        if updates_measured < BUDGET_CHECK_UPDATES and not (seconds_measured >= 60 and updates_measured >= 3):
+            return None
+        self.done = True
+        rate = updates_measured / seconds_measured
+        reached = num_updates + rate * max(0.0, self.stop_s - training_seconds)
+        if reached >= self.target:
+            return None
+        needed = training_seconds + (self.target - num_updates) / rate
+        what = (f"the end of warm-up (--warmup-updates {self.warmup:,})" if self.warmup else f"{self.target:,} updates")
+        text = (f"a budget too small to learn: at {rate:.3g} updates/s, --stop-time-hours {self.stop_s / 3600:.3g} ends "
+                f"training after about {reached:,.0f} updates, before {what}: the model will hardly have learnt. "
+                f"About {hms(needed)} of training reach it (--stop-time-hours {needed / 3600:.3g})")
+        if self.recipe:
+            name, _, other = self.recipe.partition(" ")
+            try:
+                text += f"; {name}={math.ceil((needed + float(other)) / 60)} would"
+            except ValueError:
+                pass
+        return text
+
+
 class TrainingProgress:
     """Counts updates and words of one ``fairseq-train`` run and logs a line with the ETA.
 
     ``max_update``, ``max_epoch``, ``stop_time_hours``: fairseq's (0 or None: no such bound)."""
 
     def __init__(self, max_update=0, max_epoch=0, stop_time_hours=0.0, interval: float = DEFAULT_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, budget: Optional[BudgetCheck] = None):
+        self.budget = budget or BudgetCheck()
         self.max_update = max_update or 0
         self.max_epoch = max_epoch or 0
         self.stop_time_hours = stop_time_hours or 0.0
@@ -131,6 +190,9 @@ class TrainingProgress:
             self.words += words or 0.0
         if self.ticker.due():
             logger.info(self.line(num_updates, training_seconds, now))
+        warning = self.budget.warning(num_updates, num_updates - self.first[1], now - self.first[0], training_seconds)
+        if warning:
+            logger.warning("progress: %s", warning)
 
     def line(self, num_updates: int, training_seconds: Optional[float] = None, now: Optional[float] = None) -> str:
         now = self.clock() if now is None else now
@@ -236,8 +298,10 @@ def install_training_progress(train_module, interval: Optional[float] = None,
         progress = state.get(id(trainer))
         if progress is None:
             opt = cfg.optimization
+            budget = BudgetCheck(opt.stop_time_hours, getattr(getattr(cfg, "lr_scheduler", None), "warmup_updates", 0),
+                                 opt.max_update, os.environ.get(RECIPE_BUDGET_ENV))
             progress = state[id(trainer)] = TrainingProgress(
-                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock)
+                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock, budget=budget)
             _wrap_train_step(trainer, progress, cfg)
         progress.epoch_itr = epoch_itr
         return train_epoch(cfg, trainer, task, epoch_itr, *args, **kwargs)
@@ -297,11 +361,12 @@ class _CountingBar:
     docstring): it ends early, with a warning, and fairseq's loop ends as if the data had."""
 
     def __init__(self, bar, progress: DecodingProgress, deadline: Optional[float] = None,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, keep=None):
         self._bar = bar
         self._progress = progress
         self._deadline = deadline
         self._wall_clock = wall_clock
+        self._keep = keep  # the indices of the batches to decode (None: all)
 
     def _out_of_time(self, last_batch_s: Optional[float]) -> bool:
         if self._deadline is None or last_batch_s is None:  # the first batch is always decoded
@@ -311,6 +376,7 @@ class _CountingBar:
     def __iter__(self):
         last_batch_s = None
         iterator = iter(self._bar)
+        index = -1
         while True:
             if self._out_of_time(last_batch_s):
                 self._stop()
@@ -319,6 +385,9 @@ class _CountingBar:
                 sample = next(iterator)
             except StopIteration:
                 return
+            index += 1
+            if self._keep is not None and index not in self._keep:
+                continue
             started = self._wall_clock()
             yield sample
             last_batch_s = max(0.0, self._wall_clock() - started)
@@ -354,15 +423,41 @@ class _Proxy:
 
 
 def _sentences_in(epoch_batch_iterator) -> Optional[int]:
+    sizes = _batch_sizes(epoch_batch_iterator)
+    return None if sizes is None else int(sum(sizes))
+
+
+def _batch_sizes(epoch_batch_iterator) -> Optional[list]:
     try:
-        return int(sum(len(b) for b in epoch_batch_iterator.frozen_batches))
+        return [len(b) for b in epoch_batch_iterator.frozen_batches]
     except Exception:  # noqa: BLE001 - another iterator: batches are counted instead
         return None
 
 
+def fraction_from_env() -> Optional[float]:
+    """:data:`DECODE_FRACTION_ENV` in (0, 1), or None (unset, empty, 1 or more; not a fraction: a warning)."""
+    value = os.environ.get(DECODE_FRACTION_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = float("nan")
+    if not 0 < fraction <= 1:
+        logger.warning("%s=%r is not a fraction in (0, 1]: decoding every sentence", DECODE_FRACTION_ENV, value)
+        return None
+    return fraction if fraction < 1 else None
+
+
+def evenly_spaced(n: int, fraction: float) -> set:
+    """About ``fraction`` of ``range(n)``, evenly spaced (at least one)."""
+    keep = {i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)}
+    return keep or {0}
+
+
 def install_decoding_progress(generate_module, interval: Optional[float] = None,
                               clock: Callable[[], float] = time.monotonic, deadline: Optional[float] = None,
-                              wall_clock: Callable[[], float] = time.time):
+                              wall_clock: Callable[[], float] = time.time, fraction: Optional[float] = None):
     """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines and
     stop at ``deadline`` (a Unix time, by default from :data:`DEADLINE_ENV`; see the module's
     docstring): its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded
@@ -372,7 +467,8 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
         return
     interval = interval_seconds() if interval is None else interval
     deadline = deadline_from_env() if deadline is None else deadline
-    if interval <= 0 and deadline is None:
+    fraction = fraction_from_env() if fraction is None else fraction
+    if interval <= 0 and deadline is None and fraction is None:
         return
     real_tasks, real_bars = generate_module.tasks, generate_module.progress_bar
     recorded = []
@@ -396,8 +492,17 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
             batches = len(iterator)
         except TypeError:
             batches = None
+        keep = None
+        if fraction is not None and batches:
+            keep = evenly_spaced(batches, fraction)
+            sizes = _batch_sizes(recorded[-1]) if recorded else None
+            chosen = sum(sizes[i] for i in keep) if sizes and len(sizes) == batches else None
+            logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(keep)} of {batches} batches, "
+                        + (f"{chosen:,} of {total:,} sentences, " if chosen is not None and total else "")
+                        + "evenly spaced over the test set sorted by length (every length is in it)")
+            total, batches = (chosen, len(keep)) if chosen is not None else (None, len(keep))
         return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock),
-                            deadline=deadline, wall_clock=wall_clock)
+                            deadline=deadline, wall_clock=wall_clock, keep=keep)
 
     generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
     generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)
