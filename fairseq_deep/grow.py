@@ -537,7 +537,8 @@ def _make_identity(side: "Side", new, origin):
 
 
 def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decoder_layers: Optional[int] = None,
-         method: str = "stack", deepnorm_constants: str = "new", seed: int = 1, keep_training_time: bool = False) -> Dict:
+         method: str = "stack", deepnorm_constants: str = "new", seed: int = 1,
+         keep_training_time: bool = False) -> Dict:
     """Grow ``checkpoint`` into ``out``; returns a summary (arch, depths, counts of copied and
     initialised entries, the shallow run's training time and whether it was kept)."""
     import torch.nn as nn
@@ -622,7 +623,7 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     out_state["extra_state"] = extra
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     checkpoint_utils.torch_persistent_save(out_state, out)
-    summary.update(origin=origin, depth_options=(enc_opt, dec_opt), model_options=new_args,
+    summary.update(origin=origin, depth_options=(enc_opt, dec_opt), model_options=new_args, cfg=cfg,
                    data=(cfg.get("task") or {}).get("data") if isinstance(cfg, dict) else getattr(args, "data", None))
     return summary
 

@@ -270,6 +270,9 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         "BUDGET_S": budget, "RESERVE_S": reserve, "MARGIN_S": END_MARGIN_S, "AVERAGE": s.average, "DEVICE_KIND": device,
         "REF": files[f"test.{tgt}"], "TRAIN": train, "GENERATE": generate,
         "DECODE_FRACTION": f"{fraction:.4f}" if fraction < 1 else "",
+        # for training's warning of a budget too small to learn: what is neither training nor decoding, decoding
+        "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])), "DECODE_ALL_S": int(math.ceil(decode_all)),
+        "DECODE_SHARE": DECODE_SHARE,
         "INTERACTIVE": [data_bin, "--source-lang", src, "--target-lang", tgt, "--bpe", "sentencepiece",
                         "--sentencepiece-model", os.path.join(work, "spm.model")] + (["--cpu"] if device == "cpu" else []),
     }

@@ -36,8 +36,9 @@ decoding time).  A warning says how many of how many sentences were decoded, and
 generate ends as usual with what it decoded (its "Translated N sentences" and BLEU lines).
 examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.  A subset:
 :data:`DECODE_FRACTION_ENV` (``FAIRSEQ_DEEP_DECODE_FRACTION=f``, 0 < f < 1) decodes an evenly
-spaced fraction f of the batches (fairseq sorts them by length, so the subset spans every length)
-and says so; run.sh sets it where decoding the whole test set would starve training.
+spaced fraction f of the test set's sentences in fairseq's order, which is by length (the
+dataset's ``ordered_indices``, from which fairseq makes its batches), so the subset holds every
+length, and says so; run.sh sets it where decoding the whole test set would starve training.
 """
 
 import logging
@@ -55,12 +56,13 @@ DEFAULT_INTERVAL = 30.0
 DEADLINE_ENV = "FAIRSEQ_DEEP_DEADLINE"
 #: the start of the warning logged when decoding stops at the deadline (own_data's score looks for it)
 DEADLINE_STOP = "decoding stopped at the deadline"
-#: the environment variable with the fraction of the batches to decode (evenly spaced; unset: all)
+#: the environment variable with the fraction of the sentences to decode (evenly spaced; unset: all)
 DECODE_FRACTION_ENV = "FAIRSEQ_DEEP_DECODE_FRACTION"
 #: the start of the line logged when decoding a subset (own_data's score looks for it)
 DECODE_SUBSET = "decoding a subset"
-#: the environment variable with a recipe's budget setting and the seconds of it that are not
-#: training's ("MINUTES 312"), for the warning of a budget too small to learn
+#: the environment variable with a recipe's budget setting, the seconds of it that are neither
+#: training's nor decoding's, and decoding's whole estimate and largest share ("MINUTES 120 324 0.2":
+#: examples/own_data/run.sh), for the warning of a budget too small to learn
 RECIPE_BUDGET_ENV = "FAIRSEQ_DEEP_RECIPE_BUDGET"
 #: updates after the first at which the budget is judged (or 60 s and 3 updates, whichever first)
 BUDGET_CHECK_UPDATES = 10
@@ -129,7 +131,7 @@ class BudgetCheck:
         self.target = self.warmup or FEW_UPDATES
         if max_update:
             self.target = min(self.target, int(max_update))  # a run capped lower asks for no more
-        self.recipe = recipe  # "MINUTES 312": the recipe's setting, and its seconds outside training
+        self.recipe = recipe  # "MINUTES 120 324 0.2": recipe_minutes
         self.done = self.stop_s <= 0
 
     def warning(self, num_updates: int, updates_measured: int, seconds_measured: float,
@@ -148,13 +150,26 @@ class BudgetCheck:
         text = (f"a budget too small to learn: at {rate:.3g} updates/s, --stop-time-hours {self.stop_s / 3600:.3g} ends "
                 f"training after about {reached:,.0f} updates, before {what}: the model will hardly have learnt. "
                 f"About {hms(needed)} of training reach it (--stop-time-hours {needed / 3600:.3g})")
-        if self.recipe:
-            name, _, other = self.recipe.partition(" ")
-            try:
-                text += f"; {name}={math.ceil((needed + float(other)) / 60)} would"
-            except ValueError:
-                pass
+        minutes = recipe_minutes(self.recipe, needed)
+        if minutes is not None:
+            text += f"; {minutes} would"
         return text
+
+
+def recipe_minutes(recipe: Optional[str], training_s: float) -> Optional[str]:
+    """``NAME=M``: the recipe's budget (:data:`RECIPE_BUDGET_ENV`, ``"NAME FIXED [DECODE SHARE]"``:
+    its seconds outside training, and decoding's seconds for the whole test set, of which it takes
+    at most SHARE of the budget) that leaves ``training_s`` to training; None without a recipe."""
+    try:
+        name, fixed, *decoding = (recipe or "").split()
+        total = training_s + float(fixed)
+        budget = total
+        if decoding:
+            decode_all, share = float(decoding[0]), float(decoding[1])
+            budget = total / (1 - share) if share * total / (1 - share) <= decode_all else total + decode_all
+    except (ValueError, IndexError, ZeroDivisionError):
+        return None
+    return f"{name}={math.ceil(budget / 60)}"
 
 
 class TrainingProgress:
@@ -361,12 +376,11 @@ class _CountingBar:
     docstring): it ends early, with a warning, and fairseq's loop ends as if the data had."""
 
     def __init__(self, bar, progress: DecodingProgress, deadline: Optional[float] = None,
-                 wall_clock: Callable[[], float] = time.time, keep=None):
+                 wall_clock: Callable[[], float] = time.time):
         self._bar = bar
         self._progress = progress
         self._deadline = deadline
         self._wall_clock = wall_clock
-        self._keep = keep  # the indices of the batches to decode (None: all)
 
     def _out_of_time(self, last_batch_s: Optional[float]) -> bool:
         if self._deadline is None or last_batch_s is None:  # the first batch is always decoded
@@ -376,7 +390,6 @@ class _CountingBar:
     def __iter__(self):
         last_batch_s = None
         iterator = iter(self._bar)
-        index = -1
         while True:
             if self._out_of_time(last_batch_s):
                 self._stop()
@@ -385,9 +398,6 @@ class _CountingBar:
                 sample = next(iterator)
             except StopIteration:
                 return
-            index += 1
-            if self._keep is not None and index not in self._keep:
-                continue
             started = self._wall_clock()
             yield sample
             last_batch_s = max(0.0, self._wall_clock() - started)
@@ -423,13 +433,8 @@ class _Proxy:
 
 
 def _sentences_in(epoch_batch_iterator) -> Optional[int]:
-    sizes = _batch_sizes(epoch_batch_iterator)
-    return None if sizes is None else int(sum(sizes))
-
-
-def _batch_sizes(epoch_batch_iterator) -> Optional[list]:
     try:
-        return [len(b) for b in epoch_batch_iterator.frozen_batches]
+        return int(sum(len(b) for b in epoch_batch_iterator.frozen_batches))
     except Exception:  # noqa: BLE001 - another iterator: batches are counted instead
         return None
 
@@ -449,10 +454,26 @@ def fraction_from_env() -> Optional[float]:
     return fraction if fraction < 1 else None
 
 
-def evenly_spaced(n: int, fraction: float) -> set:
-    """About ``fraction`` of ``range(n)``, evenly spaced (at least one)."""
-    keep = {i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)}
-    return keep or {0}
+def evenly_spaced(n: int, fraction: float) -> list:
+    """About ``fraction`` of ``range(n)``, evenly spaced (at least one), in order."""
+    keep = [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+    return keep or [0][:n]
+
+
+def _decode_a_subset(dataset, fraction: float):
+    """``dataset.ordered_indices`` (fairseq's order, by length) thinned to an evenly spaced
+    ``fraction`` of it, on the instance, so that fairseq batches the subset only; the ids (lines of
+    the test set) stay the same."""
+    ordered_indices = dataset.ordered_indices
+
+    def subset():
+        indices = ordered_indices()
+        chosen = indices[evenly_spaced(len(indices), fraction)]
+        logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(chosen):,} of {len(indices):,} "
+                    "sentences, evenly spaced over the test set sorted by length (every length is in it)")
+        return chosen
+
+    dataset.ordered_indices = subset
 
 
 def install_decoding_progress(generate_module, interval: Optional[float] = None,
@@ -478,6 +499,9 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
         get_batch_iterator = task.get_batch_iterator
 
         def recording(*a, **kw):
+            dataset = kw.get("dataset", a[0] if a else None)
+            if fraction is not None and hasattr(dataset, "ordered_indices"):
+                _decode_a_subset(dataset, fraction)
             itr = get_batch_iterator(*a, **kw)
             recorded.append(itr)
             return itr
@@ -492,17 +516,8 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
             batches = len(iterator)
         except TypeError:
             batches = None
-        keep = None
-        if fraction is not None and batches:
-            keep = evenly_spaced(batches, fraction)
-            sizes = _batch_sizes(recorded[-1]) if recorded else None
-            chosen = sum(sizes[i] for i in keep) if sizes and len(sizes) == batches else None
-            logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(keep)} of {batches} batches, "
-                        + (f"{chosen:,} of {total:,} sentences, " if chosen is not None and total else "")
-                        + "evenly spaced over the test set sorted by length (every length is in it)")
-            total, batches = (chosen, len(keep)) if chosen is not None else (None, len(keep))
         return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock),
-                            deadline=deadline, wall_clock=wall_clock, keep=keep)
+                            deadline=deadline, wall_clock=wall_clock)
 
     generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
     generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)

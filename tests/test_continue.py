@@ -7,6 +7,7 @@ grown checkpoint does not spend the next run's time budget unless asked to."""
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -174,9 +175,13 @@ TRAIN = ["--optimizer", "adam", "--lr", "0.002", "--max-tokens", "2000", "--seed
 RESET = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
 
 
+SHORT = "continue training (the model's options taken from the grown checkpoint, the shallow run's training options):"
+FULL = "the same with every model option written out:"
+
+
 def printed_command(stdout, after):
     lines = stdout.splitlines()
-    return lines[lines.index(after) + 1].split()
+    return shlex.split(lines[lines.index(after) + 1])
 
 
 def test_grow_prints_the_complete_next_command_and_the_training_time(grown, synthetic_bin):
@@ -188,12 +193,32 @@ def test_grow_prints_the_complete_next_command_and_the_training_time(grown, synt
     assert spent > 0
     assert torch.load(root / "grown.pt", weights_only=True)["extra_state"]["previous_training_time"] == 0
     assert torch.load(root / "kept.pt", weights_only=True)["extra_state"]["previous_training_time"] == spent
-    short = printed_command(out, "continue training (the model's options taken from the grown checkpoint):")
+    short = printed_command(out, SHORT)
     assert short[:5] == ["fairseq-deep-train", str(synthetic_bin), "--model-from", str(root / "grown.pt"), "--restore-file"]
-    full = printed_command(out, "the same with every model option written out:")
+    full = printed_command(out, FULL)
     text = " ".join(full)
     assert "--arch transformer_dlcl" in text and "--encoder-layers 4 " in text and "--decoder-layers 2 " in text
-    assert "--encoder-attention-heads 2 " in text and "--share-all-embeddings" in text and "<the shallow" not in out
+    assert "--encoder-attention-heads 2 " in text and "--share-all-embeddings" in text and "<" not in out
+    for command in (short, full):  # the shallow run's training options, and a --save-dir of its own
+        for fragment in ("--optimizer adam", "--lr 0.002", "--max-tokens 2000", "--max-update 3", "--stop-time-hours 1",
+                         "--cpu", "--no-epoch-checkpoints", f"--save-dir {root / 'grown_checkpoints'}"):
+            assert fragment in " ".join(command), fragment
+
+
+def test_the_shallow_runs_training_options_parse_back_to_its_values(grown):
+    from fairseq_deep.grow_report import training_options
+
+    _, shallow, _, _ = grown
+    cfg = torch.load(shallow, weights_only=True)["cfg"]
+    argv = training_options(cfg)
+    parsed = options.parse_args_and_arch(options.get_training_parser(), ["DATA", "--arch", "transformer_dlcl", *argv])
+    for flag in ("--lr", "--max-tokens", "--max-update", "--stop-time-hours", "--seed", "--no-epoch-checkpoints",
+                 "--optimizer", "--cpu", "--num-workers"):
+        dest = flag[2:].replace("-", "_")
+        saved = next(cfg[g][dest] for g in ("optimization", "dataset", "checkpoint", "common", "optimizer")
+                     if dest in (cfg[g] or {})) if dest != "optimizer" else cfg["optimizer"]["_name"]
+        assert getattr(parsed, dest) == saved, (flag, getattr(parsed, dest), saved)
+    assert not {"--save-dir", "--restore-file", "--arch", "--encoder-layers", "--user-dir"} & set(argv)
 
 
 def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(grown, synthetic_bin, tmp_path):
@@ -201,26 +226,23 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(gr
     refused in one line (the shapes are the same); with the model taken from the checkpoint it
     trains, and what it saves has the grown model's options."""
     root, _, proc, _ = grown
-    full = printed_command(proc.stdout, "the same with every model option written out:")
-    model = full[2:full.index("--restore-file")]
-    heads = [*model, "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+    full = printed_command(proc.stdout, FULL)
+    heads = ["--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--save-dir", str(tmp_path / "heads")]
     for script in (["fairseq-deep-train"], ["fairseq-train", "--user-dir", PLUGIN_DIR]):
-        refused = subprocess.run([*script, str(synthetic_bin), *heads, *TRAIN, "--save-dir", str(tmp_path / "heads"),
-                                  "--max-update", "2", "--restore-file", str(root / "grown.pt"), *RESET],
-                                 capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        refused = subprocess.run([*script, *full[1:], *heads], capture_output=True, text=True,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
         line = last_line(refused) if script[0] == "fairseq-deep-train" else refused.stderr.strip().splitlines()[-1]
         assert refused.returncode != 0
         assert f"{root / 'grown.pt'} holds a model whose architecture differs from this run's: " \
                "--encoder-attention-heads (checkpoint 2, this run 4), --decoder-attention-heads (checkpoint 2, this run 4)." in line
     assert not (tmp_path / "heads" / "checkpoint_last.pt").exists()
 
-    save = tmp_path / "deep"
-    trained = run_cli("fairseq-deep-train", str(synthetic_bin), "--model-from", str(root / "grown.pt"), *TRAIN,
-                      "--save-dir", str(save), "--max-update", "2", "--stop-time-hours", "1",
-                      "--restore-file", str(root / "grown.pt"), *RESET)
+    # the command as printed: nothing retyped
+    save = root / "grown_checkpoints"
+    trained = run_cli(*printed_command(proc.stdout, SHORT))
     assert "--model-from" in trained.stdout  # it says what it took
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
-    assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert state["optimizer_history"][-1]["num_updates"] == 3  # the shallow run's --max-update, from 0
     grown_options = model_options.saved_model_options(torch.load(root / "grown.pt", weights_only=True))
     assert model_options.differences(grown_options, model_options.saved_model_options(state)) == []
     # the grown checkpoint brought no training time: this run's own is far below the shallow run's + its own
@@ -228,13 +250,13 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(gr
 
     # resuming that --save-dir with another activation (the same shapes) is refused; another dropout passes
     resume = ["fairseq-deep-train", str(synthetic_bin), "--model-from", str(root / "grown.pt"), *TRAIN,
-              "--save-dir", str(save), "--max-update", "3"]
+              "--save-dir", str(save), "--max-update", "4"]
     line = last_line(subprocess.run([*resume, "--activation-fn", "gelu"], capture_output=True, text=True,
                                     env=dict(os.environ, OMP_NUM_THREADS="1")))
     assert "checkpoint_last.pt holds a model whose architecture differs from this run's: --activation-fn " \
            "(checkpoint relu, this run gelu)" in line
     run_cli(*resume, "--dropout", "0.2")
-    assert torch.load(save / "checkpoint_last.pt", weights_only=True)["optimizer_history"][-1]["num_updates"] == 3
+    assert torch.load(save / "checkpoint_last.pt", weights_only=True)["optimizer_history"][-1]["num_updates"] == 4
 
 
 def test_finetune_from_a_model_of_another_architecture_is_refused(grown, synthetic_bin, tmp_path):

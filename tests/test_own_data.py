@@ -96,6 +96,9 @@ def test_decoding_that_would_starve_training_is_a_subset_and_said(raw, tmp_path)
     values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "1"})
     fraction = float(values["DECODE_FRACTION"])
     assert 0 < fraction < 1
+    # what training's warning of a budget too small to learn is told (FAIRSEQ_DEEP_RECIPE_BUDGET)
+    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 60 == pytest.approx(int(values["RESERVE_S"]), abs=1)
+    assert float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE and int(values["DECODE_ALL_S"]) > 12
     decode_all = own_data.reserve_parts(9, 0, 7, 0, 128, 6, 20)["decoding"]  # (its words: below)
     line = [x for x in log.splitlines() if "decoding about" in x][0]
     minutes = int(re.search(r"MINUTES=(\d+) decodes them all", line).group(1))

@@ -249,6 +249,11 @@ def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_mi
     assert len(caplog.records) == 1  # once
     slow = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400)
     assert slow.warning(4, 3, 60.0, 65.0) is not None  # or after a minute and 3 updates
+    # run.sh's budget for 2,000 s of training and 100 s of the rest, decoding taking at most a fifth:
+    # all of a 324 s decoding fits a fifth of 2,424 s (41 minutes); of a 3,000 s one a subset, 2,100 / 0.8 s
+    assert P.recipe_minutes("MINUTES 100 324 0.2", 2000) == "MINUTES=41"
+    assert P.recipe_minutes("MINUTES 100 3000 0.2", 2000) == "MINUTES=44"
+    assert P.recipe_minutes(None, 2000) is None and P.recipe_minutes("MINUTES x", 10) is None
     fast = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400)
     assert fast.warning(11, 10, 1.0, 6.0) is None  # 10 updates/s: 1,750 in reach
     capped = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400, max_update=15)
@@ -259,19 +264,38 @@ def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_mi
     assert P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400).warning(5, 4, 20.0, 25.0) is None  # too early
 
 
-def test_decoding_a_subset_decodes_evenly_spaced_batches_and_says_so(caplog):
-    """FAIRSEQ_DEEP_DECODE_FRACTION=0.3 of 10 batches (sorted by length, as fairseq's): batches 3, 6
-    and 9, so short, middle and long sentences; the progress counts that subset."""
+def test_decoding_a_subset_decodes_evenly_spaced_sentences_of_every_length_and_says_so(caplog):
+    """FAIRSEQ_DEEP_DECODE_FRACTION=0.3 of 100 sentences in fairseq's order (by length): the
+    dataset's ordered_indices give 30 of them, every third-or-so, shortest to longest, and fairseq
+    batches only those; the progress counts that subset."""
+    import numpy as np
+
     caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
-    assert P.evenly_spaced(10, 0.3) == {3, 6, 9} and P.evenly_spaced(3, 0.01) == {0}
+    assert P.evenly_spaced(10, 0.3) == [3, 6, 9] and P.evenly_spaced(3, 0.01) == [0]
+
+    class Dataset:
+        def ordered_indices(self):  # by length: sentence 99 - i is the i-th shortest
+            return np.arange(100)[::-1].copy()
+
+    class Task:
+        def get_batch_iterator(self, dataset, **kwargs):
+            indices = dataset.ordered_indices()
+            return types.SimpleNamespace(frozen_batches=[indices[i:i + 8] for i in range(0, len(indices), 8)])
+
+    module = types.SimpleNamespace(tasks=types.SimpleNamespace(setup_task=lambda cfg: Task()),
+                                   progress_bar=types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr)))
     clock = Clock()
-    module = fake_generate([list(range(n)) for n in range(1, 11)])  # batches of 1 .. 10 sentences
     P.install_decoding_progress(module, interval=30, clock=clock, fraction=0.3)
-    assert decode(module, 1.0, clock) == [4, 7, 10]
+    itr = module.tasks.setup_task(None).get_batch_iterator(dataset=Dataset())
+    decoded = [int(i) for b in itr.frozen_batches for i in b]
+    assert decoded == [99 - i for i in P.evenly_spaced(100, 0.3)] and len(decoded) == 30
+    assert decoded[0] >= 96 and decoded[-1] <= 3  # from the shortest to the longest
+    for sample in module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches]):
+        clock.t += 1.0
     said = lines(caplog)
-    assert said[0] == (f"{P.DECODE_SUBSET} (FAIRSEQ_DEEP_DECODE_FRACTION=0.3): 3 of 10 batches, 21 of 55 sentences, "
-                       "evenly spaced over the test set sorted by length (every length is in it)")
-    assert said[1].startswith("progress: 4/21 sentences")
+    assert said[0] == (f"{P.DECODE_SUBSET} (FAIRSEQ_DEEP_DECODE_FRACTION=0.3): 30 of 100 sentences, evenly spaced over "
+                       "the test set sorted by length (every length is in it)")
+    assert said[1].startswith("progress: 8/30 sentences")
 
 
 def test_decode_fraction_from_the_environment(monkeypatch, caplog):

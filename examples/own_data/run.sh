@@ -29,7 +29,8 @@ START=$(date +%s)
 export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
-eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE() DECODE_FRACTION
+eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
+               # DECODE_FRACTION RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE
 mkdir -p "$WORK"
 
 # 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
@@ -48,7 +49,8 @@ if [ "$BUDGET_S" -gt 0 ]; then
     train_s=60
   fi
   BUDGET_FLAGS=(--stop-time-hours "$(awk -v s="$train_s" 'BEGIN { printf "%.5f", s / 3600 }')")
-  export FAIRSEQ_DEEP_RECIPE_BUDGET="MINUTES $(( BUDGET_S - train_s ))"  # too small to learn: which MINUTES would do
+  # a budget too small to learn: training says which MINUTES would do
+  export FAIRSEQ_DEEP_RECIPE_BUDGET="MINUTES $(( elapsed + RESERVE_FIXED_S )) $DECODE_ALL_S $DECODE_SHARE"
   echo "== 2/4 training for $train_s s (at $(date -d "@$(( $(date +%s) + train_s ))" +%H:%M:%S 2>/dev/null || echo "+$train_s s")" \
        "it stops after the update it is in, validates and saves), log: $WORK/train.log"
 else
