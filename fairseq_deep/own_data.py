@@ -15,6 +15,11 @@ training (and the final one), or names ``checkpoint_best.pt`` when there are too
 puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
 its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
 
+Decoding's estimate may take at most :data:`DECODE_SHARE` of the budget: a test set that would take
+more is decoded in part, and ``setup`` says so with the MINUTES that decode it all; training warns
+after its first updates when the budget cannot reach the end of warm-up (progress.BudgetCheck,
+told the recipe's figures through ``FAIRSEQ_DEEP_RECIPE_BUDGET`` to name the MINUTES that would).
+
 The budget's end is a guarantee, not the estimate: run.sh gives fairseq-deep-generate a deadline
 (``FAIRSEQ_DEEP_DEADLINE``: the run's start + MINUTES - :data:`END_MARGIN_S`) after which it starts
 no batch, and ``score`` then scores the sentences decoded against their own references and says so
@@ -63,9 +68,10 @@ CPU_VALID_SENTENCE = 0.04
 #: seconds of the budget after decoding's deadline: fairseq-generate's summary and exit, and scoring
 END_MARGIN_S = 15
 #: the most of the budget that decoding's estimate may take: the budget is for training, so a test
-#: set that would take more is decoded in part (an evenly spaced fraction of its batches, every
-#: sentence length in it), and the script says so.  (A 12-minute run on held-out data kept 438 s for
-#: decoding 1,000 sentences and start-ups, and trained 238 s.)
+#: set that would take more is decoded in part (an evenly spaced fraction of its sentences in
+#: fairseq's order by length: every length in it; progress.DECODE_FRACTION_ENV), and the script
+#: says so.  (A 12-minute run on held-out data kept 438 s for decoding 1,000 sentences and
+#: start-ups, and trained 238 s.)
 DECODE_SHARE = 0.2
 
 
