@@ -326,12 +326,30 @@ def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, require
     report_user_errors(checked_main)
 
 
+def training_parser_with_model_from(get_training_parser):
+    """fairseq's ``get_training_parser``, whose ``--help`` also shows ``--model-from`` (which
+    :func:`take_model_from` reads off the command line before fairseq parses it)."""
+
+    def get(*args, **kwargs):
+        parser = get_training_parser(*args, **kwargs)
+        parser.add_argument("--model-from", metavar="CK.pt",
+                            help="fairseq-deep-train: --arch and every model option of the checkpoint CK.pt (a grown "
+                                 "model, a run to continue); an option given on the command line wins")
+        return parser
+
+    get._fairseq_deep = True
+    return get
+
+
 def train():
+    from fairseq import options
     from fairseq_cli import train as fairseq_train
 
     from .progress import install_training_progress
 
     install_training_progress(fairseq_train)  # a progress line with the ETA every 30 s
+    if not getattr(options.get_training_parser, "_fairseq_deep", False):  # --model-from in --help
+        options.get_training_parser = training_parser_with_model_from(options.get_training_parser)
     _run(fairseq_train.cli_main, needs_arch=True, prepare_argv=take_model_from, required=REQUIRED["train"])
 
 

@@ -259,6 +259,12 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(gr
     assert torch.load(save / "checkpoint_last.pt", weights_only=True)["optimizer_history"][-1]["num_updates"] == 4
 
 
+def test_model_from_is_in_the_help():
+    proc = subprocess.run(["fairseq-deep-train", "--arch", "transformer_dlcl", "--help"], capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0 and "--model-from CK.pt" in proc.stdout and "--dlcl-stacks" in proc.stdout
+
+
 def test_finetune_from_a_model_of_another_architecture_is_refused(grown, synthetic_bin, tmp_path):
     root, shallow, _, _ = grown
     proc = subprocess.run(["fairseq-deep-train", str(synthetic_bin), "--arch", "transformer_dlcl", *TINY, *layers(2),
