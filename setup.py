@@ -1,9 +1,11 @@
 """fairseq_deep: a fairseq plugin for training very deep translation models.
 
 Install CPU torch first (``pip install torch==2.13.0``), then ``pip install -e .`` (or
-``pip install .``).  On Python >= 3.11 fairseq comes from the ``ve-fairseq`` wheels (import name
-``fairseq``; the official fairseq 0.12.2 does not import on 3.11), on older Pythons from the
-official ``fairseq==0.12.2``.
+``pip install .``).  fairseq by Python version (import name ``fairseq`` in each): 3.8-3.10 the
+official ``fairseq==0.12.2``; 3.11 and 3.12 the ``ve-fairseq`` wheels (the official release does
+not import on 3.11); 3.13 and newer the ``fairseq-fixed`` sdist (ve-fairseq's wheels end at cp312;
+it builds in about 4 minutes the first time).  Python 3.7 and older: pip stops at once, naming
+``>=3.8``.
 """
 
 import os
@@ -41,8 +43,11 @@ setup(
                                      exclude=["*.__pycache__"]),
     package_data={"fairseq_deep": ["**/*.yaml", "**/*.json", "**/*.txt"]},
     install_requires=[
-        've-fairseq==0.12.3; python_version >= "3.11"',
+        # fairseq by Python version (README, "Installation"): the official release where it
+        # imports, ve-fairseq's wheels (cp311, cp312) after it, fairseq-fixed's sdist after those
         'fairseq==0.12.2; python_version < "3.11"',
+        've-fairseq==0.12.3; python_version >= "3.11" and python_version < "3.13"',
+        'fairseq-fixed==0.12.3.1; python_version >= "3.13"',
         # Not pinned: install the CPU (or the CUDA) build you want first, e.g. torch==2.13.0.
         "torch>=1.13",
         "sacrebleu>=2",

@@ -27,7 +27,8 @@ class PretrainedInitConfig(FairseqDataclass):
     """``--init-from-pretrained``, read by :class:`PretrainedInitMixin` models."""
 
     init_from_pretrained: bool = field(
-        default=False, metadata={"help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
+        default=False, metadata={"architecture": False,
+                                 "help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
                                  "baseline whose name and shape match, log the new ones that start fresh"})
 
 

@@ -6,6 +6,8 @@ arguments of ``fairseq-train``, ``fairseq-generate`` and ``fairseq-interactive``
 (also when it re-parses the arguments stored in a checkpoint) and loads checkpoints safely on
 torch >= 2.6.  Plain ``fairseq-generate`` on one of our checkpoints without ``--user-dir`` fails
 with a misleading error; these scripts are the fix (the other one is to pass ``--user-dir``).
+``fairseq-deep-train`` also takes ``--model-from CK.pt``: ``--arch`` and every model option of the
+checkpoint CK.pt (a grown model, a run to continue), an option given on the command line winning.
 
 ``fairseq-deep-average-checkpoints`` averages the parameters of several checkpoints (fairseq's
 ``scripts/average_checkpoints.py``, which is not part of the fairseq wheel), loading them with
@@ -28,7 +30,7 @@ import signal
 import sys
 from typing import List, Optional
 
-from .errors import UserError, report_user_errors
+from .errors import ArgumentParser, MissingFileError, UserError, report_user_errors
 from .quiet import QUIET_WARNINGS, quiet_warnings  # noqa: F401  (the scripts' filters; imported from here)
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -160,6 +162,54 @@ def annotate_preset_help(parser, arch: str):
     ).replace("%", "%%")
 
 
+def one_line_error(message: str):
+    """argparse's ``parser.error`` for our scripts: a :class:`UserError` (one line, exit status 2)
+    instead of fairseq's usage of several hundred options before the line; an invalid choice gets
+    the nearest names."""
+    choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+        names = re.findall(r"'([^']*)'", choice.group(3)) or [c.strip() for c in choice.group(3).split(",")]
+        close = difflib.get_close_matches(choice.group(2), names, n=3, cutoff=0.6)
+        message = (f"argument {choice.group(1)}: invalid choice: '{choice.group(2)}'"
+                   + (f"; did you mean {', '.join(close)}?" if close else "")
+                   + f" (choose from {', '.join(names)})")
+    message = message.replace("invalid <lambda> value", "invalid value")
+    if message.endswith("the following arguments are required: data"):
+        message += " (the folder of binarized data: fairseq-preprocess's --destdir)"
+    raise UserError(message)
+
+
+def check_required(args, required):
+    """A :class:`UserError` for the first option of ``required`` (``{dest: message}``) that the
+    parsed ``args`` leave unset."""
+    for dest, why in required.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            raise UserError(why)
+
+
+#: options whose text fairseq evaluates only when it uses them (a NameError or SyntaxError with a
+#: traceback, after the model is built): {option: (what it must be, an example)}
+EVALUATED = {"adam_betas": ("two numbers", "'(0.9, 0.98)'")}
+
+
+def check_evaluated(args):
+    """The options of :data:`EVALUATED` that ``args`` sets, checked when they are parsed."""
+    import ast
+
+    for dest, (what, example) in EVALUATED.items():
+        value = getattr(args, dest, None)
+        if not isinstance(value, str):
+            continue
+        try:
+            parsed = ast.literal_eval(value)
+            ok = isinstance(parsed, (tuple, list)) and len(parsed) == 2 and all(
+                isinstance(v, (int, float)) for v in parsed)
+        except (ValueError, SyntaxError):
+            ok = False
+        if not ok:
+            raise UserError(f"--{dest.replace('_', '-')} {value}: not {what}; give e.g. --{dest.replace('_', '-')} {example}")
+
+
 def parse_args_and_arch_with_help(parse_args_and_arch):
     """fairseq's ``parse_args_and_arch``, whose ``--help`` also lists the options of the ``--arch``
     (and criterion, optimizer, ...) given: fairseq adds them only after a first parse, which
@@ -167,8 +217,14 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
 
     def parse(parser, input_args=None, *args, **kwargs):
         argv = sys.argv[1:] if input_args is None else list(input_args)
+        if input_args is None:  # the script's own command line: argparse's errors in one line
+            parser.error = one_line_error
         if not any(a in ("-h", "--help") for a in argv):
-            return parse_args_and_arch(parser, input_args, *args, **kwargs)
+            parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
+            if input_args is None:
+                check_required(parsed, parse.required)
+            check_evaluated(parsed)
+            return parsed
         if _option_value(argv, "--arch", "-a") is None and any(a.dest == "arch" for a in parser._actions):
             return parse_args_and_arch(parser, input_args, *args, **kwargs)  # fairseq's own --help
         original = parser.parse_known_args
@@ -196,40 +252,105 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
             parser.parse_known_args = original
 
     parse._fairseq_deep = True
+    parse.required = {}  # {dest: message}: what the script being run cannot do without (REQUIRED)
     return parse
 
 
-def _run(main, log_stream="stdout", needs_arch=False):
+def take_model_from(argv: List[str]) -> List[str]:
+    """``--model-from CK.pt`` (fairseq-deep-train): ``--arch`` and every model option of the
+    checkpoint CK.pt in its place, before the other arguments, so that an option given on the
+    command line wins (and restoring a checkpoint refuses one that changes the architecture:
+    compat.py's shim 3)."""
+    path = _option_value(argv[1:], "--model-from")
+    if path is None:
+        return list(argv)
+    rest, skip = [argv[0]], False
+    for a in argv[1:]:
+        if skip or a == "--model-from" or a.startswith("--model-from="):
+            skip = a == "--model-from"
+            continue
+        rest.append(a)
+    from .compat import torch_load_checked
+    from .model_options import model_command, saved_model_options, shell
+
+    if not os.path.isfile(path):
+        raise MissingFileError(f"--model-from {path}: no such checkpoint file")
+
+    options = saved_model_options(torch_load_checked(path))
+    if options is None:
+        raise UserError(f"--model-from {path}: the checkpoint holds no model options (no cfg.model, no args): "
+                        "give a checkpoint written by fairseq-train")
+    taken = model_command(options)
+    logger.info("--model-from %s: %s", path, shell(taken))
+    return [rest[0], *taken, *rest[1:]]
+
+
+#: the options each script cannot run without, checked once the command line is parsed (fairseq
+#: finds out late: the optimizer only after building the model, "optimizer is required!" with a
+#: traceback; interactive's --path as a TypeError); argparse itself asks for the data folder, and
+#: a missing --arch is said before parsing (fairseq's parser needs it to know the model's options)
+NO_ARCH = ("--arch ARCH is required (e.g. --arch transformer_dlcl); fairseq-deep-list-archs lists the "
+           "architectures of fairseq_deep")
+_PATH = "--path CHECKPOINT is required: the model to translate with (e.g. --path checkpoints/checkpoint_best.pt)"
+REQUIRED = {
+    "train": {"optimizer": "--optimizer is required (e.g. --optimizer adam --lr 5e-4 --lr-scheduler inverse_sqrt "
+                           "--warmup-updates 4000); fairseq-deep-train --help lists the optimizers"},
+    "generate": {"path": _PATH},
+    "interactive": {"path": _PATH},
+}
+
+
+def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None):
     quiet_warnings()
     _fairseq_logging(log_stream)
     from fairseq import options
 
     if not getattr(options.parse_args_and_arch, "_fairseq_deep", False):
         options.parse_args_and_arch = parse_args_and_arch_with_help(options.parse_args_and_arch)
+    options.parse_args_and_arch.required = required or {}
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types
     # allow-listed) is already imported; fairseq's import of the --user-dir finds it loaded.
     sys.argv = with_user_dir(sys.argv)
 
     def checked_main():
+        if prepare_argv is not None:
+            sys.argv = prepare_argv(sys.argv)
         check_user_dir(sys.argv)
         if needs_arch:  # fairseq-train's parser (the only one with --arch/-a)
             check_arch(sys.argv)
         if needs_arch and _option_value(sys.argv[1:], "--arch", "-a") is None and not (
                 {"-h", "--help"} & set(sys.argv[1:])):
-            raise UserError("--arch ARCH is required (e.g. --arch transformer_dlcl); "
-                            "fairseq-deep-list-archs lists the architectures of fairseq_deep")
+            raise UserError(NO_ARCH)
         return main()
 
     report_user_errors(checked_main)
 
 
+def training_parser_with_model_from(get_training_parser):
+    """fairseq's ``get_training_parser``, whose ``--help`` also shows ``--model-from`` (which
+    :func:`take_model_from` reads off the command line before fairseq parses it)."""
+
+    def get(*args, **kwargs):
+        parser = get_training_parser(*args, **kwargs)
+        parser.add_argument("--model-from", metavar="CK.pt",
+                            help="fairseq-deep-train: --arch and every model option of the checkpoint CK.pt (a grown "
+                                 "model, a run to continue); an option given on the command line wins")
+        return parser
+
+    get._fairseq_deep = True
+    return get
+
+
 def train():
+    from fairseq import options
     from fairseq_cli import train as fairseq_train
 
     from .progress import install_training_progress
 
     install_training_progress(fairseq_train)  # a progress line with the ETA every 30 s
-    _run(fairseq_train.cli_main, needs_arch=True)
+    if not getattr(options.get_training_parser, "_fairseq_deep", False):  # --model-from in --help
+        options.get_training_parser = training_parser_with_model_from(options.get_training_parser)
+    _run(fairseq_train.cli_main, needs_arch=True, prepare_argv=take_model_from, required=REQUIRED["train"])
 
 
 def generate():
@@ -239,7 +360,7 @@ def generate():
 
     # a progress line with the ETA every 30 s; no batch started after FAIRSEQ_DEEP_DEADLINE
     install_decoding_progress(fairseq_generate)
-    _run(fairseq_generate.cli_main, log_stream=None)  # fairseq-generate configures logging itself
+    _run(fairseq_generate.cli_main, log_stream=None, required=REQUIRED["generate"])  # it configures logging itself
 
 
 def interactive():
@@ -259,7 +380,7 @@ def interactive():
 
     if not getattr(fairseq_interactive.main, "_fairseq_deep", False):  # sentencepiece data without --bpe
         fairseq_interactive.main = with_sentencepiece_check(fairseq_interactive.main, reparse)
-    _run(fairseq_interactive.cli_main)
+    _run(fairseq_interactive.cli_main, required=REQUIRED["interactive"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +416,7 @@ def family_description(model_cls) -> str:
 
 
 def list_archs_main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="fairseq-deep-list-archs",
         description="List the architectures (--arch) of fairseq_deep by family, one line each. "
                     "`fairseq-deep-train --arch ARCH --help` lists an architecture's options.",
@@ -395,7 +516,7 @@ def average_checkpoints(inputs: List[str]):
 
 
 def average_checkpoints_main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="fairseq-deep-average-checkpoints",
         description="Average the parameters of several fairseq checkpoints (e.g. the last N epochs).",
     )

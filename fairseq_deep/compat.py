@@ -8,8 +8,12 @@
    the dropped sentences back as a final, smaller batch.
 3. Clear checkpoint errors: a refused (unsafe) or truncated checkpoint, a checkpoint of another
    architecture, and one written by another plugin or other model code (a model nothing here
-   registers; parameters that do not fit the model as this code builds it) stop with a message naming the file, the cause and the fix, instead of torch's
-   advice to switch the weights-only check off, or fairseq's bare "please ensure that the architectures match".
+   registers; parameters that do not fit the model as this code builds it) stop with a message
+   naming the file, the cause and the fix, instead of torch's advice to switch the weights-only
+   check off, or fairseq's bare "please ensure that the architectures match".  Restoring a
+   checkpoint for training (``Trainer.load_checkpoint``, which compares tensor shapes only) also
+   compares the architecture options of our models (a head count, pre-/post-norm, DLCL's
+   settings: :mod:`~fairseq_deep.model_options`) and refuses a difference, naming each option.
 4. ``torchrun`` on CPU: fairseq divides by ``torch.cuda.device_count()``, keeps the default
    ``nccl`` backend, ignores torchrun's ``WORLD_SIZE`` when the default world size is 1, and passes
    ``device_ids`` to torch DDP, which rejects them for CPU modules.  Each fix applies only where
@@ -63,6 +67,7 @@ except that ``--bf16`` works there (also fully sharded).
 import argparse
 import collections
 import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -80,7 +85,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.distributed import utils as distributed_utils
 
-from .errors import MissingFileError, UserError
+from .errors import CheckpointError, MissingFileError  # noqa: F401  (CheckpointError: also imported from here)
 from . import interactive
 
 logger = logging.getLogger(__name__)
@@ -170,20 +175,25 @@ def batch_by_size_all(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=No
 # -- 3. clear checkpoint errors --------------------------------------------------------------------
 
 
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint that cannot be used; the message names the file, the cause and the fix."""
-
-
 def _raised_by_torch_load(exc: BaseException) -> bool:
     return any(f.filename.replace("\\", "/").endswith("torch/serialization.py")
                for f in traceback.extract_tb(exc.__traceback__))
 
 
+#: this run's model options while ``Trainer.load_checkpoint`` restores a checkpoint (else None)
+_RESTORING = contextvars.ContextVar("fairseq_deep_restoring", default=None)
+
+
 def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
     """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file, or one whose model no
-    loaded plugin registers, raises CheckpointError."""
+    loaded plugin registers, raises CheckpointError; so does, while the trainer restores it, one
+    whose architecture options differ from this run's (:func:`trainer_load_checkpoint_checked`)."""
     state = _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
     _check_model_registered(path, state)
+    if _RESTORING.get() is not None:
+        from .model_options import check_same_architecture, saved_model_options
+
+        check_same_architecture(path, saved_model_options(state), _RESTORING.get())
     return state
 
 
@@ -267,18 +277,6 @@ def _checked_load(load, path, *args, **kwargs):
         ) from e
 
 
-def _model_summary(model_cfg) -> str:
-    if model_cfg is None:
-        return "an unknown architecture"
-    get = (lambda k: model_cfg.get(k, None)) if hasattr(model_cfg, "get") else (
-        lambda k: getattr(model_cfg, k, None))
-    parts = [f"--arch {get('arch') or get('_name')}"]
-    for key in ("encoder_layers", "decoder_layers", "encoder_embed_dim", "dlcl_stacks"):
-        if get(key) is not None:
-            parts.append(f"--{key.replace('_', '-')} {get(key)}")
-    return " ".join(parts)
-
-
 def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
     """fairseq's ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, the hub):
     parameters that do not fit the model (a checkpoint of other model code: a newer fairseq or
@@ -299,11 +297,7 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
         text = str(e)
         if not text.startswith("Error(s) in loading state_dict"):
             raise
-        keys = {kind: re.findall(r'"([^"]+)"', found.group(1)) for kind in ("Missing", "Unexpected")
-                for found in [re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)]
-                if found}
-        parts = [f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
-                 for kind, v in keys.items()]
+        parts = _state_dict_mismatch(text)
         model = text.splitlines()[0].rsplit(" for ", 1)[-1].rstrip(":")
         raise CheckpointError(
             f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit {model} as this "
@@ -313,26 +307,71 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
         ) from e
 
 
+def _state_dict_mismatch(text: str) -> typing.List[str]:
+    """What torch's "Error(s) in loading state_dict" says, short: the first tensors of another
+    shape (both shapes), and the counts and first names of missing and unexpected keys."""
+    shapes = re.findall(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) "
+                        r"from checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
+    shown = [f"{name}: checkpoint {a.replace(', ', 'x')}, this model {b.replace(', ', 'x')}"
+             for name, a, b in shapes[:2]]
+    parts = [f"{len(shapes)} of another shape ({', '.join(shown)}{', ...' if len(shapes) > 2 else ''})"] if shapes else []
+    keys = {kind: re.findall(r'"([^"]+)"', found.group(1)) for kind in ("Missing", "Unexpected")
+            for found in [re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)]
+            if found}
+    return parts + [f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                    for kind, v in keys.items()]
+
+
 def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
-    """fairseq's ``Trainer.load_checkpoint``; parameters that do not fit name both architectures."""
+    """fairseq's ``Trainer.load_checkpoint`` (``--restore-file``, a resumed ``--save-dir``,
+    ``--finetune-from-model``; fairseq compares the shapes of the tensors only): a checkpoint
+    whose model differs from this run's in an architecture option (the head count, pre-/post-norm,
+    the DLCL settings, ... :mod:`~fairseq_deep.model_options`) stops before any parameter is
+    loaded, naming each option with both values; parameters that do not fit otherwise name the
+    options or the first tensors that differ."""
+    token = _RESTORING.set(self.cfg.model)
     try:
-        return fairseq_original(trainer_load_checkpoint_checked)(self, filename, *args, **kwargs)
+        extra_state = fairseq_original(trainer_load_checkpoint_checked)(self, filename, *args, **kwargs)
+        _say_training_time(self, filename)
+        return extra_state
     except Exception as e:
         if not str(e).startswith("Cannot load model parameters from checkpoint"):
             raise
-        cause = str(e.__context__).strip().splitlines() if e.__context__ is not None else []
+        from .model_options import describe, differences, saved_model_options
+
+        cause = str(e.__context__) if e.__context__ is not None else ""
         try:
-            saved = load_checkpoint_to_cpu_checked(filename)
-            saved_model = (saved.get("cfg") or {}).get("model") if saved.get("cfg") else saved.get("args")
-        except Exception:  # noqa: BLE001 - the summary is a courtesy
-            saved_model = None
+            found = describe(differences(saved_model_options(fairseq_original(load_checkpoint_to_cpu_checked)(
+                filename)), self.cfg.model))
+        except Exception:  # noqa: BLE001 - the options are a courtesy; the tensors are named below
+            found = ""
+        what = (f"its model options differ from this run's: {found}" if found else
+                "; ".join(_state_dict_mismatch(cause)) or (cause.strip().splitlines() or ["?"])[0][:300])
         raise CheckpointError(
-            f"{filename} holds a model of {_model_summary(saved_model)}, which does not fit the "
-            f"model of this run ({_model_summary(self.cfg.model)})"
-            + (f": {' '.join(cause[:2])[:400]}" if cause else "")
-            + ". Fix: train with the checkpoint's --arch and layer/dimension options, or start a new "
-              "model in another --save-dir (the checkpoint was not modified)."
+            f"{filename}: the checkpoint's parameters do not fit the model of this run ({what}). Fix: train "
+            f"with the checkpoint's model options (fairseq-deep-train --model-from {filename} takes them all), "
+            f"or start a new model in another --save-dir (the checkpoint was not modified)"
         ) from e
+    finally:
+        _RESTORING.reset(token)
+
+
+def _say_training_time(trainer, filename):
+    """Log the training time a restored checkpoint brings, which fairseq's ``--stop-time-hours``
+    counts (``cumulative_training_time``), and what is left of it: fairseq says nothing, and a
+    budget spent by an earlier run trains one update."""
+    from .progress import hms
+
+    stop_s = (trainer.cfg.optimization.stop_time_hours or 0) * 3600
+    spent = getattr(trainer, "_previous_training_time", 0) or 0
+    if stop_s <= 0 or spent <= 0:
+        return
+    left = stop_s - spent
+    say = logger.info if left > 0.1 * stop_s else logger.warning
+    say("%s trained %s already, which --stop-time-hours %g counts: %s", filename, hms(spent),
+        stop_s / 3600, f"{hms(left)} left" if left > 0 else
+        "nothing is left, training stops after one update (raise --stop-time-hours; fairseq-deep-grow "
+        "writes a checkpoint with no training time unless given --keep-training-time)")
 
 
 def infer_language_pair_checked(path):
@@ -546,6 +585,10 @@ def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", 
     warning, or the load stops naming the arguments to give."""
     from omegaconf import open_dict
 
+    from .quiet import quiet_pin_memory
+
+    if not torch.cuda.is_available():
+        quiet_pin_memory()  # torch's warning on every translate(): fairseq's batches ask for pinned memory
     loaded = fairseq_original(hub_from_pretrained_checked)(
         model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
     cfg = loaded["args"]

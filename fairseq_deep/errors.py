@@ -8,7 +8,7 @@ shows the traceback of a user error too (for debugging).
 
 What counts as a user error (:func:`is_user_error`):
 
-- :class:`UserError` and its subclasses (``compat.CheckpointError``, :class:`MissingFileError`,
+- :class:`UserError` and its subclasses (:class:`CheckpointError`, :class:`MissingFileError`,
   :class:`MissingPackageError`: an optional package, such as matplotlib for the plots, not installed);
 - a plain ``ValueError`` (or fairseq's ``assert``) whose message names a command-line option
   (``--encoder-layers``): by the project's convention (docs/design.md, "Conventions") such
@@ -17,6 +17,7 @@ What counts as a user error (:func:`is_user_error`):
 - a ``FileNotFoundError`` of a file the command was given.
 """
 
+import argparse
 import os
 import re
 import sys
@@ -35,8 +36,22 @@ class MissingFileError(UserError, FileNotFoundError):
     """A file the command needs (a dictionary, a plugin directory) does not exist."""
 
 
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be used; the message names the file, the cause and the fix."""
+
+
 class MissingPackageError(UserError, ImportError):
     """An optional package a command needs is not installed; the message names what to install."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (a missing required option, a wrong type, a bad choice) are
+    one line, ``<prog>: error: <message> (--help lists the options)``, exit status 2, as every
+    other mistake in the scripts of fairseq_deep (argparse prints its usage block first)."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (--help lists the options)", file=sys.stderr)
+        sys.exit(2)
 
 
 def import_optional(module: str, needed_for: str, install: str, alternative: str = ""):

@@ -5,9 +5,10 @@
 
 (also ``python -m fairseq_deep.grow``).  Reads a checkpoint of any family of fairseq_deep and writes
 one of the same family at depth N (and M), with the grown options in its saved configuration, so
-that ``fairseq-generate`` decodes it without extra flags and ``fairseq-train --restore-file OUT.pt
---reset-optimizer --reset-lr-scheduler --reset-dataloader`` (with the printed ``--arch`` and depths)
-continues training it.  Two published methods:
+that ``fairseq-generate`` decodes it without extra flags and ``fairseq-deep-train --model-from
+OUT.pt --restore-file OUT.pt --reset-optimizer --reset-lr-scheduler --reset-dataloader`` continues
+training it (the script prints that command, and the same with every model option of OUT.pt
+written out).  Two published methods:
 
 * Li et al. (EMNLP 2020), *Shallow-to-Deep Training for NMT*: train a shallow encoder, stack copies
   of its top layers on it, continue training (with a learning-rate restart), repeat: ``--method
@@ -46,8 +47,10 @@ depth:
 * ReZero (Bachlechner et al. 2020): alphas travel with their layer; ``--method identity`` sets the
   new layers' alpha to 0, which makes them the identity.
 
-The optimizer state is dropped (its shapes are the shallow model's); the training time of the
-shallow run is kept (``--stop-time-hours`` counts it).
+The optimizer state is dropped (its shapes are the shallow model's).  The shallow run's training
+time is reset to 0, so that the next run's ``--stop-time-hours`` is its own (fairseq counts the
+time a checkpoint brings); ``--keep-training-time`` keeps it, for comparisons in equal time
+(``fairseq-deep-study --group li``: the stages share one budget).
 """
 
 import argparse
@@ -61,7 +64,8 @@ import zipfile
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
-from .errors import MissingFileError, UserError, report_user_errors
+from .errors import ArgumentParser, CheckpointError, MissingFileError, UserError, report_user_errors
+from .model_options import saved_model_options
 
 logger = logging.getLogger("fairseq_deep.grow")
 
@@ -109,12 +113,12 @@ def load(path: str):
     """The checkpoint's state (fairseq's loader, with the package's allow-list and its errors)."""
     if not os.path.isfile(path):
         raise MissingFileError(f"--checkpoint {path}: no such checkpoint file")
-    if not zipfile.is_zipfile(path):
+    with open(path, "rb") as f:
+        zip_header = f.read(4) == b"PK\x03\x04"  # a cut zip file: the loader says "truncated"
+    if not zipfile.is_zipfile(path) and not zip_header:
         raise GrowError(f"--checkpoint {path} is not a checkpoint (not a file torch.save wrote): give a "
                         "checkpoint written by fairseq-train of a fairseq_deep model")
     from fairseq import checkpoint_utils
-
-    from .compat import CheckpointError
 
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -124,18 +128,11 @@ def load(path: str):
 
 def model_args(state, path: str) -> argparse.Namespace:
     """The saved model options as a namespace (a copy)."""
-    cfg = state.get("cfg")
-    saved = cfg.get("model", None) if cfg is not None else None
-    if saved is None:
-        saved = state.get("args")
+    saved = saved_model_options(state)
     if saved is None:
         raise GrowError(f"--checkpoint {path} holds no model options (no cfg.model, no args): "
                         "give a checkpoint written by fairseq-train")
-    if isinstance(saved, argparse.Namespace):
-        return copy.deepcopy(saved)
-    from omegaconf import OmegaConf
-
-    return argparse.Namespace(**OmegaConf.to_container(saved, resolve=True))
+    return saved
 
 
 def family_of(args, path: str) -> Tuple[str, str]:
@@ -147,9 +144,11 @@ def family_of(args, path: str) -> Tuple[str, str]:
         raise GrowError(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded registers: "
                         "fairseq-deep-grow grows the models of fairseq_deep (fairseq-deep-list-archs)")
     if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
+        nearest = {"transformer": "transformer_postnorm, which is fairseq's transformer",
+                   "lstm": "rnmt_plus or deep_att, LSTM families"}.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
         raise GrowError(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of fairseq_deep: "
-                        "train the shallow model with a fairseq_deep architecture (e.g. --arch "
-                        "transformer_postnorm for fairseq's transformer)")
+                        "train the shallow model with a fairseq_deep architecture"
+                        + (f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"))
     return arch, ARCH_MODEL_NAME_REGISTRY[arch]
 
 
@@ -538,9 +537,10 @@ def _make_identity(side: "Side", new, origin):
 
 
 def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decoder_layers: Optional[int] = None,
-         method: str = "stack", deepnorm_constants: str = "new", seed: int = 1) -> Dict:
+         method: str = "stack", deepnorm_constants: str = "new", seed: int = 1,
+         keep_training_time: bool = False) -> Dict:
     """Grow ``checkpoint`` into ``out``; returns a summary (arch, depths, counts of copied and
-    initialised entries)."""
+    initialised entries, the shallow run's training time and whether it was kept)."""
     import torch.nn as nn
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
@@ -608,20 +608,23 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     extra = dict(state.get("extra_state") or {})
     for stale in ("ema", "ema_fp32_params"):
         extra.pop(stale, None)
+    trained_s = float(extra.get("previous_training_time") or 0.0)
+    if not keep_training_time:
+        extra["previous_training_time"] = 0.0  # the next run's --stop-time-hours is its own
     summary = {
         "from": os.path.abspath(checkpoint), "method": method, "arch": arch, "grown_arch": new_arch,
         "encoder_layers": [old_depths["encoder"], new_depths["encoder"]],
         "decoder_layers": [old_depths["decoder"], new_depths["decoder"]],
         "copied": sum(1 for v in origin.values() if v.startswith("copied")),
         "set": sum(1 for v in origin.values() if not v.startswith("copied")),
-        "notes": notes,
+        "notes": notes, "training_time": trained_s, "training_time_kept": keep_training_time,
     }
     extra["grown"] = list(extra.get("grown", [])) + [summary]
     out_state["extra_state"] = extra
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     checkpoint_utils.torch_persistent_save(out_state, out)
-    summary["origin"] = origin
-    summary["depth_options"] = (enc_opt, dec_opt)
+    summary.update(origin=origin, depth_options=(enc_opt, dec_opt), model_options=new_args, cfg=cfg,
+                   data=(cfg.get("task") or {}).get("data") if isinstance(cfg, dict) else getattr(args, "data", None))
     return summary
 
 
@@ -654,18 +657,12 @@ def freeze_bottom_layers(model, value: str) -> int:
     return frozen
 
 
-def continue_command(summary) -> str:
-    enc_opt, dec_opt = summary["depth_options"]
-    return (f"--arch {summary['grown_arch']} --{enc_opt.replace('_', '-')} {summary['encoder_layers'][1]} "
-            f"--{dec_opt.replace('_', '-')} {summary['decoder_layers'][1]}")
-
-
 def cli_main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="fairseq-deep-grow",
         description="Grow a trained fairseq_deep model to more layers (Li et al. 2020, shallow-to-deep "
-                    "training; Wu et al. 2019, depth growing). Continue with fairseq-deep-train "
-                    "--restore-file OUT --reset-optimizer --reset-lr-scheduler --reset-dataloader.",
+                    "training; Wu et al. 2019, depth growing). Continue with fairseq-deep-train DATA --model-from "
+                    "OUT --restore-file OUT --reset-optimizer --reset-lr-scheduler --reset-dataloader.",
     )
     parser.add_argument("--checkpoint", required=True, metavar="IN.pt", help="the shallow model's checkpoint")
     parser.add_argument("--out", required=True, metavar="OUT.pt", help="where to write the grown checkpoint")
@@ -677,6 +674,9 @@ def cli_main(argv=None):
                              "identity (ReZero, pre-norm layers, DLCL/linear-combination readouts)")
     parser.add_argument("--deepnorm-constants", default="new", choices=("new", "keep"),
                         help="DeepNorm models: alpha/beta of the new depth (default) or of the checkpoint's")
+    parser.add_argument("--keep-training-time", action="store_true",
+                        help="keep the shallow run's training time in OUT, so that the next run's --stop-time-hours "
+                             "counts it (comparisons in equal time); by default OUT starts at 0")
     parser.add_argument("--seed", type=int, default=1, help="seed of the parameters that are initialised")
     args = parser.parse_args(argv)
     from .cli import _fairseq_logging, quiet_warnings
@@ -686,18 +686,13 @@ def cli_main(argv=None):
 
     def run():
         import fairseq_deep  # noqa: F401  (registers the models, allow-lists the checkpoint types)
+        from .grow_report import report
 
         if args.encoder_layers is None and args.decoder_layers is None:
             parser.error("give --encoder-layers and/or --decoder-layers")
         summary = grow(args.checkpoint, args.out, args.encoder_layers, args.decoder_layers, args.method,
-                       args.deepnorm_constants, args.seed)
-        print(f"{args.out}: {summary['arch']} {summary['encoder_layers'][0]}+{summary['decoder_layers'][0]} -> "
-              f"{summary['grown_arch']} {summary['encoder_layers'][1]}+{summary['decoder_layers'][1]} layers "
-              f"({args.method}): {summary['copied']} tensors copied, {summary['set']} set")
-        for note in summary["notes"]:
-            print(f"  note: {note}")
-        print(f"continue: fairseq-deep-train DATA {continue_command(summary)} <the shallow run's other model "
-              f"options> --restore-file {args.out} --reset-optimizer --reset-lr-scheduler --reset-dataloader")
+                       args.deepnorm_constants, args.seed, args.keep_training_time)
+        print(report(summary, args.out))
 
     report_user_errors(run, parser.prog)
 

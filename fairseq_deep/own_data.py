@@ -15,6 +15,11 @@ training (and the final one), or names ``checkpoint_best.pt`` when there are too
 puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
 its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
 
+Decoding's estimate may take at most :data:`DECODE_SHARE` of the budget: a test set that would take
+more is decoded in part, and ``setup`` says so with the MINUTES that decode it all; training warns
+after its first updates when the budget cannot reach the end of warm-up (progress.BudgetCheck,
+told the recipe's figures through ``FAIRSEQ_DEEP_RECIPE_BUDGET`` to name the MINUTES that would).
+
 The budget's end is a guarantee, not the estimate: run.sh gives fairseq-deep-generate a deadline
 (``FAIRSEQ_DEEP_DEADLINE``: the run's start + MINUTES - :data:`END_MARGIN_S`) after which it starts
 no batch, and ``score`` then scores the sentences decoded against their own references and says so
@@ -31,8 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UserError, report_user_errors
-from .prepare import check_inputs
+from .errors import ArgumentParser, UserError, report_user_errors
+from .prepare import check_aligned, check_inputs
 
 PROG = "run.sh"
 
@@ -62,6 +67,12 @@ CPU_STEP = 1.5
 CPU_VALID_SENTENCE = 0.04
 #: seconds of the budget after decoding's deadline: fairseq-generate's summary and exit, and scoring
 END_MARGIN_S = 15
+#: the most of the budget that decoding's estimate may take: the budget is for training, so a test
+#: set that would take more is decoded in part (an evenly spaced fraction of its sentences in
+#: fairseq's order by length: every length in it; progress.DECODE_FRACTION_ENV), and the script
+#: says so.  (A 12-minute run on held-out data kept 438 s for decoding 1,000 sentences and
+#: start-ups, and trained 238 s.)
+DECODE_SHARE = 0.2
 
 
 @dataclass
@@ -132,6 +143,14 @@ def reserve_parts(test_sentences: int, test_words: float, valid_sentences: int, 
     decode = math.ceil(test_sentences / DECODE_BATCH) * steps * CPU_STEP * scale * max(1, beam) / 5
     valid = valid_sentences * CPU_VALID_SENTENCE * scale * valid_words / 11
     return {"start-ups": 3 * startup_s + 10, "validation": valid, "decoding": decode}
+
+
+def decode_fraction(decode_s: float, budget_s: float, share: float = DECODE_SHARE) -> float:
+    """The fraction of the test set to decode: 1 unless decoding all of it (``decode_s``, the
+    estimate) would take more than ``share`` of the budget (``budget_s``; 0: no time budget)."""
+    if budget_s <= 0 or decode_s <= share * budget_s:
+        return 1.0
+    return share * budget_s / decode_s
 
 
 def width_flags(arch: str, width: int) -> List[str]:
@@ -225,8 +244,12 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         raise UserError(f"RAW={raw}: no such folder (it should hold train, valid and test .{src}/.{tgt} files)")
     device = detect_device(env)
     s = settings_from_env(env, device)
+    from .cli import check_arch
+
+    check_arch(["fairseq-train", "--arch", arch])  # a mistyped name: the nearest ones
     prefixes = {split: os.path.join(raw, split) for split in ("train", "valid", "test")}
     files = check_inputs(prefixes, src, tgt)
+    check_aligned(files, prefixes, src, tgt)  # an empty or misaligned file: before any folder is made
     work = s.work
     data_bin = os.path.join(work, "data-bin")
     save_dir = os.path.join(work, "checkpoints", f"{arch}_w{s.width}" if s.width else arch)
@@ -241,14 +264,21 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     startup = max(10.0, time.time() - start) if start else 20.0  # this process's start: python, torch, fairseq
     parts = reserve_parts(test_sentences, test_words, valid_sentences, valid_words, width, layers, startup,
                           device, s.beam)
-    reserve = int(math.ceil(sum(parts.values())))
     budget = int(round(s.minutes * 60))
+    decode_all = parts["decoding"]
+    fraction = decode_fraction(decode_all, budget)
+    parts["decoding"] = decode_all * fraction
+    reserve = int(math.ceil(sum(parts.values())))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
     values = {
         "WORK": work, "SAVE": save_dir, "DATA_BIN": data_bin, "PREFIX_TRAIN": prefixes["train"],
         "PREFIX_VALID": prefixes["valid"], "PREFIX_TEST": prefixes["test"], "VOCAB": s.vocab,
         "BUDGET_S": budget, "RESERVE_S": reserve, "MARGIN_S": END_MARGIN_S, "AVERAGE": s.average, "DEVICE_KIND": device,
         "REF": files[f"test.{tgt}"], "TRAIN": train, "GENERATE": generate,
+        "DECODE_FRACTION": f"{fraction:.4f}" if fraction < 1 else "",
+        # for training's warning of a budget too small to learn: what is neither training nor decoding, decoding
+        "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])), "DECODE_ALL_S": int(math.ceil(decode_all)),
+        "DECODE_SHARE": DECODE_SHARE,
         "INTERACTIVE": [data_bin, "--source-lang", src, "--target-lang", tgt, "--bpe", "sentencepiece",
                         "--sentencepiece-model", os.path.join(work, "spm.model")] + (["--cpu"] if device == "cpu" else []),
     }
@@ -263,6 +293,11 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
           + f" for {test_sentences} test sentences; an estimate)"
           + (f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)" if resumed else ""),
           file=log)
+    if fraction < 1:
+        print(f"{PROG}: decoding about {max(1, round(fraction * test_sentences)):,} of the {test_sentences:,} test "
+              f"sentences (a subset of every length), since all of them would take about {decode_all:.0f} s, more than "
+              f"{DECODE_SHARE:.0%} of the budget; MINUTES={math.ceil(decode_all / DECODE_SHARE / 60)} decodes them all",
+              file=log)
 
 
 # ---------------------------------------------------------------------------------------- checkpoint
@@ -341,7 +376,7 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     import sacrebleu
 
     from .prepare import read_lines
-    from .progress import DEADLINE_STOP
+    from .progress import DEADLINE_STOP, DECODE_SUBSET
 
     refs = read_lines(reference)
     by_id = hypotheses_by_id(generate_out)
@@ -358,19 +393,21 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     b = bleu.corpus_score(hyps, [chosen])
     c = chrf.corpus_score(hyps, [chosen])
     fairseq_bleu = None
-    stopped = False
+    stopped = subset = False
     with open(generate_out, encoding="utf-8") as f:
         for line in f:
             stopped = stopped or DEADLINE_STOP in line
+            subset = subset or DECODE_SUBSET in line
             if "Generate" in line and "BLEU" in line:
                 m = _FAIRSEQ_BLEU.search(line)
                 fairseq_bleu = m.group(1) if m else None
-    subset = ""
+    part = ""
     if len(ids) < len(refs):
         why = ("the budget ran out while decoding; a larger MINUTES decodes all" if stopped else
-               f"fairseq-generate decoded only these; see {generate_out}")
-        subset = f" on {len(ids):,} of {len(refs):,} test sentences ({why}):"
-    print(f"sacreBLEU{subset} {b}   (signature {bleu.get_signature()}; {c})", file=out)
+               "a subset of every length, so that decoding left the budget to training; run.sh's first lines say "
+               "the MINUTES that decode all" if subset else f"fairseq-generate decoded only these; see {generate_out}")
+        part = f" on {len(ids):,} of {len(refs):,} test sentences ({why}):"
+    print(f"sacreBLEU{part} {b}   (signature {bleu.get_signature()}; {c})", file=out)
     if fairseq_bleu is not None:
         print(f"(fairseq-generate's own \"BLEU4 = {fairseq_bleu}\" in {generate_out} is another number: it "
               "splits the same output at spaces only, so punctuation stays on words; report the sacreBLEU line, "
@@ -380,7 +417,7 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
 
 def main(argv: Optional[Sequence[str]] = None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m fairseq_deep.own_data", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m fairseq_deep.own_data", description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["setup", "checkpoint", "score"])
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv[:1])

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from typing import Dict, List, Sequence
 
-from .errors import UserError, report_user_errors
+from .errors import ArgumentParser, UserError, report_user_errors
 
 logger = logging.getLogger("fairseq_deep.prepare")
 
@@ -221,7 +221,7 @@ def next_steps(destdir: str, src: str, tgt: str, test_ref: str) -> str:
 
 def get_parser() -> argparse.ArgumentParser:
     description, epilog = __doc__.split("\n\n", 1)
-    p = argparse.ArgumentParser(prog="fairseq-deep-prepare", description=description, epilog=epilog,
+    p = ArgumentParser(prog="fairseq-deep-prepare", description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source-lang", "-s", required=True, metavar="SRC",
                    help="source language: the file suffix, as in PREFIX.SRC (e.g. de)")

@@ -22,13 +22,23 @@ names are replaced by proxies whose progress bar's iterator counts the sentences
 whose task records its batch iterator, to know the number of sentences
 (:func:`install_decoding_progress`).  Both take a ``clock`` (tests use a fake one).
 
+A budget too small to learn: after its first updates (:data:`BUDGET_CHECK_UPDATES`) a run with
+``--stop-time-hours`` checks, at the rate measured, how many updates the budget reaches; where that
+is short of the end of warm-up (``--warmup-updates``; without warm-up, :data:`FEW_UPDATES`), it says
+so at once, with the training time (and, under a recipe that sets :data:`RECIPE_BUDGET_ENV`, the
+recipe's setting, ``MINUTES=N``) that would reach it.
+
 A deadline for decoding: :data:`DEADLINE_ENV` (``FAIRSEQ_DEEP_DEADLINE``, a Unix time in seconds,
 e.g. ``$(( $(date +%s) + 600 ))``) makes ``fairseq-deep-generate``'s batch iterator start no batch
 once the deadline has passed, nor one that the last batch's time says would end after it (the
 first batch is always decoded: a score needs sentences, and fairseq's summary divides by the
 decoding time).  A warning says how many of how many sentences were decoded, and fairseq's
 generate ends as usual with what it decoded (its "Translated N sentences" and BLEU lines).
-examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.
+examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.  A subset:
+:data:`DECODE_FRACTION_ENV` (``FAIRSEQ_DEEP_DECODE_FRACTION=f``, 0 < f < 1) decodes an evenly
+spaced fraction f of the test set's sentences in fairseq's order, which is by length (the
+dataset's ``ordered_indices``, from which fairseq makes its batches), so the subset holds every
+length, and says so; run.sh sets it where decoding the whole test set would starve training.
 """
 
 import logging
@@ -46,6 +56,18 @@ DEFAULT_INTERVAL = 30.0
 DEADLINE_ENV = "FAIRSEQ_DEEP_DEADLINE"
 #: the start of the warning logged when decoding stops at the deadline (own_data's score looks for it)
 DEADLINE_STOP = "decoding stopped at the deadline"
+#: the environment variable with the fraction of the sentences to decode (evenly spaced; unset: all)
+DECODE_FRACTION_ENV = "FAIRSEQ_DEEP_DECODE_FRACTION"
+#: the start of the line logged when decoding a subset (own_data's score looks for it)
+DECODE_SUBSET = "decoding a subset"
+#: the environment variable with a recipe's budget setting, the seconds of it that are neither
+#: training's nor decoding's, and decoding's whole estimate and largest share ("MINUTES 120 324 0.2":
+#: examples/own_data/run.sh), for the warning of a budget too small to learn
+RECIPE_BUDGET_ENV = "FAIRSEQ_DEEP_RECIPE_BUDGET"
+#: updates after the first at which the budget is judged (or 60 s and 3 updates, whichever first)
+BUDGET_CHECK_UPDATES = 10
+#: what a run without warm-up should reach at least
+FEW_UPDATES = 2000
 
 
 def interval_seconds() -> float:
@@ -99,13 +121,65 @@ class Ticker:
         return False
 
 
+class BudgetCheck:
+    """Whether ``--stop-time-hours`` reaches the end of warm-up at the rate of the first updates;
+    :meth:`warning` returns the one warning (once), or None."""
+
+    def __init__(self, stop_time_hours=0.0, warmup_updates=0, max_update=0, recipe: Optional[str] = None):
+        self.stop_s = (stop_time_hours or 0.0) * 3600.0
+        self.warmup = int(warmup_updates or 0)
+        self.target = self.warmup or FEW_UPDATES
+        if max_update:
+            self.target = min(self.target, int(max_update))  # a run capped lower asks for no more
+        self.recipe = recipe  # "MINUTES 120 324 0.2": recipe_minutes
+        self.done = self.stop_s <= 0
+
+    def warning(self, num_updates: int, updates_measured: int, seconds_measured: float,
+                training_seconds: Optional[float]) -> Optional[str]:
+        if self.done or training_seconds is None or updates_measured < 1 or seconds_measured <= 0:
+            return None
+        if updates_measured < BUDGET_CHECK_UPDATES and not (seconds_measured >= 60 and updates_measured >= 3):
+            return None
+        self.done = True
+        rate = updates_measured / seconds_measured
+        reached = num_updates + rate * max(0.0, self.stop_s - training_seconds)
+        if reached >= self.target:
+            return None
+        needed = training_seconds + (self.target - num_updates) / rate
+        what = (f"the end of warm-up (--warmup-updates {self.warmup:,})" if self.warmup else f"{self.target:,} updates")
+        text = (f"a budget too small to learn: at {rate:.3g} updates/s, --stop-time-hours {self.stop_s / 3600:.3g} ends "
+                f"training after about {reached:,.0f} updates, before {what}: the model will hardly have learnt. "
+                f"About {hms(needed)} of training reach it (--stop-time-hours {needed / 3600:.3g})")
+        minutes = recipe_minutes(self.recipe, needed)
+        if minutes is not None:
+            text += f"; {minutes} would"
+        return text
+
+
+def recipe_minutes(recipe: Optional[str], training_s: float) -> Optional[str]:
+    """``NAME=M``: the recipe's budget (:data:`RECIPE_BUDGET_ENV`, ``"NAME FIXED [DECODE SHARE]"``:
+    its seconds outside training, and decoding's seconds for the whole test set, of which it takes
+    at most SHARE of the budget) that leaves ``training_s`` to training; None without a recipe."""
+    try:
+        name, fixed, *decoding = (recipe or "").split()
+        total = training_s + float(fixed)
+        budget = total
+        if decoding:
+            decode_all, share = float(decoding[0]), float(decoding[1])
+            budget = total / (1 - share) if share * total / (1 - share) <= decode_all else total + decode_all
+    except (ValueError, IndexError, ZeroDivisionError):
+        return None
+    return f"{name}={math.ceil(budget / 60)}"
+
+
 class TrainingProgress:
     """Counts updates and words of one ``fairseq-train`` run and logs a line with the ETA.
 
     ``max_update``, ``max_epoch``, ``stop_time_hours``: fairseq's (0 or None: no such bound)."""
 
     def __init__(self, max_update=0, max_epoch=0, stop_time_hours=0.0, interval: float = DEFAULT_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, budget: Optional[BudgetCheck] = None):
+        self.budget = budget or BudgetCheck()
         self.max_update = max_update or 0
         self.max_epoch = max_epoch or 0
         self.stop_time_hours = stop_time_hours or 0.0
@@ -131,6 +205,9 @@ class TrainingProgress:
             self.words += words or 0.0
         if self.ticker.due():
             logger.info(self.line(num_updates, training_seconds, now))
+        warning = self.budget.warning(num_updates, num_updates - self.first[1], now - self.first[0], training_seconds)
+        if warning:
+            logger.warning("progress: %s", warning)
 
     def line(self, num_updates: int, training_seconds: Optional[float] = None, now: Optional[float] = None) -> str:
         now = self.clock() if now is None else now
@@ -236,8 +313,10 @@ def install_training_progress(train_module, interval: Optional[float] = None,
         progress = state.get(id(trainer))
         if progress is None:
             opt = cfg.optimization
+            budget = BudgetCheck(opt.stop_time_hours, getattr(getattr(cfg, "lr_scheduler", None), "warmup_updates", 0),
+                                 opt.max_update, os.environ.get(RECIPE_BUDGET_ENV))
             progress = state[id(trainer)] = TrainingProgress(
-                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock)
+                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock, budget=budget)
             _wrap_train_step(trainer, progress, cfg)
         progress.epoch_itr = epoch_itr
         return train_epoch(cfg, trainer, task, epoch_itr, *args, **kwargs)
@@ -360,9 +439,46 @@ def _sentences_in(epoch_batch_iterator) -> Optional[int]:
         return None
 
 
+def fraction_from_env() -> Optional[float]:
+    """:data:`DECODE_FRACTION_ENV` in (0, 1), or None (unset, empty, 1 or more; not a fraction: a warning)."""
+    value = os.environ.get(DECODE_FRACTION_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = float("nan")
+    if not 0 < fraction <= 1:
+        logger.warning("%s=%r is not a fraction in (0, 1]: decoding every sentence", DECODE_FRACTION_ENV, value)
+        return None
+    return fraction if fraction < 1 else None
+
+
+def evenly_spaced(n: int, fraction: float) -> list:
+    """About ``fraction`` of ``range(n)``, evenly spaced (at least one), in order."""
+    keep = [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+    return keep or [0][:n]
+
+
+def _decode_a_subset(dataset, fraction: float):
+    """``dataset.ordered_indices`` (fairseq's order, by length) thinned to an evenly spaced
+    ``fraction`` of it, on the instance, so that fairseq batches the subset only; the ids (lines of
+    the test set) stay the same."""
+    ordered_indices = dataset.ordered_indices
+
+    def subset():
+        indices = ordered_indices()
+        chosen = indices[evenly_spaced(len(indices), fraction)]
+        logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(chosen):,} of {len(indices):,} "
+                    "sentences, evenly spaced over the test set sorted by length (every length is in it)")
+        return chosen
+
+    dataset.ordered_indices = subset
+
+
 def install_decoding_progress(generate_module, interval: Optional[float] = None,
                               clock: Callable[[], float] = time.monotonic, deadline: Optional[float] = None,
-                              wall_clock: Callable[[], float] = time.time):
+                              wall_clock: Callable[[], float] = time.time, fraction: Optional[float] = None):
     """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines and
     stop at ``deadline`` (a Unix time, by default from :data:`DEADLINE_ENV`; see the module's
     docstring): its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded
@@ -372,7 +488,8 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
         return
     interval = interval_seconds() if interval is None else interval
     deadline = deadline_from_env() if deadline is None else deadline
-    if interval <= 0 and deadline is None:
+    fraction = fraction_from_env() if fraction is None else fraction
+    if interval <= 0 and deadline is None and fraction is None:
         return
     real_tasks, real_bars = generate_module.tasks, generate_module.progress_bar
     recorded = []
@@ -382,6 +499,9 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
         get_batch_iterator = task.get_batch_iterator
 
         def recording(*a, **kw):
+            dataset = kw.get("dataset", a[0] if a else None)
+            if fraction is not None and hasattr(dataset, "ordered_indices"):
+                _decode_a_subset(dataset, fraction)
             itr = get_batch_iterator(*a, **kw)
             recorded.append(itr)
             return itr

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from fairseq_deep.errors import ArgumentParser
+
 logger = logging.getLogger("fairseq_deep.quickstart")
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -57,11 +59,43 @@ def optimization_args(args):
     ]
 
 
-def run(cmd, log_path, env):
-    """Run a console script, its output to log_path; fail loudly with the log's tail."""
+class TrainingWatch:
+    """Reads fairseq-train's output as it comes and logs a progress line after the first of its
+    ``train_inner`` lines (every ``--log-interval`` updates) and then at most every ``interval``
+    seconds: ``training: update 400/2,000 (20%) | loss 4.31 | elapsed 0:01:10 | ETA 0:04:40``."""
+
+    UPDATES = re.compile(r"\| train_inner \|.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
+
+    def __init__(self, max_update: int, interval: float = 30.0, clock=time.monotonic):
+        self.max_update, self.interval, self.clock = max_update, interval, clock
+        self.start = clock()
+        self.last = None
+
+    def __call__(self, line: str):
+        m = self.UPDATES.search(line)
+        now = self.clock()
+        if m is None or (self.last is not None and now - self.last < self.interval):
+            return
+        self.last = now
+        from fairseq_deep.progress import hms
+
+        updates, elapsed = int(m.group(2)), now - self.start
+        eta = elapsed * (self.max_update - updates) / updates if updates else None
+        logger.info("training: update %s/%s (%.0f%%) | loss %s | elapsed %s | ETA %s", f"{updates:,}",
+                    f"{self.max_update:,}", 100.0 * updates / self.max_update, m.group(1), hms(elapsed), hms(eta))
+
+
+def run(cmd, log_path, env, watch=None):
+    """Run a console script, its output to log_path (and each line to ``watch``); fail loudly with
+    the log's tail."""
     logger.info("$ %s", " ".join(cmd))
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if watch is not None:
+                watch(line)
+        proc.wait()
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8") as log:
             tail = log.read()[-4000:]
@@ -115,7 +149,7 @@ def train(args, data_bin, save_dir, env, untrained=False):
                "--max-tokens", str(args.max_tokens), "--max-update", "1", "--disable-validation"]
     else:
         cmd = [*common, *optimization_args(args)]
-    run(cmd, os.path.join(save_dir + ".log"), env)
+    run(cmd, os.path.join(save_dir + ".log"), env, watch=None if untrained else TrainingWatch(args.max_update))
     return os.path.join(save_dir, "checkpoint_last.pt")
 
 
@@ -149,7 +183,7 @@ def score(hyps, ref_path, n_expected, what):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="quickstart_run", help="where everything is written (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train", type=int, default=20000, help="training pairs")

@@ -5,7 +5,11 @@ Two kinds, each filtered by its exact message (and category or logger), never wh
 
 - Python warnings (:data:`QUIET_WARNINGS`): deprecations inside fairseq and its pins;
   :func:`quiet_warnings` is called by every console script of ours (``PYTHONWARNINGS`` or ``-W``
-  given by the user still apply first).
+  given by the user still apply first), already when the package is imported by one (a
+  ``fairseq-deep-*`` program or ``python -m fairseq_deep...``: fairseq's import of fairscale,
+  where it is installed, warns), and
+  the hub interface filters torch's ``pin_memory`` warning on a machine without an accelerator
+  (:func:`quiet_pin_memory`, from ``from_pretrained``: fairseq's batches ask for pinned memory).
 - log records (:data:`QUIET_LOGS`): fairseq's import of its tasks logs "Please install
   tensorboardX" (``fairseq.tasks.text_to_speech``, a task these scripts never run) whenever
   tensorboardX is not installed, and ``--user-dir=<fairseq_deep> has already been imported`` on
@@ -19,9 +23,13 @@ Two kinds, each filtered by its exact message (and category or logger), never wh
 import logging
 import os
 import re
+import sys
 import warnings
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+#: torch's warning when fairseq's batch iterators ask for pinned memory and no accelerator exists
+PIN_MEMORY = r"\s*'pin_memory' argument is set as true but no accelerator is found"
 
 #: (category, message regex) of warnings that fairseq, hydra and torch print on every run and that
 #: say nothing a user of these scripts can act on (deprecations inside fairseq and its pins).
@@ -34,7 +42,7 @@ QUIET_WARNINGS = [
     (FutureWarning, r"\s*`torch\.cuda\.amp\.\w+\(args\.\.\.\)` is deprecated"),
     (Warning, r"\s*`?torch\.jit\.(script|trace|_overload)\w*`? is deprecated"),
     (UserWarning, r"\s*Support for mismatched key_padding_mask and attn_mask is deprecated"),
-    (UserWarning, r"\s*'pin_memory' argument is set as true but no accelerator is found"),
+    (UserWarning, PIN_MEMORY),
 ]
 
 #: (logger name, message regex) of log records dropped (the logger's own filter: only records
@@ -49,6 +57,21 @@ def quiet_warnings():
     """Filter :data:`QUIET_WARNINGS` (``PYTHONWARNINGS`` or ``-W`` given by the user still apply first)."""
     for category, pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
+
+
+def quiet_pin_memory():
+    """Filter torch's warning that pinned memory is asked for where no accelerator exists (the hub
+    interface in a user's own process: fairseq's batch iterators ask for it)."""
+    warnings.filterwarnings("ignore", message=PIN_MEMORY, category=UserWarning, append=True)
+
+
+def _run_by_our_script() -> bool:
+    """A ``fairseq-deep-*`` console script, or ``python -m fairseq_deep.<module>`` (Python >= 3.10
+    says so while the package is imported: ``sys.orig_argv``)."""
+    if os.path.basename((getattr(sys, "argv", None) or [""])[0]).startswith("fairseq-deep-"):
+        return True
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    return any(a == "-m" and b.split(".")[0] == "fairseq_deep" for a, b in zip(argv, argv[1:]))
 
 
 class DropMessages(logging.Filter):
@@ -78,3 +101,5 @@ def quiet_logs():
 
 
 quiet_logs()
+if _run_by_our_script():  # before fairseq is imported: its import warns too
+    quiet_warnings()

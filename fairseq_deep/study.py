@@ -23,7 +23,6 @@ resumes from ``checkpoint_last.pt`` (fairseq's own resume; ``--stop-time-hours``
 training time saved in the checkpoint, so the budget holds across restarts).
 """
 
-import argparse
 import concurrent.futures
 import glob
 import json
@@ -40,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UserError, report_user_errors
+from .errors import ArgumentParser, UserError, report_user_errors
 
 logger = logging.getLogger("fairseq_deep.study")
 
@@ -414,7 +413,8 @@ def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[
     previous stage's grown checkpoint), its last checkpoint is grown (fairseq-deep-grow --method
     stack), and the last stage (the system's own train command, in ``run_dir``) restores it.  Stage
     i of n stops at (i+1)/n of --minutes (fairseq's --stop-time-hours counts the training time that
-    the checkpoints carry across growing) and trains --max-update / n updates (each counts from 0)."""
+    the checkpoints carry across growing: fairseq-deep-grow --keep-training-time) and trains
+    --max-update / n updates (each counts from 0)."""
     n = len(system.stages) + 1
     depths = system.stages + [system.depth]
 
@@ -436,7 +436,7 @@ def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[
         grown = os.path.join(run_dir, f"grown_{depths[i + 1]}.pt")
         steps.append((f"grow_{depths[i + 1]}", [sys.executable, "-m", "fairseq_deep.grow", "--checkpoint",
                       os.path.join(stage_dir, "checkpoint_last.pt"), "--out", grown, "--encoder-layers",
-                      str(depths[i + 1]), "--method", "stack"], grown))
+                      str(depths[i + 1]), "--method", "stack", "--keep-training-time"], grown))
     final = train_command(args, system, seed, run_dir) + budget(n - 1)
     return steps, final + _restore_grown(run_dir, os.path.join(run_dir, f"grown_{system.depth}.pt"))
 
@@ -1009,7 +1009,7 @@ def plot(study: Study, results: dict, out_dir: str) -> List[str]:
 # --------------------------------------------------------------------------------------------
 
 def get_parser():
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="fairseq-deep-study",
         description="Train, translate and score the papers' systems (or your own) with fairseq, and "
                     "write results.json, results.md and plots.  See docs/study.md.")

@@ -180,7 +180,7 @@ def test_recurrent_families_refuse_transformer_options(arch, flag):
 
 def test_recurrent_refusal_through_the_cli(synthetic_bin, tmp_path):
     proc = run("fairseq-deep-train", str(synthetic_bin), "--arch", "rnmt_plus", "--checkpoint-activations",
-               "--max-tokens", "1000", "--cpu", "--save-dir", str(tmp_path))
+               "--optimizer", "adam", "--max-tokens", "1000", "--cpu", "--save-dir", str(tmp_path))
     assert_user_error(proc, "fairseq-deep-train", "--checkpoint-activations is not supported by --arch rnmt_plus")
 
 

@@ -283,6 +283,11 @@ def test_bad_input_through_the_script(tmp_path):
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     assert_one_line(run_grow("--checkpoint", tmp_path / "notes.txt", "--out", tmp_path / "o.pt", "--encoder-layers", "4"),
                     "notes.txt is not a checkpoint")
+    # issue 32: a cut checkpoint is called what fairseq-deep-generate calls it
+    data = (tmp_path / "in.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    assert_one_line(run_grow("--checkpoint", tmp_path / "cut.pt", "--out", tmp_path / "o.pt", "--encoder-layers", "4"),
+                    "cut.pt", "is not a complete checkpoint", "probably truncated")
     assert not (tmp_path / "o.pt").exists()
 
 
@@ -301,8 +306,13 @@ def test_bad_input(tmp_path):
     model_args.update(arch="transformer", _name="transformer")  # fairseq's own: not a family of ours
     other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
     torch.save(other, tmp_path / "fairseq.pt")
-    with pytest.raises(GrowError, match="fairseq's own --arch transformer"):
+    with pytest.raises(GrowError, match="fairseq's own --arch transformer.*e.g. --arch transformer_postnorm"):
         grow(str(tmp_path / "fairseq.pt"), str(tmp_path / "o.pt"), 4)
+    model_args.update(arch="lstm", _name="lstm")  # issue 32: not a Transformer of ours for fairseq's lstm
+    other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
+    torch.save(other, tmp_path / "lstm.pt")
+    with pytest.raises(GrowError, match=r"fairseq's own --arch lstm.*\(e.g. --arch rnmt_plus or deep_att, LSTM families\)$"):
+        grow(str(tmp_path / "lstm.pt"), str(tmp_path / "o.pt"), 4)
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")
     with pytest.raises(UserError, match="is not a fairseq checkpoint"):
         grow(str(tmp_path / "weights.pt"), str(tmp_path / "o.pt"), 4)
@@ -378,7 +388,8 @@ def test_study_li_group_stages(tmp_path):
     # the stages share the budget: a third of the updates each, the training time cumulative
     assert [value(c, "--max-update") for c in (stage6, stage12, final)] == ["100"] * 3
     assert [float(value(c, "--stop-time-hours")) for c in (stage6, stage12, final)] == pytest.approx([1 / 6, 2 / 6, 3 / 6], abs=1e-5)
-    assert steps[1][1][-2:] == ["--method", "stack"] and value(steps[1][1], "--encoder-layers") == "12"
+    # equal time: the grown checkpoints keep the stages' training time (fairseq-deep-grow's default resets it)
+    assert steps[1][1][-3:] == ["--method", "stack", "--keep-training-time"] and value(steps[1][1], "--encoder-layers") == "12"
     os.makedirs(run_dir)
     open(os.path.join(run_dir, "checkpoint_last.pt"), "w").close()  # interrupted: fairseq resumes its own
     assert "--restore-file" not in study.stage_commands(args, systems[2], 1, run_dir)[1]

@@ -19,9 +19,10 @@ from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
-from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, tiny_flags
+from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args
 
-from fairseq_deep.grow import continue_command, grow
+from fairseq_deep.grow import grow
+from fairseq_deep.model_options import model_command
 
 LR = 1e-3
 
@@ -148,10 +149,10 @@ def test_grown_family_trains_resumes_and_decodes(arch, extra, n, m, method, synt
     # fairseq-generate on the grown checkpoint itself: the grown options are in it
     assert len(fairseq_generate(generate_config, grown, tmp_path / "gen_grown")) == 101
 
-    # continue training with the command the script prints (its --arch and depths)
+    # continue training with the model options the script prints (every one of the grown checkpoint's)
     save_dir = tmp_path / "deep"
-    argv = [str(synthetic_bin), "--user-dir", PLUGIN_DIR, "--task", "translation", *tiny_flags(arch), *extra,
-            *continue_command(summary).split(), "--optimizer", "adam", "--lr", str(LR), "--max-tokens", "400",
+    argv = [str(synthetic_bin), "--user-dir", PLUGIN_DIR, "--task", "translation",
+            *model_command(summary["model_options"]), "--optimizer", "adam", "--lr", str(LR), "--max-tokens", "400",
             "--seed", "1", "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-interval", "1",
             "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir), "--max-update", "2",
             "--restore-file", str(grown), "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]

@@ -55,6 +55,7 @@ def test_run_sh_stops_on_a_mistyped_arch_in_one_line_before_preparing(raw, tmp_p
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("run.sh: error: --arch transformer_dlcx"), proc.stderr
+    assert "did you mean transformer_dlcl" in lines[0]  # issue 32
     assert not (tmp_path / "work").exists() and proc.stdout == ""  # nothing prepared, nothing said
 
 
@@ -70,6 +71,44 @@ def test_setup_names_each_mistake_before_any_work(raw, tmp_path, argv, env_extra
     with pytest.raises(UserError, match=re.escape(names)):
         run_setup(argv, {**env_for(raw, tmp_path), **env_extra})
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("emptied, fragment", [("test.tgt", "test.src has 9 lines and"), ("valid", "is empty")])
+def test_empty_inputs_are_refused_before_any_folder_is_made(raw, tmp_path, emptied, fragment):
+    """Issue 32: an empty test.fr passed and left an empty work folder."""
+    import shutil
+
+    mine = tmp_path / "raw"
+    shutil.copytree(raw, mine)
+    for name in os.listdir(mine):
+        if name.startswith(emptied):
+            (mine / name).write_text("")
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        run_setup(["transformer_dlcl"], {**env_for(str(mine), tmp_path)})
+    assert not (tmp_path / "work").exists()
+
+
+def test_decoding_that_would_starve_training_is_a_subset_and_said(raw, tmp_path):
+    """Issue 32: decoding's estimate may take at most DECODE_SHARE of the budget; more, and an
+    evenly spaced part of the test set is decoded, with the MINUTES that decode all."""
+    values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "30"})
+    assert values["DECODE_FRACTION"] == ""  # 9 sentences in 30 minutes: all
+    values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "1"})
+    fraction = float(values["DECODE_FRACTION"])
+    assert 0 < fraction < 1
+    # what training's warning of a budget too small to learn is told (FAIRSEQ_DEEP_RECIPE_BUDGET)
+    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 60 == pytest.approx(int(values["RESERVE_S"]), abs=1)
+    assert float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE and int(values["DECODE_ALL_S"]) > 12
+    decode_all = own_data.reserve_parts(9, 0, 7, 0, 128, 6, 20)["decoding"]  # (its words: below)
+    line = [x for x in log.splitlines() if "decoding about" in x][0]
+    minutes = int(re.search(r"MINUTES=(\d+) decodes them all", line).group(1))
+    assert f"of the 9 test sentences (a subset of every length)" in line
+    all_s = float(re.search(r"would take about (\d+) s", line).group(1))
+    assert all_s > own_data.DECODE_SHARE * 60 and fraction == pytest.approx(own_data.DECODE_SHARE * 60 / all_s, rel=0.02)
+    assert (minutes - 1) * 60 * own_data.DECODE_SHARE < all_s <= minutes * 60 * own_data.DECODE_SHARE + 1
+    assert decode_all < all_s  # the test sentences' words count
+    assert own_data.decode_fraction(100, 0) == 1.0 and own_data.decode_fraction(100, 1000) == 1.0
+    assert own_data.decode_fraction(400, 1000) == pytest.approx(0.5)
 
 
 def test_setup_derives_the_cpu_budget_width_and_commands(raw, tmp_path):
@@ -158,11 +197,21 @@ def test_score_on_the_sentences_decoded_before_the_deadline_says_so(tmp_path):
     gen.write_text("D-1\t-0.1\tthe cat sat on the mat .\n")
     own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
     assert "sacreBLEU on 1 of 4 test sentences (fairseq-generate decoded only these" in out.getvalue()
+    # a subset decoded on purpose (issue 32)
+    gen.write_text("2026-01-01 | INFO | fairseq_deep.progress | decoding a subset (FAIRSEQ_DEEP_DECODE_FRACTION=0.5): "
+                   "...\nD-1\t-0.1\tthe cat sat on the mat .\n")
+    own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+    assert "sacreBLEU on 1 of 4 test sentences (a subset of every length, so that decoding left the budget to " \
+           "training" in out.getvalue()
 
 
 STUBS = {  # fairseq-deep-* stand-ins for a dry run of run.sh: they record what they are given
     "fairseq-deep-prepare": 'mkdir -p "$WORK"\n',
     "fairseq-deep-train": 'echo "$*" > "$STUB_OUT/train.args"\n'
+                          # fairseq's configuration and model printout (the log only), a progress line (shown)
+                          'echo "2026-01-01 | INFO | fairseq_cli.train | {\'_name\': None, \'common\': {}}"\n'
+                          'echo "TransformerDLCLModel("\n'
+                          'echo "2026-01-01 | INFO | fairseq_deep.progress | progress: update 1 | ETA 0:00:09"\n'
                           'while [ $# -gt 0 ]; do [ "$1" = --save-dir ] && save=$2; shift; done\n'
                           'mkdir -p "$save" && "$STUB_PYTHON" -c "import sys, torch; torch.save({\'model\': {}, '
                           '\'optimizer_history\': [{\'num_updates\': 3}]}, sys.argv[1])" "$save/checkpoint_last.pt"\n',
@@ -200,6 +249,14 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
     assert "sacreBLEU on 1 of 9 test sentences (the budget ran out while decoding; a larger MINUTES decodes all): " \
            "BLEU = 100.00" in proc.stdout, proc.stdout
     assert "decoding stopped at the deadline" in proc.stdout  # shown as decoding's progress lines are
+    # issue 32: the training command in full, the progress on the console, fairseq's configuration in the log only
+    shown = [x for x in proc.stdout.splitlines() if x.startswith("   fairseq-deep-train ")]
+    assert len(shown) == 1 and "--stop-time-hours" in shown[0] and "--arch transformer_dlcl" in shown[0]
+    tokens = shlex.split(shown[0])  # copy-pasteable: the shell gives fairseq-deep-train what run.sh gave it
+    assert " ".join(tokens[1:]) == (tmp_path / "train.args").read_text().strip()
+    assert tokens[tokens.index("--adam-betas") + 1] == "(0.9, 0.98)"
+    assert "progress: update 1" in proc.stdout and "'common'" not in proc.stdout and "DLCLModel(" not in proc.stdout
+    assert "'common'" in (tmp_path / "work" / "train.log").read_text()
 
 
 def test_run_sh_is_valid_bash():

@@ -220,3 +220,108 @@ def test_deadline_from_the_environment(monkeypatch, caplog):
     assert isinstance(module.progress_bar, P._Proxy)
     monkeypatch.setenv(P.DEADLINE_ENV, "soon")
     assert P.deadline_from_env() is None and "not a Unix time" in caplog.text
+
+
+# -- issue 32: a budget too small to learn; decoding a subset ------------------------------------------
+
+
+def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_minutes_that_would(caplog):
+    """0.2 updates/s under --stop-time-hours 0.05 (180 s) with 400 warm-up updates: after the first
+    update and 10 more (50 s, 55 s of training), about 36 updates are in reach; 400 need
+    55 + 389 / 0.2 = 2,000 s of training, and with the recipe's 120 s outside training,
+    MINUTES=ceil(2,120 / 60) = 36.  Once; not at 10 updates/s, nor under a --max-update in reach."""
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    clock = Clock()
+    budget = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400, recipe="MINUTES 120")
+    progress = P.TrainingProgress(stop_time_hours=0.05, interval=0, clock=clock, budget=budget)
+    progress.step(1, training_seconds=5.0)
+    for u in range(2, 12):
+        clock.t += 5.0
+        progress.step(u, training_seconds=5.0 + clock.t)
+        assert not caplog.records or u == 11
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert record.getMessage() == (
+        "progress: a budget too small to learn: at 0.2 updates/s, --stop-time-hours 0.05 ends training after about "
+        "36 updates, before the end of warm-up (--warmup-updates 400): the model will hardly have learnt. About "
+        "0:33:20 of training reach it (--stop-time-hours 0.556); MINUTES=36 would")
+    clock.t += 5.0
+    progress.step(12, training_seconds=5.0 + clock.t)
+    assert len(caplog.records) == 1  # once
+    slow = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400)
+    assert slow.warning(4, 3, 60.0, 65.0) is not None  # or after a minute and 3 updates
+    # run.sh's budget for 2,000 s of training and 100 s of the rest, decoding taking at most a fifth:
+    # all of a 324 s decoding fits a fifth of 2,424 s (41 minutes); of a 3,000 s one a subset, 2,100 / 0.8 s
+    assert P.recipe_minutes("MINUTES 100 324 0.2", 2000) == "MINUTES=41"
+    assert P.recipe_minutes("MINUTES 100 3000 0.2", 2000) == "MINUTES=44"
+    assert P.recipe_minutes(None, 2000) is None and P.recipe_minutes("MINUTES x", 10) is None
+    fast = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400)
+    assert fast.warning(11, 10, 1.0, 6.0) is None  # 10 updates/s: 1,750 in reach
+    capped = P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400, max_update=15)
+    assert capped.warning(11, 10, 100.0, 105.0) is None  # asks for 15 updates only
+    no_warmup = P.BudgetCheck(stop_time_hours=0.05)
+    assert f"before {P.FEW_UPDATES:,} updates" in no_warmup.warning(11, 10, 100.0, 105.0)
+    assert P.BudgetCheck(warmup_updates=400).warning(11, 10, 100.0, 105.0) is None  # no time budget
+    assert P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400).warning(5, 4, 20.0, 25.0) is None  # too early
+
+
+def test_decoding_a_subset_decodes_evenly_spaced_sentences_of_every_length_and_says_so(caplog):
+    """FAIRSEQ_DEEP_DECODE_FRACTION=0.3 of 100 sentences in fairseq's order (by length): the
+    dataset's ordered_indices give 30 of them, every third-or-so, shortest to longest, and fairseq
+    batches only those; the progress counts that subset."""
+    import numpy as np
+
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    assert P.evenly_spaced(10, 0.3) == [3, 6, 9] and P.evenly_spaced(3, 0.01) == [0]
+
+    class Dataset:
+        def ordered_indices(self):  # by length: sentence 99 - i is the i-th shortest
+            return np.arange(100)[::-1].copy()
+
+    class Task:
+        def get_batch_iterator(self, dataset, **kwargs):
+            indices = dataset.ordered_indices()
+            return types.SimpleNamespace(frozen_batches=[indices[i:i + 8] for i in range(0, len(indices), 8)])
+
+    module = types.SimpleNamespace(tasks=types.SimpleNamespace(setup_task=lambda cfg: Task()),
+                                   progress_bar=types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr)))
+    clock = Clock()
+    P.install_decoding_progress(module, interval=30, clock=clock, fraction=0.3)
+    itr = module.tasks.setup_task(None).get_batch_iterator(dataset=Dataset())
+    decoded = [int(i) for b in itr.frozen_batches for i in b]
+    assert decoded == [99 - i for i in P.evenly_spaced(100, 0.3)] and len(decoded) == 30
+    assert decoded[0] >= 96 and decoded[-1] <= 3  # from the shortest to the longest
+    for sample in module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches]):
+        clock.t += 1.0
+    said = lines(caplog)
+    assert said[0] == (f"{P.DECODE_SUBSET} (FAIRSEQ_DEEP_DECODE_FRACTION=0.3): 30 of 100 sentences, evenly spaced over "
+                       "the test set sorted by length (every length is in it)")
+    assert said[1].startswith("progress: 8/30 sentences")
+
+
+def test_decode_fraction_from_the_environment(monkeypatch, caplog):
+    for value, expected in (("", None), ("0.25", 0.25), ("1", None), ("0", None), ("half", None)):
+        monkeypatch.setenv(P.DECODE_FRACTION_ENV, value)
+        assert P.fraction_from_env() == expected, value
+    assert "not a fraction" in caplog.text
+
+
+def test_the_quickstart_says_how_training_goes(caplog):
+    """Issue 32: the quickstart was silent for its minutes of training; it reads fairseq-train's
+    train_inner lines as they come and logs a line at once, then at most every 30 s."""
+    from fairseq_deep.quickstart import TrainingWatch
+
+    caplog.set_level(logging.INFO, logger="fairseq_deep.quickstart")
+    clock = Clock()
+    watch = TrainingWatch(2000, interval=30, clock=clock)
+    inner = ("2026-01-01 | INFO | train_inner | epoch 001:     50 / 79 loss=9.155, nll_loss=9.046, ppl=528.48, "
+             "wps=1200, ups=2, wpb=600, bsz=40, num_updates={}, lr=0.001, gnorm=2.1, train_wall=20, wall={}")
+    watch("2026-01-01 | INFO | fairseq_cli.train | {'_name': None}")
+    clock.t = 25.0
+    watch(inner.format(500, 25))
+    clock.t = 40.0
+    watch(inner.format(800, 40))  # 15 s later: no line
+    clock.t = 55.0
+    watch(inner.format(1000, 55))
+    said = [r.getMessage() for r in caplog.records if r.name == "fairseq_deep.quickstart"]
+    assert said == ["training: update 500/2,000 (25%) | loss 9.155 | elapsed 0:00:25 | ETA 0:01:15",
+                    "training: update 1,000/2,000 (50%) | loss 9.155 | elapsed 0:00:55 | ETA 0:00:55"]

@@ -11,7 +11,11 @@
 #   MINUTES     the whole run, preparation and decoding included (30 / 480); training gets what is
 #               left after preparation and an estimate of decoding (fairseq's --stop-time-hours);
 #               decoding starts no batch after the run's start + MINUTES - MARGIN_S (15 s kept for
-#               scoring; FAIRSEQ_DEEP_DEADLINE), and the score then says it is of the sentences decoded
+#               scoring; FAIRSEQ_DEEP_DEADLINE), and the score then says it is of the sentences decoded;
+#               a test set whose decoding would take more than a fifth of MINUTES is decoded in part
+#               (FAIRSEQ_DEEP_DECODE_FRACTION: a subset of every length), and the first lines say so;
+#               training says after its first updates when MINUTES cannot reach the end of warm-up,
+#               and which MINUTES would
 #   WIDTH       model width (128 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
 #   MAX_UPDATE  a cap on the updates (none / 50000); MINUTES=0 MAX_UPDATE=N trains N updates
 #   WORK (own_data_run), VOCAB (8000), MAX_TOKENS (2048 / 4096), LR (2e-3 / 1e-3), WARMUP (400 / 4000),
@@ -26,6 +30,7 @@ export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
 eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
+               # DECODE_FRACTION RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE
 mkdir -p "$WORK"
 
 # 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
@@ -44,12 +49,26 @@ if [ "$BUDGET_S" -gt 0 ]; then
     train_s=60
   fi
   BUDGET_FLAGS=(--stop-time-hours "$(awk -v s="$train_s" 'BEGIN { printf "%.5f", s / 3600 }')")
+  # a budget too small to learn: training says which MINUTES would do
+  export FAIRSEQ_DEEP_RECIPE_BUDGET="MINUTES $(( elapsed + RESERVE_FIXED_S )) $DECODE_ALL_S $DECODE_SHARE"
   echo "== 2/4 training for $train_s s (at $(date -d "@$(( $(date +%s) + train_s ))" +%H:%M:%S 2>/dev/null || echo "+$train_s s")" \
        "it stops after the update it is in, validates and saves), log: $WORK/train.log"
 else
   echo "== 2/4 training (MAX_UPDATE, no time budget), log: $WORK/train.log"
 fi
-fairseq-deep-train "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"} 2>&1 | tee "$WORK/train.log"
+echo "   fairseq-deep-train$(printf ' %q' "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"})"
+# the console gets the progress lines, validation, warnings and errors; the log everything (fairseq's
+# whole configuration and the model's printout included)
+SHOWN='\| fairseq_deep\.|\| (WARNING|ERROR) \||\| (valid|train) \||done training|Stopping training|Loaded checkpoint|: error: |^Traceback|^[A-Za-z_.]*(Error|Exception)\b'
+set +e
+fairseq-deep-train "${TRAIN[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"} 2>&1 | tee "$WORK/train.log" |
+  { grep --line-buffered -E "$SHOWN" || true; }
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
+  [ "$status" -eq 2 ] || { echo "run.sh: training failed (exit status $status); the end of $WORK/train.log:"; tail -n 15 "$WORK/train.log"; } >&2
+  exit "$status"
+fi
 
 # 3. average the last epoch checkpoints (or take the best), translate the test set in input order;
 # with a budget, no batch is started after its end less MARGIN_S (what decoding did not reach is
@@ -62,8 +81,9 @@ else
   echo "== 3/4 translating the test set"
 fi
 CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
-FAIRSEQ_DEEP_DEADLINE=$DEADLINE fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" |
-  { grep --line-buffered -E "\| progress:|decoding stopped at the deadline" || true; }
+FAIRSEQ_DEEP_DEADLINE=$DEADLINE FAIRSEQ_DEEP_DECODE_FRACTION=$DECODE_FRACTION \
+  fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" |
+  { grep --line-buffered -E "\| progress:|decoding stopped at the deadline|decoding a subset" || true; }
 
 # 4. one sacreBLEU score (detokenized hypotheses against the raw references)
 echo "== 4/4 scoring"

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import UserError, import_optional, report_user_errors
+from ..errors import ArgumentParser, UserError, import_optional, report_user_errors
 
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
@@ -381,7 +381,7 @@ def load_checkpoint(path: str):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="fairseq-deep-layer-weights",
         description="Export (JSON, CSV) and plot (PNG) the learned layer weights of a checkpoint, "
                     "as Fig. 5 of Wang et al. (2019).",

@@ -18,7 +18,6 @@ The final s matrix of a checkpoint is drawn by the layer-weight exporter
 (:mod:`fairseq_deep.diagnostics.layer_weights`).
 """
 
-import argparse
 import glob
 import json
 import logging
@@ -28,7 +27,7 @@ import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import import_optional, report_user_errors
+from ..errors import ArgumentParser, import_optional, report_user_errors
 
 Series = Dict[str, List[Tuple[float, float]]]
 
@@ -227,7 +226,7 @@ def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = Non
 
 
 def get_parser():
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="fairseq-deep-plot-training",
         description="Plot the grad-norm ratio r_t and the transparent attention weights s_(i,j) "
                     "of fairseq-train runs (Bapna et al. 2018, Fig. 1-4).",

@@ -57,11 +57,13 @@ class AggregationConfig(FairseqDataclass):
                               "counts), 0 the stack's embedding dim d (the default before issue 15: "
                               "older checkpoints saved 0)"})
     agg_dropout: float = field(
-        default=-1.0, metadata={"help": "dropout on the output of the AGG node's F: -1 (default) the model's "
+        default=-1.0, metadata={"architecture": False,
+                                "help": "dropout on the output of the AGG node's F: -1 (default) the model's "
                                 "--dropout, as on every Transformer sublayer (this package's choice); 0 "
                                 "Eq. 7 as written, which has none"})
     agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
-        default="top", metadata={"help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
+        default="top", metadata={"architecture": False,
+                                 "help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
                                  "initialised from), or W_l = I/L"})
     agg_dense_sum: ChoiceEnum(["outputs", "states"]) = field(
         default="outputs", metadata={"help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "

@@ -379,7 +379,8 @@ class DLCLConfig(FairseqDataclass):
     )
     dlcl_init: ChoiceEnum(list(INITS)) = field(
         default="avg",
-        metadata={"help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
+        metadata={"architecture": False,
+                  "help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
                   "All-One, residual = W[l+1,l]=1 (Table 6)"},
     )
     dlcl_fixed_weights: bool = field(

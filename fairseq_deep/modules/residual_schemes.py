@@ -71,7 +71,8 @@ class DeepNormConfig(FairseqDataclass):
     )
     deepnorm_beta: Optional[str] = field(
         default=None,
-        metadata={"help": "init gain beta as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
+        metadata={"architecture": False,
+                  "help": "init gain beta as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
     )
 
 
@@ -96,7 +97,8 @@ class ReZeroConfig(FairseqDataclass):
                   "layer, no layer norm"},
     )
     rezero_init: float = field(
-        default=0.0, metadata={"help": "initial value of every ReZero alpha (the paper's: 0)"}
+        default=0.0, metadata={"architecture": False,
+                               "help": "initial value of every ReZero alpha (the paper's: 0)"}
     )
 
 
@@ -106,11 +108,12 @@ class DSInitConfig(FairseqDataclass):
 
     ds_init: bool = field(
         default=False,
-        metadata={"help": "depth-scaled initialisation (Zhang et al. 2019): the weights of layer l drawn "
+        metadata={"architecture": False,
+                  "help": "depth-scaled initialisation (Zhang et al. 2019): the weights of layer l drawn "
                   "from the Xavier range scaled by alpha / sqrt(l)"},
     )
     ds_init_alpha: float = field(
-        default=1.0, metadata={"help": "alpha of DS-Init (in [0, 1] in the paper)"}
+        default=1.0, metadata={"architecture": False, "help": "alpha of DS-Init (in [0, 1] in the paper)"}
     )
 
 

@@ -35,12 +35,14 @@ class TransparentReadoutConfig(FairseqDataclass):
 
     ta_dropout: float = field(
         default=0.1,
-        metadata={"help": "dropout on the (N+1) x M transparent attention logits W (Bapna et al. 2018, "
+        metadata={"architecture": False,
+                  "help": "dropout on the (N+1) x M transparent attention logits W (Bapna et al. 2018, "
                   "Sec. 2.4; 0.1 as in the authors' lingvo WeightedSumLayer)"},
     )
     ta_init: ChoiceEnum(list(INITS)) = field(
         default="uniform",
-        metadata={"help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
+        metadata={"architecture": False,
+                  "help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
                   "top = almost all mass on the top layer (starts close to the plain model)"},
     )
 

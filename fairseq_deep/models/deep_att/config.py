@@ -8,8 +8,11 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ...modules.kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS
 
 
-def _opt(default, help_text):
-    return field(default=default, metadata={"help": help_text})
+def _opt(default, help_text, may_change=False):
+    """A field; ``may_change``: not an architecture option (it may change when training goes on,
+    fairseq_deep/model_options.py)."""
+    metadata = {"help": help_text, **({"architecture": False} if may_change else {})}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -20,7 +23,7 @@ class DeepAttConfig(FairseqDataclass):
     decoder_hidden_size: int = _opt(512, "LSTM cells per decoder layer (Sec. 4.2: 512)")
     encoder_layers: int = _opt(9, "n_e: layers per encoder column")
     decoder_layers: int = _opt(7, "n_d: decoder layers")
-    dropout: float = _opt(0.1, "p_d: dropout on the LSTM outputs h (Sec. 3.2)")
+    dropout: float = _opt(0.1, "p_d: dropout on the LSTM outputs h (Sec. 3.2)", may_change=True)
     ff_mode: ChoiceEnum(["half", "whole", "none"]) = _opt(
         "half", "fast-forward input of layer k>1: [Half(f), Dr(h)] (Eq. 6), [f, Dr(h)] (Eq. 5), "
         "or none = the standard stacked LSTM (Table 2, no F-F)")
@@ -36,10 +39,10 @@ class DeepAttConfig(FairseqDataclass):
         0, "size of the alignment model a() of Eq. 9; 0 = the decoder hidden size")
     ff_init_std: float = _opt(
         0.07, "non-recurrent parameters ~ N(0, std^2), recurrent ones zero (Sec. 4.3); "
-        "<= 0 keeps PyTorch's initialisation")
+        "<= 0 keeps PyTorch's initialisation", may_change=True)
     deep_att_cell_impl: ChoiceEnum(list(IMPLS)) = _opt(
         DEFAULT_IMPL, "time loop of the Eq. 4 cells: 'auto' (the fused Triton kernels on a CUDA device when "
         "triton imports, else the loop; the same numbers), 'loop' (Python, every device) or 'triton' (one fused "
-        "Triton kernel per step, forward and backward; needs triton and a CUDA GPU)")
-    max_source_positions: int = _opt(100000, "longest source")
-    max_target_positions: int = _opt(100000, "longest target")
+        "Triton kernel per step, forward and backward; needs triton and a CUDA GPU)", may_change=True)
+    max_source_positions: int = _opt(100000, "longest source", may_change=True)
+    max_target_positions: int = _opt(100000, "longest target", may_change=True)

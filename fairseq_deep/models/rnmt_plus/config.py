@@ -50,14 +50,16 @@ class RNMTConfig(TransparentReadoutConfig):
     )
     rnmt_lstm_impl: ChoiceEnum(list(IMPLS)) = field(
         default=DEFAULT_IMPL,
-        metadata={"help": "time loop of the layer-normalized LSTM cells: 'auto' (the fused Triton kernels on a CUDA "
+        metadata={"architecture": False,
+                  "help": "time loop of the layer-normalized LSTM cells: 'auto' (the fused Triton kernels on a CUDA "
                   "device when triton imports, else the loop; the same numbers), 'loop' (TorchScript, every "
                   "device) or 'triton' (one fused Triton kernel per step, forward and backward; needs triton and "
                   "a CUDA GPU); cells without layer norm run the loop"},
     )
     rnmt_init_scale: float = field(
         default=0.0,
-        metadata={"help": "LSTM weights uniform in +-this (lingvo: 0.04); 0 = 1/sqrt(hidden size)"},
+        metadata={"architecture": False,
+                  "help": "LSTM weights uniform in +-this (lingvo: 0.04); 0 = 1/sqrt(hidden size)"},
     )
     rnmt_encoder_layers: int = field(
         default=6,
@@ -87,19 +89,25 @@ class RNMTPlusConfig(RNMTConfig, DLCLConfig):
     decoder_layers: int = field(default=8, metadata={"help": "LSTM layers of the decoder"})
     dropout: float = field(
         default=0.3,
-        metadata={"help": "dropout on embeddings and on each layer output (En-De 0.3, En-Fr 0.2)"},
+        metadata={"architecture": False,
+                  "help": "dropout on embeddings and on each layer output (En-De 0.3, En-Fr 0.2)"},
     )
-    attention_dropout: float = field(default=0.3, metadata={"help": "dropout on the attention weights"})
+    attention_dropout: float = field(default=0.3, metadata={"architecture": False,
+                                                            "help": "dropout on the attention weights"})
     share_decoder_input_output_embed: bool = field(
         default=False, metadata={"help": "tie the decoder's input and output embeddings"}
     )
     share_all_embeddings: bool = field(
         default=False, metadata={"help": "share encoder, decoder and output embeddings (joined dictionary)"}
     )
-    max_source_positions: int = field(default=1024, metadata={"help": "longest source sentence"})
-    max_target_positions: int = field(default=1024, metadata={"help": "longest target sentence"})
+    max_source_positions: int = field(default=1024, metadata={"architecture": False,
+                                                              "help": "longest source sentence"})
+    max_target_positions: int = field(default=1024, metadata={"architecture": False,
+                                                              "help": "longest target sentence"})
     # fairseq's Transformer options that a user tries here: known, so that they are refused with a reason
     checkpoint_activations: bool = field(
-        default=False, metadata={"help": "not supported by RNMT+ (refused): lower --max-tokens, raise --update-freq"}
+        default=False, metadata={"architecture": False,
+                                 "help": "not supported by RNMT+ (refused): lower --max-tokens, raise --update-freq"}
     )
-    encoder_layerdrop: float = field(default=0.0, metadata={"help": "not supported by RNMT+ (refused)"})
+    encoder_layerdrop: float = field(default=0.0, metadata={"architecture": False,
+                                                            "help": "not supported by RNMT+ (refused)"})

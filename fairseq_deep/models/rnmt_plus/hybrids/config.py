@@ -29,23 +29,28 @@ class HybridConfig(FairseqDataclass):
     )
     hybrid_pretrained: str = field(
         default="",
-        metadata={"help": "checkpoints to load encoder parts from: cascaded, the RNMT+ part (an rnmt_plus "
+        metadata={"architecture": False,
+                  "help": "checkpoints to load encoder parts from: cascaded, the RNMT+ part (an rnmt_plus "
                   "checkpoint); multicolumn, one per column, comma-separated ('' = none)"},
     )
     hybrid_freeze_pretrained: bool = field(
-        default=False, metadata={"help": "freeze the encoder parts loaded with --hybrid-pretrained"}
+        default=False, metadata={"architecture": False,
+                                 "help": "freeze the encoder parts loaded with --hybrid-pretrained"}
     )
     hybrid_transformer_dropout: float = field(
-        default=-1.0, metadata={"help": "--dropout of the Transformer parts (input and residual dropout; "
+        default=-1.0, metadata={"architecture": False,
+                                "help": "--dropout of the Transformer parts (input and residual dropout; "
                                 "Chen et al. App. A.4-A.6 give each component its own model's rates, "
                                 "e.g. En-Fr 0.1); -1: --dropout"}
     )
     hybrid_rnmt_dropout: float = field(
-        default=-1.0, metadata={"help": "--dropout of the RNMT+ parts (embeddings and layer outputs; "
+        default=-1.0, metadata={"architecture": False,
+                                "help": "--dropout of the RNMT+ parts (embeddings and layer outputs; "
                                 "En-Fr 0.2, En-De 0.3 in Chen et al. App. A.3); -1: --dropout"}
     )
     hybrid_rnmt_attention_dropout: float = field(
-        default=-1.0, metadata={"help": "--attention-dropout of the RNMT+ decoder's attention (App. A.3: "
+        default=-1.0, metadata={"architecture": False,
+                                "help": "--attention-dropout of the RNMT+ decoder's attention (App. A.3: "
                                 "as its other dropouts); -1: --attention-dropout"}
     )
 
