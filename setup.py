@@ -58,6 +58,8 @@ setup(
         "triton": [_TRITON],
         # writing events (fairseq's --tensorboard-logdir) and reading them (fairseq-deep-plot-training)
         "tensorboard": ["tensorboardX", "tensorboard"],
+        # fairseq-deep-export --format ctranslate2 (CTranslate2's own fairseq converter and engine)
+        "export": ["ctranslate2"],
     },
     entry_points={
         "console_scripts": [
@@ -71,6 +73,7 @@ setup(
             "fairseq-deep-list-archs = fairseq_deep.cli:list_archs_main",
             "fairseq-deep-study = fairseq_deep.study:cli_main",
             "fairseq-deep-grow = fairseq_deep.grow:cli_main",
+            "fairseq-deep-export = fairseq_deep.export:cli_main",
         ],
     },
     classifiers=[

@@ -309,11 +309,25 @@ def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantizati
         raise ExportError(f"CTranslate2 {ctranslate2.__version__} cannot convert this model: {reasons}") from e
 
 
-#: CTranslate2's ``translate_batch`` settings that decode as fairseq-generate does (docs/export.md)
 def matching_settings(beam: int = 5, lenpen: float = 1.0, max_len_b: int = 200) -> Dict[str, object]:
+    """CTranslate2's ``translate_batch`` settings that decode as ``fairseq-generate --beam BEAM
+    --lenpen LENPEN --max-len-a 0 --max-len-b MAX_LEN_B`` does (docs/export.md): the length
+    penalty divides by the length with </s> (``return_end_token``), </s> is not allowed first
+    (fairseq's ``--min-len 1``), a search ends with ``beam`` finished hypotheses (``patience`` 1);
+    read the hypotheses with :func:`fairseq_hypothesis`."""
     return {"beam_size": beam, "length_penalty": lenpen, "return_end_token": True,
             "max_decoding_length": max_len_b + 1, "min_decoding_length": 1, "patience": 1,
             "return_scores": True}
+
+
+def fairseq_hypothesis(tokens, settings: Dict[str, object]):
+    """fairseq-generate's hypothesis from CTranslate2's tokens under :func:`matching_settings`:
+    without its </s>, or, where the search reached the length limit (fairseq then forces </s>
+    after max_len_b tokens), its first max_len_b tokens."""
+    tokens = list(tokens)
+    if tokens and tokens[-1] == "</s>":
+        return tokens[:-1]
+    return tokens[: int(settings["max_decoding_length"]) - 1]
 
 
 # ---------------------------------------------------------------------------------------------

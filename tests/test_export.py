@@ -5,7 +5,6 @@ CTranslate2 model scores and translates as fairseq does (beam 1 and beam 4), eve
 refused in one line, and bad input leaves nothing behind."""
 
 import json
-import logging
 import math
 import os
 import subprocess
@@ -16,6 +15,7 @@ import torch
 from fairseq.models.transformer import TransformerModel
 
 from helpers import build_model, parse_model_args, run_cli, tiny_dictionary
+from test_cli_errors import assert_in_process_user_error, assert_user_error, in_process
 from test_grow import save_tiny
 
 from fairseq_deep import export as ex
@@ -137,30 +137,12 @@ def tiny_export_input(tmp_path, arch, extra, name="in.pt"):
     return tmp_path / name, data
 
 
-def run_export(*argv) -> int:
-    """The script in this process (its logging set up as the script does it, then put back): its
-    exit status."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        ex.cli_main([str(a) for a in argv])
-        return 0
-    except SystemExit as e:
-        return e.code
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-
-
-def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys):
+def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     checkpoint, data = tiny_export_input(tmp_path, "transformer_dlcl", layers(2, 2))
 
     def refused(*argv, fragments=()):
-        code = run_export("--checkpoint", *argv)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and err[-1].startswith("fairseq-deep-export: error: "), err
-        for fragment in fragments:
-            assert fragment in err[-1], (fragment, err[-1])
+        result = in_process(ex.cli_main, ["--checkpoint", *argv], capsys, monkeypatch)
+        assert_in_process_user_error(result, "fairseq-deep-export", *fragments)
         assert sorted(os.listdir(tmp_path)) == before, "an export that failed left something behind"
 
     before = sorted(os.listdir(tmp_path))
@@ -202,9 +184,7 @@ def test_the_script_in_its_own_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", str(checkpoint), "--data",
                            str(data), "--out", str(tmp_path / "o")], capture_output=True, text=True,
                           env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fairseq-deep-export: error: ") and "ReZero" in last, last
+    assert_user_error(proc, "fairseq-deep-export", "ReZero", "fairseq-deep-interactive")
     assert not (tmp_path / "o").exists()
 
 
@@ -337,10 +317,5 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
     original = trained["hypotheses"][beam]
     assert len(results) == len(original) == 101
     for key, result in enumerate(results):
-        tokens = result.hypotheses[0]
-        if tokens[-1] == "</s>":
-            tokens = tokens[:-1]
-        else:  # cut at the length limit, where fairseq forces </s> after max_len_b tokens
-            tokens = tokens[:settings["max_decoding_length"] - 1]
-        assert " ".join(tokens) == original[key][1], key
+        assert " ".join(ex.fairseq_hypothesis(result.hypotheses[0], settings)) == original[key][1], key
         assert math.isfinite(result.scores[0])
