@@ -80,6 +80,23 @@ def prepare(a, work: str) -> str:
     return dest
 
 
+def test_subset(a, work: str, prep: str) -> str:
+    """The first ``--test-sentences`` of the test set, binarized with the data's dictionaries."""
+    dest = os.path.join(work, f"test{a.test_sentences}")
+    if not os.path.exists(os.path.join(dest, "test.de-en.de.idx")):
+        raw = os.path.join(work, f"test{a.test_sentences}_pieces")
+        os.makedirs(raw, exist_ok=True)
+        for lang in ("de", "en"):
+            lines = open(os.path.join(prep, "spm", f"test.{lang}"), encoding="utf-8").read().splitlines()
+            open(os.path.join(raw, f"test.{lang}"), "w", encoding="utf-8").writelines(
+                line + "\n" for line in lines[: a.test_sentences])
+        data = os.path.join(prep, "data-bin")
+        run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "de", "--target-lang", "en",
+             "--testpref", os.path.join(raw, "test"), "--destdir", dest, "--srcdict", f"{data}/dict.de.txt",
+             "--tgtdict", f"{data}/dict.en.txt", "--workers", "1"], os.path.join(work, "preprocess_test.log"), 1)
+    return dest
+
+
 def model_flags(a):
     return ["--arch", a.arch, "--encoder-layers", str(a.encoder_layers), "--decoder-layers", str(a.decoder_layers),
             "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
@@ -167,6 +184,7 @@ def get_parser():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch", type=int, default=32, help="sentences per batch, both engines")
     p.add_argument("--max-len", type=int, default=60, help="at most this many target pieces, both engines")
+    p.add_argument("--test-sentences", type=int, default=1000, help="the first N sentences of test2016")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quantizations", help="CTranslate2 weight types, comma-separated (default: float32,int8; "
@@ -187,6 +205,8 @@ def main(argv=None):
     pieces = [line.split() for line in open(os.path.join(prep, "spm", "test.de"), encoding="utf-8").read().splitlines()]
     with gzip.open(os.path.join(a.multi30k, f"{TEST}.en.gz"), "rt", encoding="utf-8") as f:
         references = [line.strip() for line in f]
+    pieces, references = pieces[: a.test_sentences], references[: a.test_sentences]
+    test = data if a.test_sentences >= 1000 else test_subset(a, work, prep)
     checkpoint = train(a, work, data)
     models = {q: export(a, work, data, checkpoint, q) for q in quantizations}
 
@@ -196,7 +216,7 @@ def main(argv=None):
     for r in range(a.repeats):
         for engine in engines:
             if engine == "fairseq-generate":
-                t, hyps = fairseq_generate(a, work, data, checkpoint, len(pieces))
+                t, hyps = fairseq_generate(a, work, test, checkpoint, len(pieces))
             else:
                 t, hyps = ctranslate2_translate(a, models[engine.split()[-1]], pieces)
             seconds[engine].append(t)
@@ -220,6 +240,7 @@ def main(argv=None):
 
     print(f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, {updates} updates "
           f"({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, beam {a.beam}, batch {a.batch}, "
+          f"at most {a.max_len} pieces, "
           f"{a.threads} threads, {a.device}, median of {a.repeats}")
     print()
     print("| engine | sentences/s | vs fairseq-generate | BLEU | hypotheses equal to fairseq-generate's |")

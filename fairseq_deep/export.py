@@ -64,21 +64,6 @@ def check_out(out: str):
         raise ExportError(f"--out {out}: {parent} is not a folder")
 
 
-def family_of(args, path: str) -> Tuple[str, str]:
-    """(arch, family) of a fairseq_deep model, or an ExportError."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
-
-    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
-    if arch not in ARCH_MODEL_REGISTRY:
-        raise ExportError(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded registers: "
-                          "fairseq-deep-export exports the models of fairseq_deep (fairseq-deep-list-archs)")
-    if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
-        raise ExportError(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of fairseq_deep: "
-                          "fairseq-generate decodes it as it is, and CTranslate2's ct2-fairseq-converter "
-                          "converts it")
-    return arch, ARCH_MODEL_NAME_REGISTRY[arch]
-
-
 def languages(task_cfg, data: str, source_lang: Optional[str], target_lang: Optional[str]) -> Tuple[str, str]:
     """The language pair: as given, else as the checkpoint's task saved it, else fairseq's guess
     from the data's file names; and a check that ``data`` holds both dictionaries."""
@@ -295,10 +280,14 @@ def converter_checkpoint(model_args: argparse.Namespace, task: Dict[str, object]
     return {"args": argparse.Namespace(**options), "cfg": None, "model": state_dict}
 
 
+def import_ctranslate2():
+    return import_optional("ctranslate2", "--format ctranslate2", "ctranslate2 (or fairseq_deep[export])",
+                           "use --format fairseq")
+
+
 def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantization: Optional[str]):
     """CTranslate2's own converter on a stock checkpoint; its configuration checks as one line."""
-    ctranslate2 = import_optional("ctranslate2", "--format ctranslate2", "ctranslate2 (or fairseq_deep[export])",
-                                  "use --format fairseq")
+    ctranslate2 = import_ctranslate2()
     from ctranslate2.converters import FairseqConverter
 
     converter = FairseqConverter(checkpoint, data, source_lang=src, target_lang=tgt)
@@ -341,17 +330,20 @@ def export(checkpoint: str, data: str, out: str, fmt: str = "ctranslate2", quant
     import torch
     from fairseq import checkpoint_utils
 
-    from .grow import load, model_args
+    from .grow import family_of, load, model_args
     from .models.reduction import SERVED_BY, fold, why_not_transformer
 
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     if quantization is not None and fmt != "ctranslate2":
         raise ExportError("--quantization applies to --format ctranslate2 only: drop it")
+    if fmt == "ctranslate2":
+        import_ctranslate2()  # before any work
     check_out(out)
     state = load(checkpoint)
     args = model_args(state, checkpoint)
-    arch, family = family_of(args, checkpoint)
+    arch, family = family_of(args, checkpoint, ExportError, "fairseq-deep-export exports",
+                             "fairseq-generate decodes it as it is, and CTranslate2's ct2-fairseq-converter converts it")
     src, tgt = languages(_saved_task(state), data, source_lang, target_lang)
     task = build_task(data, src, tgt)
     model = load_model(args, task, state, checkpoint)

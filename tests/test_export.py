@@ -206,6 +206,8 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
     saved = torch.load(tmp_path / "out" / ex.STOCK_CHECKPOINT, weights_only=True)  # plain types only
     assert saved["cfg"]["model"]["arch"] == "transformer" and saved["cfg"]["model"]["encoder_layers"] == 4
     assert saved["cfg"]["common"]["user_dir"] is None and saved["cfg"]["task"]["_name"] == "translation"
+    hub = TransformerModel.from_pretrained(str(tmp_path / "out"), checkpoint_file=ex.STOCK_CHECKPOINT)
+    assert type(hub.models[0]) is TransformerModel and isinstance(hub.translate("w1 w2 w3", beam=2), str)
 
 
 # -- CTranslate2: its scores are fairseq's, for each kind of fold --------------------------------
@@ -319,3 +321,23 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
     for key, result in enumerate(results):
         assert " ".join(ex.fairseq_hypothesis(result.hypotheses[0], settings)) == original[key][1], key
         assert math.isfinite(result.scores[0])
+
+
+def test_parts_that_state_nothing_are_refused():
+    """A new history, or a layer whose residual connection states no scale, is not taken for the
+    residual network: refused, not exported wrong."""
+    from fairseq_deep.modules import residual_schemes
+    from fairseq_deep.modules.layer_history import LayerHistory
+
+    class DoubledResidual:  # a new residual scheme, mixed in as apply_schemes does
+        def residual_connection(self, x, residual):
+            return 2 * residual + x
+
+    model, _ = build_model("transformer_postnorm", layers(2, 2))
+    assert why_not_transformer("transformer_dlcl", model) is None
+    residual_schemes._mix(model.encoder.layers[1], DoubledResidual)
+    assert "(DoubledTransformerEncoderLayerBase) have a residual connection of their own" in \
+        why_not_transformer("transformer_dlcl", model)
+    model, _ = build_model("transformer_postnorm", layers(2, 2))
+    model.decoder.history.__class__ = type("NewHistory", (LayerHistory,), {})
+    assert why_not_transformer("transformer_dlcl", model) == "a combination of earlier layers (its decoder)"

@@ -82,6 +82,8 @@ def residual_stacks(model: nn.Module) -> Optional[str]:
             why = getattr(layer, "why_not_standard", None)
             if why is None and scheme_base(layer) not in STANDARD_LAYERS:
                 why = f"its {side} layers are {type(layer).__name__}, not fairseq's Transformer layers"
+            if why is None and residual_scales(layer) is None:
+                why = f"its {side} layers ({type(layer).__name__}) have a residual connection of their own"
             if why is not None:
                 return why
     return None

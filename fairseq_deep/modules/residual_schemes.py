@@ -294,16 +294,19 @@ def scheme_base(layer: nn.Module) -> type:
     return getattr(type(layer), "scheme_base", type(layer))
 
 
-def residual_scales(layer: nn.Module) -> Tensor:
+def residual_scales(layer: nn.Module) -> Optional[Tensor]:
     """What each sublayer's ``residual_connection`` multiplies its residual by, one row per
     sublayer in the order the layer runs them (self-attention, encoder attention, FFN), width d:
-    1 for fairseq's own connection, alpha for DeepNorm, omega_i for Admin.  A post-norm layer with
-    these scales computes LN(residual * s + F(x)), which fairseq-deep-export folds into fairseq's
-    own layer (docs/export.md); ReZero's layers (``why_not_standard``) have no such form."""
+    1 for fairseq's own connection, alpha for DeepNorm, omega_i for Admin (their
+    ``residual_scales``).  A post-norm layer with these scales computes LN(residual * s + F(x)),
+    which fairseq-deep-export folds into fairseq's own layer (docs/export.md).  None for a residual
+    connection that states no scale (ReZero's has none: ``why_not_standard``)."""
     own = getattr(layer, "residual_scales", None)
     if own is not None:
         return own()
-    return torch.ones(_sublayers(layer), layer.embed_dim)
+    if type(layer).residual_connection in _PLAIN_RESIDUAL:
+        return torch.ones(_sublayers(layer), layer.embed_dim)
+    return None
 
 
 def _attentions(layer: nn.Module):
