@@ -138,20 +138,23 @@ def model_args(state, path: str) -> argparse.Namespace:
     return argparse.Namespace(**OmegaConf.to_container(saved, resolve=True))
 
 
+GROW_FAIRSEQS_OWN = ("train the shallow model with a fairseq_deep architecture (e.g. --arch "
+                     "transformer_postnorm for fairseq's transformer)")
+
+
 def family_of(args, path: str, error: type = GrowError, tool: str = "fairseq-deep-grow grows",
-              fairseqs_own: str = "train the shallow model with a fairseq_deep architecture (e.g. --arch "
-                                  "transformer_postnorm for fairseq's transformer)") -> Tuple[str, str]:
+              fairseqs_own: str = GROW_FAIRSEQS_OWN) -> Tuple[str, str]:
     """(arch, model name) of a fairseq_deep model, or an ``error`` that says what ``tool`` takes
     (and, for a model of fairseq's own, ``fairseqs_own``)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
 
     arch = getattr(args, "arch", None) or getattr(args, "_name", None)
     if arch not in ARCH_MODEL_REGISTRY:
-        raise error(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded registers: "
-                    f"{tool} the models of fairseq_deep (fairseq-deep-list-archs)")
+        raise error(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded "
+                    f"registers: {tool} the models of fairseq_deep (fairseq-deep-list-archs)")
     if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
-        raise error(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of fairseq_deep: "
-                    f"{fairseqs_own}")
+        raise error(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of "
+                    f"fairseq_deep: {fairseqs_own}")
     return arch, ARCH_MODEL_NAME_REGISTRY[arch]
 
 

@@ -57,7 +57,8 @@ REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, emb
     ("transformer_postnorm", layers(3, 2)),
     ("transformer_dlcl", ["--dlcl-stacks", "none", *layers(2, 2)]),
     ("transformer_deepnorm", [*layers(6, 3), "--share-all-embeddings"]),
-    ("transformer_deepnorm", [*layers(4, 2), "--deepnorm-alpha", "2.5,0.4", "--share-decoder-input-output-embed"]),
+    ("transformer_deepnorm", [*layers(4, 2), "--deepnorm-alpha", "2.5,0.4",
+                              "--share-decoder-input-output-embed"]),
     ("transformer_deepnorm", [*layers(2, 2), "--layernorm-embedding", "--no-scale-embedding"]),
     ("transformer_admin", [*layers(6, 3), "--share-all-embeddings"]),
     ("transformer_admin", [*layers(3, 2), "--encoder-learned-pos"]),
@@ -91,8 +92,8 @@ def _family(arch):
 @pytest.mark.parametrize("arch", ["transformer_deepnorm", "transformer_admin"])
 def test_the_check_sees_a_scale_left_unfolded(arch, monkeypatch):
     """The identity above has teeth: the same models without the fold differ."""
-    monkeypatch.setattr(reduction, "residual_scales", lambda layer: torch.ones(len(reduction.sublayer_names(layer)),
-                                                                               layer.embed_dim))
+    monkeypatch.setattr(reduction, "residual_scales",
+                        lambda layer: torch.ones(len(reduction.sublayer_names(layer)), layer.embed_dim))
     assert stock_of(arch, layers(3, 2))[3] > 1e-2
 
 
@@ -109,8 +110,8 @@ REFUSED = [
     ("transformer_rezero", layers(2, 2), "ReZero"),
     ("rnmt_plus", layers(2, 2), "RNMT+ is a recurrent model"),
     ("deep_att", layers(2, 2), "Deep-Att is a recurrent model"),
-    ("hybrid_transformer_rnmt", ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16", *layers(2, 2)],
-     "the hybrids combine RNMT+ LSTM stacks"),
+    ("hybrid_transformer_rnmt", ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16",
+                                 *layers(2, 2)], "the hybrids combine RNMT+ LSTM stacks"),
 ]
 
 
@@ -125,7 +126,8 @@ def test_every_other_family_is_refused_with_its_reason(arch, extra, fragment):
 
 
 def tiny_export_input(tmp_path, arch, extra, name="in.pt"):
-    """A tiny checkpoint of ``arch`` (its task naming src -> tgt) and a data folder with its dictionaries."""
+    """A tiny checkpoint of ``arch`` (its task naming src -> tgt) and a data folder with its
+    dictionaries."""
     save_tiny(arch, extra, tmp_path / name)
     state = torch.load(tmp_path / name, weights_only=True)
     state["cfg"]["task"].update(source_lang="src", target_lang="tgt")
@@ -150,10 +152,12 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
             fragments=["does not reduce to fairseq's transformer: DLCL", "fairseq-deep-interactive"])
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "notes.txt", "--data", data, "--out", tmp_path / "o", fragments=["is not a checkpoint"])
+    refused(tmp_path / "notes.txt", "--data", data, "--out", tmp_path / "o",
+            fragments=["is not a checkpoint"])
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "weights.pt", "--data", data, "--out", tmp_path / "o", fragments=["not a fairseq checkpoint"])
+    refused(tmp_path / "weights.pt", "--data", data, "--out", tmp_path / "o",
+            fragments=["not a fairseq checkpoint"])
 
     ours, _ = tiny_export_input(tmp_path, "transformer_postnorm", layers(2, 2), "postnorm.pt")
     state = torch.load(ours, weights_only=True)
@@ -161,10 +165,12 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
     model_args.update(arch="transformer", _name="transformer")  # fairseq's own: not a model of ours
     torch.save(state, tmp_path / "fairseq.pt")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "fairseq.pt", "--data", data, "--out", tmp_path / "o", fragments=["fairseq's own --arch transformer"])
+    refused(tmp_path / "fairseq.pt", "--data", data, "--out", tmp_path / "o",
+            fragments=["fairseq's own --arch transformer"])
     (tmp_path / "empty").mkdir()
     before = sorted(os.listdir(tmp_path))
-    refused(ours, "--data", tmp_path / "empty", "--out", tmp_path / "o", fragments=["has no dict.src.txt nor dict.tgt.txt"])
+    refused(ours, "--data", tmp_path / "empty", "--out", tmp_path / "o",
+            fragments=["has no dict.src.txt nor dict.tgt.txt"])
     refused(ours, "--data", tmp_path / "nowhere", "--out", tmp_path / "o", fragments=["no such folder"])
     refused(ours, "--data", data, "--out", tmp_path / "empty", fragments=["--out", "exists"])
     other = tmp_path / "other"
@@ -181,9 +187,9 @@ def test_the_script_in_its_own_process(tmp_path):
     """One run as a user runs it: a refusal is one line on stderr, exit status 2."""
     checkpoint, data = tiny_export_input(tmp_path, "transformer_rezero", layers(2, 2))
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
-    proc = subprocess.run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", str(checkpoint), "--data",
-                           str(data), "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                          env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", str(checkpoint),
+                           "--data", str(data), "--out", str(tmp_path / "o")], capture_output=True,
+                          text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert_user_error(proc, "fairseq-deep-export", "ReZero", "fairseq-deep-interactive")
     assert not (tmp_path / "o").exists()
 
@@ -202,7 +208,8 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
     summary = ex.export(str(tmp_path / "grown.pt"), str(data), str(tmp_path / "out"), "fairseq")
     assert summary["grown"][-1]["encoder_layers"] == [2, 4] and summary["folded"]
     assert summary["max_logprob_difference"] < TOLERANCE
-    assert sorted(os.listdir(tmp_path / "out")) == ["dict.src.txt", "dict.tgt.txt", ex.SUMMARY, ex.STOCK_CHECKPOINT]
+    assert sorted(os.listdir(tmp_path / "out")) == ["dict.src.txt", "dict.tgt.txt", ex.SUMMARY,
+                                                    ex.STOCK_CHECKPOINT]
     saved = torch.load(tmp_path / "out" / ex.STOCK_CHECKPOINT, weights_only=True)  # plain types only
     assert saved["cfg"]["model"]["arch"] == "transformer" and saved["cfg"]["model"]["encoder_layers"] == 4
     assert saved["cfg"]["common"]["user_dir"] is None and saved["cfg"]["task"]["_name"] == "translation"
@@ -232,7 +239,8 @@ def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
     sources = [torch.randint(d.nspecial, len(d), (n,), generator=g).tolist() for n in (3, 6, 9)]
     targets = [torch.randint(d.nspecial, len(d), (n,), generator=g).tolist() for n in (4, 2, 7)]
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
-    scored = translator.score_batch([[d[i] for i in s] for s in sources], [[d[i] for i in t] for t in targets])
+    scored = translator.score_batch([[d[i] for i in s] for s in sources],
+                                    [[d[i] for i in t] for t in targets])
     for s, t, result in zip(sources, targets, scored):
         src = torch.tensor([s + [d.eos()]])
         prev = torch.tensor([[d.eos()] + t])
@@ -245,11 +253,12 @@ def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
 
 # -- a trained model, through the real fairseq-generate and CTranslate2 -------------------------
 
-TRAIN = ["--arch", "transformer_admin", *layers(2, 1), "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
-         "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0", "--optimizer", "adam",
-         "--lr", "0.01", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1024",
-         "--max-update", "300", "--criterion", "cross_entropy", "--seed", "1", "--cpu", "--num-workers", "0",
+TRAIN = ["--arch", "transformer_admin", *layers(2, 1), "--encoder-embed-dim", "32",
+         "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
+         "--dropout", "0", "--optimizer", "adam", "--lr", "0.01", "--lr-scheduler", "inverse_sqrt",
+         "--warmup-updates", "20", "--max-tokens", "1024", "--max-update", "300",
+         "--criterion", "cross_entropy", "--seed", "1", "--cpu", "--num-workers", "0",
          "--no-progress-bar", "--log-interval", "100", "--no-epoch-checkpoints", "--disable-validation"]
 
 
@@ -271,8 +280,9 @@ def trained(synthetic_bin, tmp_path_factory):
     run_cli("fairseq-deep-train", str(synthetic_bin), *TRAIN, "--save-dir", str(root / "ck"))
     checkpoint = root / "ck" / "checkpoint_last.pt"
     generate = ["--gen-subset", "test", "--batch-size", "64", "--cpu"]
-    found = {beam: hypotheses(run_cli("fairseq-deep-generate", str(synthetic_bin), "--path", str(checkpoint),
-                                      "--beam", str(beam), *generate).stdout) for beam in (1, 4)}
+    found = {beam: hypotheses(run_cli("fairseq-deep-generate", str(synthetic_bin), "--path",
+                                      str(checkpoint), "--beam", str(beam), *generate).stdout)
+             for beam in (1, 4)}
     ex.export(str(checkpoint), str(synthetic_bin), str(root / "stock"), "fairseq")
     return {"checkpoint": checkpoint, "hypotheses": found, "stock": root / "stock", "root": root,
             "generate": generate}
@@ -289,8 +299,9 @@ assert not [m for m in sys.modules if m.startswith("fairseq_deep")], "fairseq_de
 def test_plain_fairseq_generate_decodes_the_stock_checkpoint_as_the_original(trained, synthetic_bin):
     """No --user-dir, no fairseq_deep in the process, torch's default weights-only loader."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    stock_checkpoint = str(trained["stock"] / ex.STOCK_CHECKPOINT)
     proc = subprocess.run([sys.executable, "-c", PLAIN_GENERATE, str(synthetic_bin), "--path",
-                           str(trained["stock"] / ex.STOCK_CHECKPOINT), "--beam", "4", *trained["generate"]],
+                           stock_checkpoint, "--beam", "4", *trained["generate"]],
                           capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock, original = hypotheses(proc.stdout), trained["hypotheses"][4]
@@ -307,12 +318,13 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
 
     out = trained["root"] / "ct2"
     if not out.exists():
-        proc = run_cli(sys.executable, "-m", "fairseq_deep.export", "--checkpoint", str(trained["checkpoint"]),
-                       "--data", str(synthetic_bin), "--out", str(out))
+        proc = run_cli(sys.executable, "-m", "fairseq_deep.export", "--checkpoint",
+                       str(trained["checkpoint"]), "--data", str(synthetic_bin), "--out", str(out))
         assert "CTranslate2 model of transformer_admin" in proc.stdout
     source = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
     dataset = data_utils.load_indexed_dataset(str(synthetic_bin / "test.src-tgt.src"), source)
-    pieces = [[source[i] for i in dataset[k][:-1].tolist()] for k in range(len(dataset))]  # as in the data: no </s>
+    # the pieces as they stand in the data, without the </s> that fairseq's binarizer appended
+    pieces = [[source[i] for i in dataset[k][:-1].tolist()] for k in range(len(dataset))]
     settings = ex.matching_settings(beam=beam)
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     results = translator.translate_batch(pieces, max_batch_size=64, **settings)

@@ -49,8 +49,8 @@ RULES: Dict[str, Callable[[nn.Module], Optional[str]]] = {}
 SERVED_BY = ("serve it with fairseq-deep-interactive or the hub interface "
              "(Model.from_pretrained), which run its own code (docs/export.md)")
 
-STANDARD_LAYERS = (TransformerEncoderLayerBase, TransformerDecoderLayerBase, TransformerEncoderLayer,
-                   TransformerDecoderLayer)
+STANDARD_LAYERS = (TransformerEncoderLayerBase, TransformerDecoderLayerBase,
+                   TransformerEncoderLayer, TransformerDecoderLayer)
 
 
 def declare_reduction(family: str, rule: Callable[[nn.Module], Optional[str]]):
@@ -79,11 +79,12 @@ def residual_stacks(model: nn.Module) -> Optional[str]:
         if why is not None:
             return f"{why} (its {side})"
         for layer in stack.layers:
+            name = type(layer).__name__
             why = getattr(layer, "why_not_standard", None)
             if why is None and scheme_base(layer) not in STANDARD_LAYERS:
-                why = f"its {side} layers are {type(layer).__name__}, not fairseq's Transformer layers"
+                why = f"its {side} layers are {name}, not fairseq's Transformer layers"
             if why is None and residual_scales(layer) is None:
-                why = f"its {side} layers ({type(layer).__name__}) have a residual connection of their own"
+                why = f"its {side} layers ({name}) have a residual connection of their own"
             if why is not None:
                 return why
     return None
@@ -93,16 +94,19 @@ def residual_stacks(model: nn.Module) -> Optional[str]:
 # the fold
 # ---------------------------------------------------------------------------------------------
 
-#: sublayer -> (the linear maps that read its input, the layer norm that ends it), in fairseq's layers
+#: sublayer -> (the linear maps that read its input, the layer norm that ends it), in fairseq's
+#: layers
 SUBLAYERS = {
-    "self_attn": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn_layer_norm"),
+    "self_attn": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                  "self_attn_layer_norm"),
     "encoder_attn": (("encoder_attn.q_proj",), "encoder_attn_layer_norm"),
     "ffn": (("fc1",), "final_layer_norm"),
 }
 
 
 def sublayer_names(layer: nn.Module) -> List[str]:
-    """The sublayers of a fairseq layer, in the order it runs them (and calls residual_connection)."""
+    """The sublayers of a fairseq layer, in the order it runs them (and calls
+    ``residual_connection``)."""
     cross = ["encoder_attn"] if getattr(layer, "encoder_attn", None) is not None else []
     return ["self_attn", *cross, "ffn"]
 
@@ -134,11 +138,13 @@ def fold(model: nn.Module) -> Tuple[Dict[str, Tensor], Dict[str, object], List[s
     if notes and model.encoder.embed_tokens is model.decoder.embed_tokens:
         changes["share_all_embeddings"] = False  # each side's embedding took its own scale
         changes["share_decoder_input_output_embed"] = True  # implied by sharing all
-        notes.append("the encoder and decoder embeddings are no longer shared (each carries its stack's scale)")
+        notes.append("the encoder and decoder embeddings are no longer shared (each carries its "
+                     "stack's scale)")
     return state, changes, notes
 
 
-def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str, changes: Dict[str, object]) -> str:
+def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str,
+                changes: Dict[str, object]) -> str:
     stack = getattr(model, side)
     sublayers = []  # (key prefix of the layer, sublayer name, scale s, float64 of width d)
     for i, layer in enumerate(stack.layers):
@@ -147,12 +153,12 @@ def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str, changes: 
     if all(bool((s == 1).all()) for _, _, s in sublayers):
         return ""
     if any(layer.normalize_before for layer in stack.layers):
-        raise UserError(f"the {side} is pre-norm and scales its residuals: fairseq-deep-export folds "
-                        "residual scales of post-norm layers only")
+        raise UserError(f"the {side} is pre-norm and scales its residuals: fairseq-deep-export "
+                        "folds residual scales of post-norm layers only")
     smallest = min(float(s.abs().min()) for _, _, s in sublayers)
     if smallest < 1e-6:
-        raise UserError(f"a residual scale of the {side} is {smallest:.3g}: so small a scale cannot be "
-                        "divided out of the next sublayer's weights")
+        raise UserError(f"a residual scale of the {side} is {smallest:.3g}: so small a scale "
+                        "cannot be divided out of the next sublayer's weights")
     unsupported = [flag for flag, present in (
         ("--adaptive-softmax-cutoff", getattr(stack, "adaptive_softmax", None) is not None),
         (f"--{side}-input-dim", getattr(stack, "project_in_dim", None) is not None),
@@ -188,10 +194,10 @@ def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str, changes: 
     same = bool((values == values[0, 0]).all())
     what = f"{float(values[0, 0]):.6g} (one scale)" if same else \
         f"{float(values.min()):.4g} to {float(values.max()):.4g} (one per dimension)"
-    where = "the embedding layer norm" if not scales_embedding else \
-        "the token embeddings" + (" and positions (now a learned table)" if stack.embed_positions is not None else "")
-    return (f"{side}: {len(sublayers)} residual scales of {what} folded into the layer norms, the input "
-            f"columns of q/k/v and fc1, and {where}")
+    where = "the embedding layer norm" if not scales_embedding else "the token embeddings" + (
+        " and positions (now a learned table)" if stack.embed_positions is not None else "")
+    return (f"{side}: {len(sublayers)} residual scales of {what} folded into the layer norms, the "
+            f"input columns of q/k/v and fc1, and {where}")
 
 
 def _scale(state: Dict[str, Tensor], key: str, factor: Tensor):

@@ -154,10 +154,10 @@ class TransformerTAModel(TechniqueTransformerModel):
 
 
 def _reduction(model) -> Optional[str]:
-    """fairseq-deep-export: the baselines (--ta-disable, with residuals) are fairseq's transformer."""
+    """fairseq-deep-export: the baselines (--ta-disable, with residuals) reduce, nothing else."""
     if model.encoder.transparent_attention is not None:
-        return ("transparent attention: decoder layer j attends to its own learned mix of all encoder "
-                "layers (Bapna et al. 2018)")
+        return ("transparent attention: decoder layer j attends to its own learned mix of all "
+                "encoder layers (Bapna et al. 2018)")
     return residual_stacks(model)
 
 

@@ -84,7 +84,8 @@ class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer whose self-attention output is Eq. 8's AGG over lower layers."""
 
     #: why fairseq's own layer cannot compute this one (fairseq-deep-export)
-    why_not_standard = "multi-layer attention: its self-attention also attends to the layers below (Dou et al. 2018)"
+    why_not_standard = ("multi-layer attention: its self-attention also attends to the layers "
+                        "below (Dou et al. 2018)")
 
     def __init__(self, cfg, num_lower: int, node_factory, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)

@@ -197,8 +197,8 @@ class ReZeroResidual:
     """``residual_connection``: residual + alpha * x, alpha = ``self.rezero_alpha`` (one per layer)."""
 
     #: why fairseq's own Transformer layer cannot compute this one (fairseq-deep-export)
-    why_not_standard = ("ReZero's layers compute x + alpha F(x) without layer norm (Bachlechner et al. "
-                        "2020), which no standard Transformer layer does")
+    why_not_standard = ("ReZero's layers compute x + alpha F(x) without layer norm (Bachlechner "
+                        "et al. 2020), which no standard Transformer layer does")
 
     def residual_connection(self, x, residual):
         return residual + self.rezero_alpha * x
@@ -284,8 +284,8 @@ def _mix(layer: nn.Module, mixin: type):
     key = (mixin, base)
     if key not in _CLASSES:
         _CLASSES[key] = type(mixin.__name__.replace("Residual", "") + base.__name__, (mixin, base),
-                             {"__module__": __name__, "__doc__": f"{base.__name__} with {mixin.__name__}.",
-                              "scheme_base": base})
+                             {"__module__": __name__, "scheme_base": base,
+                              "__doc__": f"{base.__name__} with {mixin.__name__}."})
     layer.__class__ = _CLASSES[key]
 
 

@@ -63,4 +63,5 @@ def paper_init_(model: nn.Module, std: float):
             module.weight[module.padding_idx].zero_()
 
 
-declare_reduction("deep_att", never("Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"))
+declare_reduction("deep_att", never("Deep-Att is a recurrent model with fast-forward connections "
+                                    "(Zhou et al. 2016)"))

@@ -87,5 +87,5 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
         return (self.encoder.max_positions(), self.decoder.max_positions())
 
 
-declare_reduction("rnmt_hybrid", never("the hybrids combine RNMT+ LSTM stacks with Transformer stacks "
-                                       "(Chen et al. 2018)"))
+declare_reduction("rnmt_hybrid", never("the hybrids combine RNMT+ LSTM stacks with Transformer "
+                                       "stacks (Chen et al. 2018)"))
