@@ -65,6 +65,8 @@ setup(
         "tensorboard": ["tensorboardX", "tensorboard"],
         # fairseq's --ddp-backend fully_sharded (FSDP; docs/fully_sharded.md); tested with 0.4.13
         "scale": ["fairscale>=0.4.13"],
+        # fairseq-deep-export --format ctranslate2 (CTranslate2's own fairseq converter and engine)
+        "export": ["ctranslate2"],
     },
     entry_points={
         "console_scripts": [
@@ -78,6 +80,7 @@ setup(
             "fairseq-deep-list-archs = fairseq_deep.cli:list_archs_main",
             "fairseq-deep-study = fairseq_deep.study:cli_main",
             "fairseq-deep-grow = fairseq_deep.grow:cli_main",
+            "fairseq-deep-export = fairseq_deep.export:cli_main",
         ],
     },
     classifiers=[

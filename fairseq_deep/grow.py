@@ -135,20 +135,24 @@ def model_args(state, path: str) -> argparse.Namespace:
     return saved
 
 
-def family_of(args, path: str) -> Tuple[str, str]:
-    """(arch, model name) of a fairseq_deep model, or a GrowError."""
+def family_of(args, path: str, error: type = GrowError, tool: str = "fairseq-deep-grow grows",
+              fairseqs_own: Optional[str] = None) -> Tuple[str, str]:
+    """(arch, model name) of a fairseq_deep model, or an ``error`` that says what ``tool`` takes
+    (and, for a model of fairseq's own, ``fairseqs_own``; grow's advice when None)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
 
     arch = getattr(args, "arch", None) or getattr(args, "_name", None)
     if arch not in ARCH_MODEL_REGISTRY:
-        raise GrowError(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded registers: "
-                        "fairseq-deep-grow grows the models of fairseq_deep (fairseq-deep-list-archs)")
+        raise error(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded "
+                    f"registers: {tool} the models of fairseq_deep (fairseq-deep-list-archs)")
     if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
-        nearest = {"transformer": "transformer_postnorm, which is fairseq's transformer",
-                   "lstm": "rnmt_plus or deep_att, LSTM families"}.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
-        raise GrowError(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of fairseq_deep: "
-                        "train the shallow model with a fairseq_deep architecture"
-                        + (f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"))
+        if fairseqs_own is None:  # grow's advice: the family of ours nearest to fairseq's model
+            nearest = {"transformer": "transformer_postnorm, which is fairseq's transformer",
+                       "lstm": "rnmt_plus or deep_att, LSTM families"}.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
+            fairseqs_own = ("train the shallow model with a fairseq_deep architecture"
+                            + (f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"))
+        raise error(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of "
+                    f"fairseq_deep: {fairseqs_own}")
     return arch, ARCH_MODEL_NAME_REGISTRY[arch]
 
 

@@ -28,6 +28,7 @@ from ..modules.multi_layer_attention import (
     mla_window,
 )
 from .presets import fill_defaults, register_preset
+from .reduction import declare_reduction, residual_stacks
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 @dataclass
@@ -104,6 +105,10 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
                                     cfg.decoder.attention_heads, cfg.decoder.ffn_embed_dim)
         return AggTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
                                      no_encoder_attn=cfg.no_cross_attention)
+
+
+# fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none, --mla-layers 1)
+declare_reduction("transformer_agg", residual_stacks)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..modules.layer_history import DLCLConfig, build_dlcl
 from .presets import PRENORM, first_line, register_preset
+from .reduction import declare_reduction, residual_stacks
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 
@@ -41,6 +42,11 @@ class TransformerDLCLModel(TechniqueTransformerModel):
                              cfg.decoder.normalize_before)
         return HistoryTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
                                          no_encoder_attn=cfg.no_cross_attention)
+
+
+# fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks none: the
+# pre-/post-norm presets, DeepNorm, Admin, DS-Init), whatever the --arch is called
+declare_reduction("transformer_dlcl", residual_stacks)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
 from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
 from .presets import PRENORM, first_line, register_preset
+from .reduction import declare_reduction, residual_stacks
 from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
 
 MEMORY_KEY = "transparent_memory"
@@ -53,6 +54,9 @@ class TransparentAttentionConfig(TransparentReadoutConfig):
 
 class NoResidualEncoderLayer(TransformerEncoderLayerBase):
     """A Transformer encoder layer whose sublayers are not added to their input (x = F(x))."""
+
+    #: why fairseq's own layer cannot compute this one (fairseq-deep-export)
+    why_not_standard = "its encoder layers have no residual connections (--ta-no-encoder-residual)"
 
     def residual_connection(self, x, residual):
         return x
@@ -147,6 +151,17 @@ class TransformerTAModel(TechniqueTransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return TransparentTransformerDecoder(cfg, tgt_dict, embed_tokens, transparent=not cfg.ta_disable,
                                              no_encoder_attn=cfg.no_cross_attention)
+
+
+def _reduction(model) -> Optional[str]:
+    """fairseq-deep-export: the baselines (--ta-disable, with residuals) reduce, nothing else."""
+    if model.encoder.transparent_attention is not None:
+        return ("transparent attention: decoder layer j attends to its own learned mix of all "
+                "encoder layers (Bapna et al. 2018)")
+    return residual_stacks(model)
+
+
+declare_reduction("transformer_ta", _reduction)
 
 
 # ---------------------------------------------------------------------------------------------

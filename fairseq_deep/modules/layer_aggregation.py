@@ -184,6 +184,8 @@ class DenseHistory(LayerHistory):
     """
 
     indexed_by_depth = True  # the input depends on the layer's row: no layerdrop
+    combination = ("dense connections: every layer reads the sum of the layers below it "
+                   "(Dou et al. 2018)")
 
     def __init__(self, num_layers: int, sum_of: str = "outputs"):
         super().__init__(num_layers)
@@ -219,6 +221,8 @@ class LinearCombinationHistory(LayerHistory):
     """
 
     indexed_by_depth = True
+    combination = ("linear layer aggregation: the stack returns a learned combination of all its "
+                   "layers (Dou et al. 2018)")
 
     def __init__(self, num_layers: int, embed_dim: int, init: str = "top"):
         super().__init__(num_layers)
@@ -256,6 +260,8 @@ class IterativeAggregationHistory(LayerHistory):
     backbone layers read H^{l-1} as usual.  ``top`` of every node is H^l (input 0)."""
 
     indexed_by_depth = True
+    combination = ("iterative layer aggregation: the stack returns aggregation nodes over all its "
+                   "layers (Dou et al. 2018)")
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)
@@ -333,6 +339,8 @@ class HierarchicalAggregationHistory(LayerHistory):
     """Hierarchical deep aggregation (Dou et al. Fig. 2): see :func:`hierarchical_plan`."""
 
     indexed_by_depth = True
+    combination = ("hierarchical layer aggregation: aggregation nodes over groups of layers feed "
+                   "the stack (Dou et al. 2018)")
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)

@@ -89,9 +89,18 @@ class LayerHistory(nn.Module):
     #: a layer (layerdrop) would then hand layers the wrong rows, so the stacks refuse layerdrop
     indexed_by_depth = False
 
+    #: what a layer reads under this history, for a history that is not the residual one (the
+    #: reason fairseq-deep-export gives for refusing it)
+    combination = "a combination of earlier layers"
+
     def __init__(self, num_layers: int):
         super().__init__()
         self.num_layers = num_layers
+
+    def not_residual(self) -> Optional[str]:
+        """None for the residual network itself, else what this history does instead
+        (``combination``): fairseq's own Transformer has the residual network only."""
+        return None if type(self) is LayerHistory else self.combination
 
     def start(self, embedding: Tensor) -> HistoryState:
         return EntryState(self, embedding)
@@ -138,6 +147,7 @@ class DynamicLinearCombination(LayerHistory):
 
     keeps_all_entries = True
     indexed_by_depth = True
+    combination = "DLCL: every layer reads a weighted sum of all layers below it (Wang et al. 2019)"
 
     def __init__(
         self,

@@ -83,6 +83,10 @@ def _check_cfg(cfg):
 class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer whose self-attention output is Eq. 8's AGG over lower layers."""
 
+    #: why fairseq's own layer cannot compute this one (fairseq-deep-export)
+    why_not_standard = ("multi-layer attention: its self-attention also attends to the layers "
+                        "below (Dou et al. 2018)")
+
     def __init__(self, cfg, num_lower: int, node_factory, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         _check_cfg(cfg)
@@ -124,6 +128,8 @@ class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
 class MultiLayerAttentionDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer whose self-attention output is Eq. 8's AGG over lower layers;
     encoder-decoder attention and feed-forward are fairseq's."""
+
+    why_not_standard = MultiLayerAttentionEncoderLayer.why_not_standard
 
     def __init__(self, cfg, num_lower: int, node_factory, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)

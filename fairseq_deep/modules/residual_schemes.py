@@ -191,9 +191,17 @@ class DeepNormResidual:
     def residual_connection(self, x, residual):
         return residual * self.deepnorm_alpha + x
 
+    def residual_scales(self) -> Tensor:
+        """alpha for every sublayer (see :func:`residual_scales`)."""
+        return torch.full((_sublayers(self), self.embed_dim), float(self.deepnorm_alpha))
+
 
 class ReZeroResidual:
     """``residual_connection``: residual + alpha * x, alpha = ``self.rezero_alpha`` (one per layer)."""
+
+    #: why fairseq's own Transformer layer cannot compute this one (fairseq-deep-export)
+    why_not_standard = ("ReZero's layers compute x + alpha F(x) without layer norm (Bachlechner "
+                        "et al. 2020), which no standard Transformer layer does")
 
     def residual_connection(self, x, residual):
         return residual + self.rezero_alpha * x
@@ -272,9 +280,10 @@ class AdminResidual:
                     logger.debug(f"Admin profile: omega = {self.admin_omega.data[:, 0].tolist()}")
         return residual * (self.admin_omega[index] + self.admin_omega_learned[index]) + x
 
-    def admin_omegas(self) -> Tensor:
-        """omega of every sublayer, one row each (the profile plus what training learned)."""
-        return self.admin_omega + self.admin_omega_learned
+    def residual_scales(self) -> Tensor:
+        """omega_i of every sublayer, one row each: the profile plus what training learned (see
+        :func:`residual_scales`)."""
+        return (self.admin_omega + self.admin_omega_learned).detach().clone()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,8 +303,29 @@ def _mix(layer: nn.Module, mixin: type):
     key = (mixin, base)
     if key not in _CLASSES:
         _CLASSES[key] = type(mixin.__name__.replace("Residual", "") + base.__name__, (mixin, base),
-                             {"__module__": __name__, "__doc__": f"{base.__name__} with {mixin.__name__}."})
+                             {"__module__": __name__, "scheme_base": base,
+                              "__doc__": f"{base.__name__} with {mixin.__name__}."})
     layer.__class__ = _CLASSES[key]
+
+
+def scheme_base(layer: nn.Module) -> type:
+    """The class of ``layer`` before a residual scheme was mixed into it (its own class if none)."""
+    return getattr(type(layer), "scheme_base", type(layer))
+
+
+def residual_scales(layer: nn.Module) -> Optional[Tensor]:
+    """What each sublayer's ``residual_connection`` multiplies its residual by, one row per
+    sublayer in the order the layer runs them (self-attention, encoder attention, FFN), width d:
+    1 for fairseq's own connection, alpha for DeepNorm, omega_i for Admin (their
+    ``residual_scales``).  A post-norm layer with these scales computes LN(residual * s + F(x)),
+    which fairseq-deep-export folds into fairseq's own layer (docs/export.md).  None for a residual
+    connection that states no scale (ReZero's has none: ``why_not_standard``)."""
+    own = getattr(layer, "residual_scales", None)
+    if own is not None:
+        return own()
+    if type(layer).residual_connection in _PLAIN_RESIDUAL:
+        return torch.ones(_sublayers(layer), layer.embed_dim)
+    return None
 
 
 def _attentions(layer: nn.Module):

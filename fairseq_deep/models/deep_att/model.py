@@ -8,6 +8,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, reg
 from torch import nn
 
 from ...errors import UserError, refuse_options
+from ..reduction import declare_reduction, never
 from ...modules.fast_forward_lstm import RECURRENT, mark
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
@@ -66,3 +67,7 @@ def paper_init_(model: nn.Module, std: float):
                 p.normal_(0.0, std)
         if isinstance(module, nn.Embedding) and module.padding_idx is not None:
             module.weight[module.padding_idx].zero_()
+
+
+declare_reduction("deep_att", never("Deep-Att is a recurrent model with fast-forward connections "
+                                    "(Zhou et al. 2016)"))

@@ -8,6 +8,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 
 from ...errors import refuse_options
+from ..reduction import declare_reduction, never
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder
@@ -59,3 +60,6 @@ def count_parameters(model) -> int:
 
 
 __all__ = ["RNMTPlusModel", "build_embedding", "shared_embeddings", "count_parameters"]
+
+
+declare_reduction("rnmt_plus", never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"))

@@ -12,6 +12,7 @@ from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
 from ..decoder import RNMTPlusDecoder
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding
+from ...reduction import declare_reduction, never
 from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
 from .config import RNMTHybridConfig, check_hybrid_schemes, rnmt_options, transformer_cfg
 from .encoders import CascadedEncoder, MultiColumnEncoder, load_encoder_weights
@@ -84,3 +85,7 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 
     def max_positions(self):
         return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+declare_reduction("rnmt_hybrid", never("the hybrids combine RNMT+ LSTM stacks with Transformer "
+                                       "stacks (Chen et al. 2018)"))

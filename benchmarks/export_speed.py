@@ -1,0 +1,273 @@
+"""fairseq-generate against CTranslate2 (float32 and int8) on a deep model exported by
+fairseq-deep-export (issue 34): sentences/s side by side, and BLEU of each.
+
+    python benchmarks/export_speed.py --multi30k /work/shared/data/multi30k [--device cpu]
+        [--arch transformer_deepnorm --encoder-layers 18 --decoder-layers 6 --embed-dim 512]
+        [--minutes 5] [--beam 5 --batch 32 --max-len 60 --threads 2 --repeats 3 --test-sentences 1000]
+
+Steps (each kept in ``--work-dir`` and reused when run again with the same options):
+
+1. Multi30K de-en (the raw gzip folder, never copied into the repository) through
+   ``fairseq-deep-prepare`` (a joint sentencepiece model of 8k pieces, then fairseq-preprocess);
+2. a model trained by ``fairseq-train --user-dir fairseq_deep`` for ``--minutes`` of wall-clock
+   time (fairseq's ``--stop-time-hours``; brief on a CPU: the point is the engines' speed);
+3. ``fairseq-deep-export`` of its last checkpoint to CTranslate2, once per ``--quantizations``;
+4. the Multi30K test set (test2016, 1,000 sentences) translated by fairseq-generate (the original
+   checkpoint with ``--user-dir``, as one serves it without the export) and by CTranslate2 in
+   process on each export, alternating the engines ``--repeats`` times.  Same beam, batch (sentences
+   of the same length range batched together by both), threads (``OMP_NUM_THREADS`` /
+   ``intra_threads``) and length limit (fairseq: ``--max-len-a 0 --max-len-b MAX_LEN``; CTranslate2:
+   ``max_decoding_length = MAX_LEN + 1`` with ``return_end_token``, fairseq's length penalty,
+   docs/export.md).  fairseq's time is its own ``Translated ... in X s`` line (model loading left
+   out); CTranslate2's the ``translate_batch`` call (model loading left out).
+
+Reported: sentences/s and its ratio to fairseq-generate, the best round's (the least disturbed,
+on a shared machine) and the median's, sacreBLEU of the detokenized hypotheses against the raw
+references, and how many hypotheses equal fairseq-generate's.  ``--device cuda`` runs both engines on the GPU (and adds float16).
+A markdown table goes to stdout, every number to ``WORK_DIR/results.json``.
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from _device import add_device_argument, device_from_args, generate_flags, train_flags
+
+import fairseq_deep
+
+PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
+TEST = "test_2016_flickr"
+
+
+def log(msg: str):
+    print(f"[export_speed] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, log_path: str, threads: int) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(log_path, "w") as f:
+        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    out = open(log_path, encoding="utf-8").read()
+    if code != 0:
+        raise SystemExit(f"command failed ({code}): {' '.join(cmd)}\n{out[-4000:]}")
+    return out
+
+
+def stamped(path: str, stamp: dict) -> bool:
+    return os.path.exists(path) and json.load(open(path)) == stamp
+
+
+def prepare(a, work: str) -> str:
+    for split in ("train", "val", TEST):
+        for lang in ("de", "en"):
+            if not os.path.exists(os.path.join(a.multi30k, f"{split}.{lang}.gz")):
+                raise SystemExit(f"--multi30k {a.multi30k}: no {split}.{lang}.gz (the raw Multi30K "
+                                 "folder, e.g. /work/shared/data/multi30k)")
+    dest = os.path.join(work, "prep")
+    m = a.multi30k
+    run([sys.executable, "-m", "fairseq_deep.prepare", "-s", "de", "-t", "en",
+         "--trainpref", f"{m}/train", "--validpref", f"{m}/val", "--testpref", f"{m}/{TEST}",
+         "--destdir", dest, "--vocab-size", "8000", "--workers", str(a.threads), "--quiet"],
+        os.path.join(work, "prepare.log"), a.threads)
+    return dest
+
+
+def test_subset(a, work: str, prep: str) -> str:
+    """The first ``--test-sentences`` of the test set, binarized with the data's dictionaries."""
+    dest = os.path.join(work, f"test{a.test_sentences}")
+    if not os.path.exists(os.path.join(dest, "test.de-en.de.idx")):
+        raw = os.path.join(work, f"test{a.test_sentences}_pieces")
+        os.makedirs(raw, exist_ok=True)
+        for lang in ("de", "en"):
+            with open(os.path.join(prep, "spm", f"test.{lang}"), encoding="utf-8") as f:
+                lines = f.read().splitlines()[: a.test_sentences]
+            with open(os.path.join(raw, f"test.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
+        data = os.path.join(prep, "data-bin")
+        run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "de", "--target-lang", "en",
+             "--testpref", os.path.join(raw, "test"), "--destdir", dest,
+             "--srcdict", f"{data}/dict.de.txt", "--tgtdict", f"{data}/dict.en.txt", "--workers", "1"],
+            os.path.join(work, "preprocess_test.log"), 1)
+    return dest
+
+
+def model_flags(a):
+    width, ffn = str(a.embed_dim), str(4 * a.embed_dim)
+    return ["--arch", a.arch, "--encoder-layers", str(a.encoder_layers),
+            "--decoder-layers", str(a.decoder_layers), "--encoder-embed-dim", width,
+            "--decoder-embed-dim", width, "--encoder-ffn-embed-dim", ffn, "--decoder-ffn-embed-dim", ffn,
+            "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
+            "--share-all-embeddings", "--dropout", "0.1"]
+
+
+def train(a, work: str, data: str) -> str:
+    save = os.path.join(work, "train")
+    flags = [*model_flags(a), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(a.lr),
+             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup),
+             "--warmup-init-lr", "1e-07", "--criterion", "label_smoothed_cross_entropy",
+             "--label-smoothing", "0.1", "--max-tokens", str(a.max_tokens),
+             "--stop-time-hours", str(a.minutes / 60), "--max-update", "1000000", "--seed", "1",
+             "--no-epoch-checkpoints", "--disable-validation", "--log-interval", "10"]
+    stamp_path = os.path.join(save, "trained.json")
+    stamp = {"data": os.path.abspath(data), "flags": flags, "device": a.device}
+    checkpoint = os.path.join(save, "checkpoint_last.pt")
+    if stamped(stamp_path, stamp) and os.path.exists(checkpoint):
+        log(f"reusing {checkpoint}")
+        return checkpoint
+    shutil.rmtree(save, ignore_errors=True)
+    os.makedirs(save)
+    log(f"training {a.arch} {a.encoder_layers}+{a.decoder_layers}, width {a.embed_dim}, "
+        f"for {a.minutes} minutes")
+    out = run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN_DIR,
+               "--save-dir", save, *train_flags(a.device), *flags], os.path.join(work, "train.log"),
+              a.threads)
+    updates = re.findall(r"num_updates[= ](\d+)", out)
+    json.dump(stamp, open(stamp_path, "w"))
+    json.dump({"updates": int(updates[-1]) if updates else None},
+              open(os.path.join(save, "updates.json"), "w"))
+    return checkpoint
+
+
+def export(a, work: str, data: str, checkpoint: str, quantization: str) -> str:
+    out = os.path.join(work, f"ct2_{quantization}")
+    shutil.rmtree(out, ignore_errors=True)
+    run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", checkpoint, "--data", data,
+         "--out", out, "--quantization", quantization],
+        os.path.join(work, f"export_{quantization}.log"), a.threads)
+    return out
+
+
+def detokenize(pieces) -> str:
+    """fairseq's ``--post-process sentencepiece``."""
+    return "".join(pieces).replace("\u2581", " ").strip()
+
+
+def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
+    out = run([sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", PLUGIN_DIR,
+               "--path", checkpoint, "--gen-subset", "test", "--beam", str(a.beam),
+               "--batch-size", str(a.batch), "--max-len-a", "0", "--max-len-b", str(a.max_len),
+               "--post-process", "sentencepiece", *generate_flags(a.device)],
+              os.path.join(work, "generate.log"), a.threads)
+    found = re.search(r"Translated ([\d,]+) sentences .*? in ([\d.]+)s", out)
+    hyps = {int(k): text for k, text in re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", out, re.M)}
+    assert len(hyps) == n == int(found.group(1).replace(",", "")), (len(hyps), n, found.group(0))
+    return float(found.group(2)), [hyps[k] for k in range(n)]
+
+
+def ctranslate2_translate(a, model: str, pieces):
+    import ctranslate2
+
+    from fairseq_deep.export import fairseq_hypothesis, matching_settings
+
+    translator = ctranslate2.Translator(model, device=a.device, intra_threads=a.threads,
+                                        inter_threads=1)
+    settings = matching_settings(beam=a.beam, max_len_b=a.max_len)
+    start = time.perf_counter()
+    results = translator.translate_batch(pieces, max_batch_size=a.batch, **settings)
+    seconds = time.perf_counter() - start
+    hyps = [detokenize(fairseq_hypothesis(r.hypotheses[0], settings)) for r in results]
+    del translator
+    return seconds, hyps
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--multi30k", default="/work/shared/data/multi30k",
+                   help="the raw Multi30K folder")
+    p.add_argument("--work-dir", default="bench_runs/export_speed")
+    p.add_argument("--arch", default="transformer_deepnorm")
+    p.add_argument("--encoder-layers", type=int, default=18)
+    p.add_argument("--decoder-layers", type=int, default=6)
+    p.add_argument("--embed-dim", type=int, default=512, help="width (FFN: 4x)")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--minutes", type=float, default=5, help="training time")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32, help="sentences per batch, both engines")
+    p.add_argument("--max-len", type=int, default=60,
+                   help="at most this many target pieces, both engines")
+    p.add_argument("--test-sentences", type=int, default=1000,
+                   help="the first N sentences of test2016")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quantizations", help="CTranslate2 weight types, comma-separated (default: "
+                   "float32,int8; on a GPU float32,int8_float16,float16)")
+    return add_device_argument(p)
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    device_from_args(a)  # --device cuda without a GPU: one line, before any work
+    import sacrebleu
+
+    default = "float32,int8" if a.device == "cpu" else "float32,int8_float16,float16"
+    quantizations = (a.quantizations or default).split(",")
+    work = a.work_dir
+    os.makedirs(work, exist_ok=True)
+    prep = prepare(a, work)
+    data = os.path.join(prep, "data-bin")
+    with open(os.path.join(prep, "spm", "test.de"), encoding="utf-8") as f:
+        pieces = [line.split() for line in f.read().splitlines()][: a.test_sentences]
+    with gzip.open(os.path.join(a.multi30k, f"{TEST}.en.gz"), "rt", encoding="utf-8") as f:
+        references = [line.strip() for line in f][: a.test_sentences]
+    test = data if a.test_sentences >= 1000 else test_subset(a, work, prep)
+    checkpoint = train(a, work, data)
+    models = {q: export(a, work, data, checkpoint, q) for q in quantizations}
+
+    engines = ["fairseq-generate", *(f"CTranslate2 {q}" for q in quantizations)]
+    seconds = {e: [] for e in engines}
+    hypotheses = {}
+    for r in range(a.repeats):
+        for engine in engines:
+            if engine == "fairseq-generate":
+                t, hyps = fairseq_generate(a, work, test, checkpoint, len(pieces))
+            else:
+                t, hyps = ctranslate2_translate(a, models[engine.split()[-1]], pieces)
+            seconds[engine].append(t)
+            hypotheses.setdefault(engine, hyps)
+            log(f"round {r + 1}/{a.repeats}: {engine} {len(pieces) / t:.1f} sentences/s")
+
+    base = hypotheses["fairseq-generate"]
+    rows = []
+    for engine in engines:
+        rows.append({"engine": engine, "seconds": seconds[engine],
+                     "best": len(pieces) / min(seconds[engine]),
+                     "median": len(pieces) / statistics.median(seconds[engine]),
+                     "bleu": sacrebleu.corpus_bleu(hypotheses[engine], [references]).score,
+                     "same_as_fairseq": sum(h == b for h, b in zip(hypotheses[engine], base))})
+    for row in rows:
+        row["ratio_best"] = row["best"] / rows[0]["best"]
+        row["ratio_median"] = row["median"] / rows[0]["median"]
+    updates = json.load(open(os.path.join(work, "train", "updates.json")))["updates"]
+    results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "args": vars(a), "updates": updates, "rows": rows, "sentences": len(pieces)}
+    json.dump(results, open(os.path.join(work, "results.json"), "w"), indent=1)
+
+    print(f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, "
+          f"{updates} updates ({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, "
+          f"beam {a.beam}, batch {a.batch}, at most {a.max_len} pieces, {a.threads} threads, "
+          f"{a.device}, {a.repeats} alternated rounds: the best (the median)")
+    print()
+    print("| engine | sentences/s | vs fairseq-generate | BLEU | hypotheses as fairseq-generate's |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print(f"| {row['engine']} | {row['best']:.1f} ({row['median']:.1f}) | "
+              f"{row['ratio_best']:.2f}x ({row['ratio_median']:.2f}x) | {row['bleu']:.2f} | "
+              f"{row['same_as_fairseq']}/{len(pieces)} |")
+
+
+if __name__ == "__main__":
+    main()

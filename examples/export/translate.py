@@ -1,0 +1,48 @@
+"""Translate with a model exported by ``fairseq-deep-export`` (``--format ctranslate2``), with the
+settings that give fairseq-generate's hypotheses (docs/export.md).
+
+    python examples/export/translate.py OUT [--spm spm.model] [--beam 5] [--lenpen 1.0]
+        [--max-len-b 200] [--batch 32] [--threads 2] [--device cpu|cuda] < input > output
+
+With ``--spm``: raw sentences in, detokenized translations out (the sentencepiece model the data was
+prepared with, e.g. ``fairseq-deep-prepare``'s ``DESTDIR/spm.model``); without: the pieces in and
+out, one sentence per line, exactly as they stand in the data.
+"""
+
+import argparse
+import sys
+
+import ctranslate2
+
+from fairseq_deep.export import fairseq_hypothesis, matching_settings
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="the folder fairseq-deep-export wrote")
+    p.add_argument("--spm", help="sentencepiece model: raw text in, detokenized text out")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--max-len-b", type=int, default=200)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(argv)
+    lines = sys.stdin.read().splitlines()
+    if a.spm:
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor(model_file=a.spm)
+        pieces = sp.encode(lines, out_type=str)
+    else:
+        pieces = [line.split() for line in lines]
+    translator = ctranslate2.Translator(a.model, device=a.device, intra_threads=a.threads)
+    settings = matching_settings(beam=a.beam, lenpen=a.lenpen, max_len_b=a.max_len_b)
+    results = translator.translate_batch(pieces, max_batch_size=a.batch, **settings)
+    for result in results:
+        tokens = fairseq_hypothesis(result.hypotheses[0], settings)
+        print(sp.decode(tokens) if a.spm else " ".join(tokens))
+
+
+if __name__ == "__main__":
+    main()
