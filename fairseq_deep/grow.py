@@ -18,32 +18,39 @@ written out).  Two published methods:
 
 ``--method interleave`` repeats each layer in place (new layer j copies old layer floor(j L / N));
 ``--method identity`` adds layers on top so that the grown model computes what the shallow one did,
-where the family allows it (see :func:`_identity_plan`).
+where the parts allow it (see :func:`identity_plan`).
 
 How it works: the grown model is built from the grown options through fairseq's ``build_model``
 (so every depth-dependent module has the shape the family gives it), then every parameter and
-buffer of it is either copied from its place in the shallow model by a per-family layer-index map
-or deliberately initialised, and :func:`grow_state` checks that none was left out.  What depends on
-depth:
+buffer of it is either copied from its place in the shallow model or deliberately initialised, and
+:func:`grow_state` checks that none was left out.  What each part needs is declared beside its
+class (:mod:`fairseq_deep.modules.growth`; docs/grow.md, "Adding a growth rule") and applied here:
+the family names its depth options, each stack where its layers are, each layer what a copy must
+share with its source, each history or readout how its tensors grow:
 
 * layers: copied by the method's map; a copy must have the same role (class, parameter shapes,
-  direction of a Deep-Att layer, residual connection of an RNMT+ layer; with multi-layer attention
-  the number of lower layers): otherwise the nearest old layer with that role is taken;
+  and what the layer and its stack declare: the direction of a Deep-Att layer, the residual
+  connection of an RNMT+ layer, the number of lower layers of multi-layer attention): otherwise
+  the nearest old layer with that role is taken (modules/growth.py);
 * DLCL (Wang et al. 2019) weights W, (U+1) x (U+1) over units (the embedding and layer outputs of a
   Transformer stack; the layer outputs of an RNMT+ stack): rows of kept layers keep their old
   weights, new rows take the model's ``--dlcl-init`` (by default the paper's average 1/(r+1));
-  the layer norms of the units follow the unit map;
+  the layer norms of the units follow the unit map (modules/layer_history.py);
 * transparent attention (Bapna et al. 2018) logits, (N+1) x M: entry u takes the logit of its
   source entry minus log(number of its copies), column j that of decoder layer j's source, so each
-  old entry keeps its share of every mixture (exactly, when the copies are equal);
+  old entry keeps its share of every mixture (exactly, when the copies are equal)
+  (modules/transparent_attention.py);
 * layer aggregation (Dou et al. 2018): linear-combination matrices W_l of copies are shared out
   like the transparent weights (W / copies); iterative and hierarchical nodes are copied from the
-  node that merged the source layers where the shapes agree, otherwise initialised;
+  node that merged the source layers where the shapes agree, otherwise initialised
+  (modules/layer_aggregation.py);
 * DeepNorm (Wang et al. 2022): alpha and beta are functions of N and M.  By default
   (``--deepnorm-constants new``) the grown model uses the new depth's constants: every layer,
   copied or not, then computes LN(alpha' x + G(x)) with the new alpha', a different function;
-  ``keep`` writes the old constants into ``--deepnorm-alpha/--deepnorm-beta`` instead;
-* Admin (Liu et al. 2020): omegas travel with their layer (profiled: not profiled again);
+  ``keep`` writes the old constants into ``--deepnorm-alpha/--deepnorm-beta`` instead
+  (modules/residual_schemes.py);
+* Admin (Liu et al. 2020): omegas (the profile, a buffer, and the learned part) travel with their
+  layer (profiled: not profiled again);
 * ReZero (Bachlechner et al. 2020): alphas travel with their layer; ``--method identity`` sets the
   new layers' alpha to 0, which makes them the identity.
 
@@ -56,52 +63,32 @@ time a checkpoint brings); ``--keep-training-time`` keeps it, for comparisons in
 import argparse
 import copy
 import logging
-import math
 import os
 import re
 import sys
 import zipfile
-from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
 from .errors import ArgumentParser, CheckpointError, MissingFileError, UserError, report_user_errors
 from .model_options import saved_model_options
+from .modules.growth import (
+    LAYERS,
+    READOUT,
+    GrowError,
+    GrownState,
+    GrowRequest,
+    StackGrowth,
+    family_rule,
+    layer_rule,
+    stack_layers,
+)
 
 logger = logging.getLogger("fairseq_deep.grow")
 
 METHODS = ("stack", "interleave", "identity")
 
+#: a layer's parameter (every column of a Deep-Att encoder): what --freeze-grown-from freezes
 _LAYER_KEY = re.compile(r"^(encoder|decoder)\.((?:columns\.\d+\.|stack\.)?)layers\.(\d+)\.(.+)$")
-
-
-class GrowError(UserError):
-    """A checkpoint, depth or method that cannot be grown; the message names the fix."""
-
-
-# ---------------------------------------------------------------------------------------------
-# layer maps
-# ---------------------------------------------------------------------------------------------
-
-
-def base_layer_map(method: str, old: int, new: int) -> List[int]:
-    """Old layer index (0-based) whose parameters new layer j starts from, before roles are checked."""
-    if method == "interleave":
-        return [j * old // new for j in range(new)]
-    k = max(1, min(new - old, old))
-    return [j if j < old else old - k + (j - old) % k for j in range(new)]
-
-
-def fit_roles(mapping: List[int], old_roles: List, new_roles: List) -> List[Optional[int]]:
-    """The map with every source of another role replaced by the nearest old layer of the new
-    layer's role (below first), or None where the old model has none."""
-    fitted: List[Optional[int]] = []
-    for j, src in enumerate(mapping):
-        if old_roles[src] == new_roles[j]:
-            fitted.append(src)
-            continue
-        order = sorted(range(len(old_roles)), key=lambda i: (abs(i - src), i > src))
-        fitted.append(next((i for i in order if old_roles[i] == new_roles[j]), None))
-    return fitted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,15 +144,16 @@ def family_of(args, path: str, error: type = GrowError, tool: str = "fairseq-dee
 
 
 def depth_options(family: str, args) -> Tuple[str, str]:
-    """The options that hold the encoder and decoder depth of a family."""
-    if family == "rnmt_hybrid":
-        kind = str(getattr(args, "hybrid_encoder", "transformer"))
-        if kind == "rnmt":
-            return "rnmt_encoder_layers", "decoder_layers"
-        if kind != "transformer":
-            raise GrowError(f"--hybrid-encoder {kind}: fairseq-deep-grow does not grow a {kind} encoder (it has "
-                            "two encoder stacks); grow the decoder only (--encoder-layers unchanged) or train it from scratch")
-    return "encoder_layers", "decoder_layers"
+    """The options that hold the encoder and decoder depth of a family, as its model class
+    declares them (:func:`fairseq_deep.modules.growth.declare_family`); a family without a
+    declaration is refused."""
+    from fairseq.models import MODEL_REGISTRY
+
+    rule = family_rule(MODEL_REGISTRY[family])
+    if rule is None:
+        raise GrowError(f"the family {family} ({MODEL_REGISTRY[family].__name__}) declares no growth rule: "
+                        "fairseq-deep-grow grows the families that declare one (docs/grow.md, adding a growth rule)")
+    return rule.depth_options(args)
 
 
 def grown_arch(arch: str, family: str, args) -> str:
@@ -220,141 +208,41 @@ def build(args, task, seed: int = 1):
     return models.build_model(args, task).eval()
 
 
-# ---------------------------------------------------------------------------------------------
-# roles, units and what each side of the model looks like
-# ---------------------------------------------------------------------------------------------
-
-
-def _layers(model, side: str) -> Dict[str, List]:
-    """{prefix: [layer modules]} of one side (one prefix per column of a Deep-Att encoder)."""
-    found: Dict[str, Dict[int, object]] = {}
-    for name, module in model.named_modules():
-        m = re.fullmatch(rf"({side}\.(?:columns\.\d+\.|stack\.)?layers)\.(\d+)", name)
-        if m:
-            found.setdefault(m.group(1), {})[int(m.group(2))] = module
-    return {p: [mods[i] for i in sorted(mods)] for p, mods in found.items()}
-
-
-def _role(side_module, index: int, layer) -> Tuple:
-    from .models.rnmt_plus.stack import has_residual
-
-    shapes = tuple((n, tuple(t.shape)) for n, t in layer.state_dict().items())
-    residual = None
-    if hasattr(side_module, "residual_start"):  # RNMT+: a copy keeps its residual connection
-        residual = has_residual(index, side_module.residual_start)
-    return type(layer).__name__, shapes, getattr(layer, "reverse", None), residual
-
-
-def _unit_offset(side_module) -> int:
-    """How the units of a history are counted: 1 for a Transformer stack (unit 0 is the embedding,
-    unit u the output of layer u-1), 0 for a recurrent one (unit u is layer u's output)."""
-    return 0 if type(side_module).__name__.startswith("RNMTPlus") else 1
-
-
-class Side:
-    """One stack (encoder or decoder) of the old and the grown model and its layer map."""
-
-    def __init__(self, name, old_model, new_model, method, old_depth, new_depth):
-        self.name = name
-        self.old_module = getattr(old_model, name)
-        self.new_module = getattr(new_model, name)
-        self.old_depth, self.new_depth = old_depth, new_depth
-        self.method = method
-        self.offset = _unit_offset(self.new_module)
-        old_layers, new_layers = _layers(old_model, name), _layers(new_model, name)
-        self.new_layers = new_layers
-        self.maps: Dict[str, List[Optional[int]]] = {}
-        for prefix, layers in new_layers.items():
-            old = old_layers.get(prefix, [])
-            if len(old) == len(layers):  # a stack this side does not grow (e.g. a hybrid's other part)
-                self.maps[prefix] = list(range(len(layers)))
-                continue
-            if len(old) != old_depth or len(layers) != new_depth:
-                raise GrowError(f"{prefix}: {len(old)} -> {len(layers)} layers, not the {old_depth} -> "
-                                f"{new_depth} of the {name} depth option")
-            old_roles = [_role(self.old_module, i, m) for i, m in enumerate(old)]
-            new_roles = [_role(self.new_module, j, m) for j, m in enumerate(layers)]
-            self.maps[prefix] = fit_roles(base_layer_map(method, len(old), len(layers)), old_roles, new_roles)
-        self.grows = new_depth != old_depth
-        main = sorted(self.maps)[0] if self.maps else None
-        self.layer_map = self.maps[main] if main else list(range(new_depth))
-
-    # units: what the history and transparent attention count
-    @property
-    def old_units(self) -> int:
-        return self.old_depth - 1 + self.offset  # index of the last unit
-
-    @property
-    def new_units(self) -> int:
-        return self.new_depth - 1 + self.offset
-
-    def unit_source(self, u: int) -> Optional[int]:
-        """The old unit whose parameters (norms) new unit u starts from."""
-        if u < self.offset:
-            return u
-        src = self.layer_map[u - self.offset]
-        return None if src is None else src + self.offset
-
-    def value_source(self, u: int) -> int:
-        """The old unit whose value new unit u carries at the start: its parameters' source, but
-        with --method identity a new layer on top carries the old top unit (it is the identity)."""
-        if self.method == "identity" and u > self.old_units:
-            return self.old_units
-        src = self.unit_source(u)
-        return self.old_units if src is None else src
-
 
 # ---------------------------------------------------------------------------------------------
-# --method identity: which stacks can start as the identity, and how
+# --method identity: what the parts of a stack declare
 # ---------------------------------------------------------------------------------------------
 
 
-def _history_kind(side_module) -> str:
-    from .modules.layer_aggregation import LinearCombinationHistory
-    from .modules.layer_history import DynamicLinearCombination, LayerHistory
-
-    history = getattr(side_module, "history", None)
-    if isinstance(history, DynamicLinearCombination):
-        return "dlcl_softmax" if history.softmax else "dlcl"
-    if isinstance(history, LinearCombinationHistory):
-        return "linear"
-    if history is None or type(history) is LayerHistory:
-        return "residual"
-    return type(history).__name__
-
-
-def _can_be_identity(layer) -> Optional[str]:
-    """How a new layer starts as the identity map (None: it cannot)."""
-    if hasattr(layer, "rezero_alpha"):
-        return "rezero"
-    if getattr(layer, "normalize_before", False) and not hasattr(layer, "lower_attention") \
-            and type(layer).residual_connection.__qualname__.endswith("LayerBase.residual_connection"):
-        return "prenorm"
-    return None
-
-
-def _identity_plan(side: "Side") -> Dict[str, str]:
-    """``{"how": "readout" | "layers", ...}``: the readout of a DLCL (plain weights) or linear-
-    combination stack ignores the new layers (their weights 0, exact whatever the layers); any
-    other stack needs new layers that are the identity themselves: ReZero (alpha 0) or pre-norm
-    Transformer layers (output projections of every sublayer 0: x + 0 + 0).  Post-norm layers
-    (LN(x + 0) is not x), Admin and DeepNorm (post-norm), LSTM layers, multi-layer attention, dense,
-    iterative and hierarchical aggregation cannot start as the identity."""
-    kind = _history_kind(side.new_module)
-    if kind in ("dlcl", "linear") and getattr(side.new_module, "transparent_attention", None) is None:
-        return {"how": "readout"}
-    layers = [m for prefix in sorted(side.maps) for m in side.new_layers[prefix][side.old_depth:]]
-    hows = {_can_be_identity(m) for m in layers}
-    if kind == "residual" and len(hows) == 1 and None not in hows:
-        return {"how": "layers", "layer": hows.pop()}
-    what = {"dlcl_softmax": "DLCL with --dlcl-softmax-weights (a weight of exactly 0 is a logit of -inf)",
-            "residual": "its layers are not pre-norm Transformer layers nor ReZero layers (post-norm: "
-                        "LN(x + 0) is not x; LSTM layers have no zero branch)"}.get(kind, f"its {kind}")
-    if kind == "residual" and any(hasattr(m, "lower_attention") for m in layers):
-        what = "multi-layer attention (each layer also attends to the outputs of the layers below it)"
-    raise GrowError(f"--method identity: the {side.name} of this model cannot start with new layers that change "
-                    f"nothing: {what}. Use --method stack (or interleave); the identity holds for ReZero, "
-                    f"pre-norm Transformer layers and DLCL/linear-combination stacks")
+def identity_plan(stack: StackGrowth) -> Dict[str, List[str]]:
+    """{key prefix of a new layer: its parameters set to 0} that make the grown ``stack`` compute
+    what the shallow one did, from the declarations of its parts and layers: empty when a part's
+    readout gives the new layers weight 0 (DLCL with plain weights, linear combination: exact
+    whatever the layers are); otherwise every new layer must be the identity itself (ReZero: alpha
+    0; pre-norm Transformer layers: the output projections of every sublayer 0, x + 0 + 0).  A
+    part or layer that cannot hold says why, and the stack is refused in one line."""
+    modes = [rule.identity(part) for _, part, rule in stack.parts]
+    why = next((m for m in modes if m not in (READOUT, LAYERS)), None)
+    if why is None and READOUT in modes:
+        if LAYERS not in modes:
+            return {}
+        why = "a readout that gives the new layers weight 0 beside a part that reads them"
+    zeros: Dict[str, List[str]] = {}
+    for prefix in sorted(stack.maps):
+        for j in range(stack.old_depth, stack.new_depth):
+            if why is not None:
+                break
+            layer = stack.new_layers[prefix][j]
+            names = layer_rule(layer).identity(layer)
+            if isinstance(names, str):
+                why = names
+            else:
+                zeros[f"{prefix}.{j}."] = list(names)
+    if why is not None:
+        raise GrowError(f"--method identity: the {stack.name} of this model cannot start with new layers that change "
+                        f"nothing: {why}. Use --method stack (or interleave); the identity holds for ReZero, "
+                        f"pre-norm Transformer layers and DLCL/linear-combination stacks")
+    return zeros
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,177 +250,49 @@ def _identity_plan(side: "Side") -> Dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _dlcl_rows(side: "Side") -> Dict[int, Tuple[int, Dict[int, int]]]:
-    """{new row: (old row, {new column: old column})} of the DLCL rows that keep old weights.
+def grow_state(old_model, new_model, stacks: Dict[str, StackGrowth],
+               identity: Optional[Dict[str, Dict[str, List[str]]]] = None) -> Tuple[Dict, Dict[str, str]]:
+    """The grown model's state dict and, for every key, where it came from: each layer's tensors
+    from its source by the layer map, each part's by its declared rule, the rest as it is;
+    ``identity``: the stacks' :func:`identity_plan` (``--method identity``)."""
+    import torch
 
-    Row r forms the input of unit r+1 (row U: the readout).  stack: the rows of the old layers;
-    identity: those and the readout, which reads the old units only; interleave: the row of the
-    first copy of each old layer (and the readout), its columns the last copies below it."""
-    U_old, U_new = side.old_units, side.new_units
-    rows: Dict[int, Tuple[int, Dict[int, int]]] = {}
-    if not side.grows:
-        return {r: (r, {c: c for c in range(r + 1)}) for r in range(U_old + 1)}
-    if side.method in ("stack", "identity"):
-        for r in range(U_old):
-            rows[r] = (r, {c: c for c in range(r + 1)})
-        if side.method == "identity":
-            rows[U_new] = (U_old, {c: c for c in range(U_old + 1)})
-        return rows
-    seen = set()
-    for r in range(U_new + 1):
-        readout = r == U_new
-        if not readout:
-            v = side.unit_source(r + 1)
-            if v is None or v in seen:
-                continue
-            seen.add(v)
-            old_row = v - 1
-        else:
-            old_row = U_old
-        last: Dict[int, int] = {}
-        for c in range(r + 1):
-            last[side.value_source(c)] = c
-        rows[r] = (old_row, {c_new: c_old for c_old, c_new in last.items() if c_old <= old_row})
-    return rows
-
-
-def _copies(side: "Side", units: range) -> Counter:
-    return Counter(side.value_source(u) for u in units)
-
-
-def grow_state(old_model, new_model, sides: Dict[str, "Side"], method: str) -> Tuple[Dict, Dict[str, str]]:
-    """The grown model's state dict and, for every key, where it came from."""
-    old = old_model.state_dict()
-    new = {k: v.clone() for k, v in new_model.state_dict().items()}
-    origin: Dict[str, str] = {}
-
-    def copy_from(key, old_key):
-        if old_key not in old or old[old_key].shape != new[key].shape:
-            return False
-        new[key] = old[old_key].clone()
-        origin[key] = f"copied from {old_key}"
-        return True
-
-    for key in list(new):
-        m = _LAYER_KEY.match(key)
-        if m:  # a layer's parameter: the layer map
-            side, mid, j, rest = m.group(1), m.group(2), int(m.group(3)), m.group(4)
-            prefix = f"{side}.{mid}layers"
-            src = sides[side].maps[prefix][j] if side in sides else j
-            if src is None or not copy_from(key, f"{prefix}.{src}.{rest}"):
-                origin[key] = "initialised: no old layer of this layer's role"
-            continue
-        h = re.match(r"^(encoder|decoder)\.history\.(weight$|norms\.(\d+)\.|weights\.(\d+)\.|nodes\.(\d+)\.)(.*)$", key)
-        side = sides.get(key.split(".")[0])
-        if h and side is not None:
-            _grow_history(key, h, side, old, new, origin, copy_from)
-            continue
-        if key.endswith("transparent_attention.weight") and side is not None:
-            _grow_transparent(key, side, sides.get("decoder"), old, new, origin)
-            continue
-        if not copy_from(key, key):
+    grown = GrownState(old_model.state_dict(), {k: v.clone() for k, v in new_model.state_dict().items()}, stacks)
+    for stack in stacks.values():
+        for prefix, mapping in stack.maps.items():  # the layers: the layer map
+            for key, j, rest in grown.indexed(prefix + "."):
+                src = mapping[j]
+                if src is None or not grown.copy(key, f"{prefix}.{src}.{rest}"):
+                    grown.origin[key] = "initialised: no old layer of this layer's role"
+        for prefix, part, rule in stack.parts:  # histories, transparent attention: their rules
+            rule.grow(part, prefix, stack, grown)
+    for key in grown.new:
+        if key not in grown.origin and not grown.copy(key, key):
+            shapes = tuple(grown.new[key].shape), tuple(grown.old[key].shape) if key in grown.old else "none"
             raise RuntimeError(f"fairseq-deep-grow: {key} of the grown model has no counterpart "
-                               f"({tuple(new[key].shape)} vs {tuple(old[key].shape) if key in old else 'none'}): "
-                               "a depth-dependent parameter without a rule")
-    for side in sides.values():
-        if method == "identity" and side.grows:
-            _make_identity(side, new, origin)
-    missing = [k for k in new if k not in origin]
+                               f"({shapes[0]} vs {shapes[1]}): a depth-dependent parameter without a rule")
+    for zeros in (identity or {}).values():
+        for base, names in zeros.items():
+            for key in (base + name for name in names):
+                if key in grown.new:
+                    grown.set(key, torch.zeros_like(grown.new[key]), "zeros: --method identity")
+    missing = [k for k in grown.new if k not in grown.origin]
     if missing:
         raise RuntimeError(f"fairseq-deep-grow left {missing[:5]} without a source")
-    return new, origin
+    return grown.new, grown.origin
 
 
-def _grow_history(key, h, side: "Side", old, new, origin, copy_from):
-    import torch
-
-    what = h.group(2)
-    if what == "weight":  # DLCL weights, over units
-        hist = side.new_module.history
-        w = new[key].clone()  # the model's own --dlcl-init for rows without a source
-        old_w = old[key]
-        for r, (old_r, cols) in _dlcl_rows(side).items():
-            if side.method != "stack" or r >= side.old_units:  # rows that may read new units
-                if not hist.softmax:
-                    w[r, : r + 1] = 0.0  # a kept row reads exactly what the old row read
-            for c_new, c_old in cols.items():
-                w[r, c_new] = old_w[old_r, c_old]
-        new[key] = w
-        origin[key] = f"rows {sorted(_dlcl_rows(side))} from the old weights, the others the model's --dlcl-init"
-        return
-    if h.group(3) is not None:  # DLCL layer norms, one per unit
-        u = int(h.group(3))
-        src = side.unit_source(u)
-        if side.method == "identity" and u == side.new_units:
-            src = side.old_units  # the readout's norm (post-norm: the old top's)
-        elif side.method == "identity" and u <= side.old_units:
-            src = u
-        if src is None or not copy_from(key, f"{side.name}.history.norms.{src}.{h.group(6)}"):
-            origin[key] = "initialised: a norm of a unit without source"
-        return
-    if h.group(4) is not None:  # linear combination W_l (layer l, 0-based)
-        l = int(h.group(4))
-        if side.method == "identity":
-            if l < side.old_depth:
-                copy_from(key, key)
-            else:
-                new[key] = torch.zeros_like(new[key])
-                origin[key] = "zeros: --method identity (the readout ignores the new layers)"
-            return
-        src = side.layer_map[l]
-        share = _copies(side, range(side.offset, side.new_units + 1))[src + side.offset]
-        new[key] = old[f"{side.name}.history.weights.{src}.{h.group(6)}"].clone() / share
-        origin[key] = f"W of old layer {src} / {share} copies"
-        return
-    i = int(h.group(5))  # aggregation nodes
-    from .modules.layer_aggregation import IterativeAggregationHistory
-
-    if isinstance(side.new_module.history, IterativeAggregationHistory):
-        src_layer = side.layer_map[i + 1]
-        src = None if src_layer is None else src_layer - 1
-    else:  # hierarchical: the node that merged the source of the node's first layer
-        first = side.layer_map[2 * i]
-        src = None if first is None else first // 2
-    if src is None or src < 0 or not copy_from(key, f"{side.name}.history.nodes.{src}.{h.group(6)}"):
-        origin[key] = "initialised: a new aggregation node without a node of its shape"
-
-
-def _grow_transparent(key, side: "Side", decoder: Optional["Side"], old, new, origin):
-    """Entry u: the logit of its source minus log(copies); column j: decoder layer j's source."""
-    old_w = old[key]
-    w = new[key].clone()
-    units = range(w.size(0))
-    counts = _copies(side, units)
-    columns = list(range(w.size(1)))
-    if decoder is not None and w.size(1) == decoder.new_depth and old_w.size(1) == decoder.old_depth:
-        columns = [decoder.value_source(j + 1) - 1 if decoder.method == "identity" and j >= decoder.old_depth
-                   else (decoder.layer_map[j] if decoder.layer_map[j] is not None else decoder.old_depth - 1)
-                   for j in columns]
-    for u in units:
-        v = side.value_source(u)
-        for j, c in enumerate(columns):
-            w[u, j] = old_w[v, c] - math.log(counts[v])
-    new[key] = w
-    origin[key] = "transparent weights: source logits - log(copies)"
-
-
-def _make_identity(side: "Side", new, origin):
-    """--method identity: the new layers of a stack whose readout cannot ignore them start as the
-    identity (ReZero alpha 0; pre-norm: the output projections of every sublayer 0)."""
-    import torch
-
-    plan = side.identity_plan
-    if plan["how"] != "layers":
-        return
-    for prefix in side.maps:
-        for j in range(side.old_depth, side.new_depth):
-            base = f"{prefix}.{j}."
-            names = (["rezero_alpha"] if plan["layer"] == "rezero" else
-                     [f"{p}.{w}" for p in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2") for w in ("weight", "bias")])
-            for name in names:
-                if base + name in new:
-                    new[base + name] = torch.zeros_like(new[base + name])
-                    origin[base + name] = "zeros: --method identity"
+def depth_option_notes(args, new_args, old_model, request: GrowRequest) -> List[str]:
+    """The options of the grown model that depend on the depth, as the layers of ``old_model``
+    declare them (DeepNorm's constants), set in ``new_args``; returns the notes for the user."""
+    rules = []
+    for side in ("encoder", "decoder"):
+        for layers in stack_layers(side, getattr(old_model, side)).values():
+            for layer in layers:
+                options = layer_rule(layer).options
+                if options is not None and options not in rules:
+                    rules.append(options)
+    return [note for options in rules for note in options(args, new_args, request)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,30 +333,18 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     new_args = copy.deepcopy(args)
     setattr(new_args, enc_opt, new_depths["encoder"])
     setattr(new_args, dec_opt, new_depths["decoder"])
-    notes = []
-    if getattr(args, "deepnorm", False):
-        from .modules.residual_schemes import deepnorm_constants as constants
-
-        if deepnorm_constants == "keep":
-            for opt, i in (("deepnorm_alpha", 0), ("deepnorm_beta", 1)):
-                if getattr(args, opt, None) is None:
-                    pair = [constants(s, old_depths["encoder"], old_depths["decoder"])[i] for s in ("encoder", "decoder")]
-                    setattr(new_args, opt, f"{pair[0]!r},{pair[1]!r}")
-        elif method == "identity" and new_depths != old_depths and getattr(args, "deepnorm_alpha", None) is None:
-            raise GrowError("--method identity with --deepnorm: DeepNorm's alpha of every layer depends on the depth, "
-                            "so the grown model computes another function; add --deepnorm-constants keep")
-        else:
-            notes.append("DeepNorm: alpha/beta of the new depth (every layer's residual scale changes)")
+    request = GrowRequest(method, old_depths, new_depths, deepnorm_constants)
+    notes = depth_option_notes(args, new_args, old_model, request)
     new_arch = grown_arch(arch, family, new_args)
     new_args.arch = new_arch
     if hasattr(new_args, "_name"):
         new_args._name = new_arch
 
     new_model = build(new_args, task, seed)
-    sides = {s: Side(s, old_model, new_model, method, old_depths[s], new_depths[s]) for s in ("encoder", "decoder")}
-    for side in sides.values():
-        side.identity_plan = _identity_plan(side) if method == "identity" and side.grows else None
-    new_sd, origin = grow_state(old_model, new_model, sides, method)
+    stacks = {s: StackGrowth(s, getattr(old_model, s), getattr(new_model, s), method, old_depths[s], new_depths[s])
+              for s in ("encoder", "decoder")}
+    identity = {s: identity_plan(stack) for s, stack in stacks.items() if method == "identity" and stack.grows}
+    new_sd, origin = grow_state(old_model, new_model, stacks, identity)
     new_model.load_state_dict(new_sd, strict=True)  # the grown state fits the grown model exactly
 
     out_state = dict(state)

@@ -20,6 +20,7 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wmt_en_de_big
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
+from ..modules.growth import declare_family
 from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
 from ..modules.multi_layer_attention import (
     MultiLayerAttentionConfig,
@@ -109,6 +110,9 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
 
 # fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none, --mla-layers 1)
 declare_reduction("transformer_agg", residual_stacks)
+# fairseq-deep-grow: --encoder-layers and --decoder-layers (the aggregation histories and the
+# multi-layer attention layers declare the rest: modules/layer_aggregation.py, multi_layer_attention.py)
+declare_family(TransformerAggModel)
 
 
 # ---------------------------------------------------------------------------------------------

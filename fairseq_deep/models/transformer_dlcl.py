@@ -14,6 +14,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_wmt_en_de_big_t2t,
 )
 
+from ..modules.growth import declare_family
 from ..modules.layer_history import DLCLConfig, build_dlcl
 from .presets import PRENORM, first_line, register_preset
 from .reduction import declare_reduction, residual_stacks
@@ -47,6 +48,8 @@ class TransformerDLCLModel(TechniqueTransformerModel):
 # fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks none: the
 # pre-/post-norm presets, DeepNorm, Admin, DS-Init), whatever the --arch is called
 declare_reduction("transformer_dlcl", residual_stacks)
+# fairseq-deep-grow: --encoder-layers and --decoder-layers (the rest is declared by the parts)
+declare_family(TransformerDLCLModel)
 
 
 # ---------------------------------------------------------------------------------------------

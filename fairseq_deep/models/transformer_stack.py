@@ -32,6 +32,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..compat import without_better_transformer
+from ..modules.growth import declare_stack
 from ..modules.layer_history import LayerHistory
 from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes, scheme_names
 from .flags import add_new_flag_names
@@ -366,3 +367,10 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
             x = self.project_out_dim(x)
         extra: Dict[str, Any] = {"attn": [attn], "inner_states": inner_states}
         return x, extra
+
+
+# fairseq-deep-grow (modules/growth.py): the layers of every Transformer stack of the package; the
+# units of a history and of transparent attention count the embedding as unit 0
+for _stack in (HistoryTransformerEncoder, HistoryTransformerDecoder,
+               FairseqTransformerEncoder, FairseqTransformerDecoder):
+    declare_stack(_stack, layers=lambda stack: {"layers": stack.layers}, unit_offset=1)

@@ -26,6 +26,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
+from ..modules.growth import declare_family, declare_layer
 from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
 from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
@@ -60,6 +61,11 @@ class NoResidualEncoderLayer(TransformerEncoderLayerBase):
 
     def residual_connection(self, x, residual):
         return x
+
+
+# fairseq-deep-grow (modules/growth.py): F(x) is not x for any value of its parameters
+declare_layer(NoResidualEncoderLayer, identity=lambda layer: (
+    "its encoder layers have no residual connections (--ta-no-encoder-residual), so no new layer is the identity"))
 
 
 class TransparentTransformerEncoder(HistoryTransformerEncoder):
@@ -162,6 +168,8 @@ def _reduction(model) -> Optional[str]:
 
 
 declare_reduction("transformer_ta", _reduction)
+# fairseq-deep-grow: --encoder-layers and --decoder-layers (the transparent weights: modules/transparent_attention.py)
+declare_family(TransformerTAModel)
 
 
 # ---------------------------------------------------------------------------------------------

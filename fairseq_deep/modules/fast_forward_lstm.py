@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .growth import declare_layer
 from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl, scripted
 from .precision import REDUCED, autocast_enabled, custom_bwd, custom_fwd, no_autocast
 
@@ -279,6 +280,12 @@ class FFLSTMLayer(nn.Module):
         else:
             h, state = self.cell(f, state)
         return f, h, state
+
+
+# fairseq-deep-grow (modules/growth.py): a copy runs in the direction of its place (Deep-Att's
+# interleaved encoder alternates them); an LSTM layer has no branch that 0 turns off
+declare_layer(FFLSTMLayer, role=lambda layer: layer.reverse,
+              identity=lambda layer: "its layers are F-F LSTM layers, which have no zero branch")
 
 
 def ff_input(f_prev: Tensor, h_prev: Tensor, ff_mode: str) -> Tensor:

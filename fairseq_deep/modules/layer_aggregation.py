@@ -18,7 +18,7 @@ history.
 """
 
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 
+from .growth import READOUT, GrownState, StackGrowth, declare_part
 from .layer_history import HistoryState, LayerHistory
 
 AGG_FUNCTIONS = ("ff_sigmoid", "ff_relu", "self_attn")
@@ -405,3 +406,60 @@ def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = N
         )
 
     return make
+
+
+# ---------------------------------------------------------------------------------------------
+# Growing (fairseq-deep-grow, modules/growth.py): what the aggregation histories need when the
+# depth changes
+# ---------------------------------------------------------------------------------------------
+
+
+def _grow_linear(history: LinearCombinationHistory, prefix: str, stack: StackGrowth, grown: GrownState):
+    """W_l of a copy: the source layer's W shared out among its copies (W / copies), so that the
+    readout is unchanged when the copies are equal; ``--method identity``: 0 for the new layers."""
+    for key, l, rest in grown.indexed(prefix + "weights."):
+        if stack.method == "identity":
+            if l < stack.old_depth:
+                grown.copy(key, key)
+            else:
+                grown.set(key, torch.zeros_like(grown.new[key]),
+                          "zeros: --method identity (the readout ignores the new layers)")
+            continue
+        src = stack.layer_map[l]
+        share = stack.copies(range(stack.offset, stack.new_units + 1))[src + stack.offset]
+        grown.set(key, grown.old[f"{prefix}weights.{src}.{rest}"].clone() / share,
+                  f"W of old layer {src} / {share} copies")
+
+
+def _grow_nodes(source: Callable[[StackGrowth, int], Optional[int]]):
+    """The rule of aggregation nodes: node i starts from old node ``source(stack, i)`` where the
+    shapes agree, otherwise it keeps its initialisation (a node of a new place in the tree)."""
+
+    def grow(history: LayerHistory, prefix: str, stack: StackGrowth, grown: GrownState):
+        for key, i, rest in grown.indexed(prefix + "nodes."):
+            src = source(stack, i)
+            if src is None or src < 0 or not grown.copy(key, f"{prefix}nodes.{src}.{rest}"):
+                grown.origin[key] = "initialised: a new aggregation node without a node of its shape"
+
+    return grow
+
+
+def _iterative_source(stack: StackGrowth, i: int) -> Optional[int]:
+    """Node i merges layer i+1 (0-based) into the chain: the node that merged its source."""
+    src_layer = stack.layer_map[i + 1]
+    return None if src_layer is None else src_layer - 1
+
+
+def _hierarchical_source(stack: StackGrowth, i: int) -> Optional[int]:
+    """Node i merges layers 2i, 2i+1 (0-based): the node that merged the source of its first layer."""
+    first = stack.layer_map[2 * i]
+    return None if first is None else first // 2
+
+
+declare_part(DenseHistory, identity=lambda history: (
+    "its DenseHistory (every layer reads the sum of all layers below it, a new layer's output included)"))
+declare_part(LinearCombinationHistory, grow=_grow_linear, identity=lambda history: READOUT)
+declare_part(IterativeAggregationHistory, grow=_grow_nodes(_iterative_source), identity=lambda history: (
+    "its IterativeAggregationHistory (the readout's aggregation nodes merge every layer's output)"))
+declare_part(HierarchicalAggregationHistory, grow=_grow_nodes(_hierarchical_source), identity=lambda history: (
+    "its HierarchicalAggregationHistory (aggregation nodes merge every layer's output and feed the layers above)"))

@@ -16,7 +16,7 @@ per layer, not the O(L^2) copies that re-stacking all entries at every layer wou
 """
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
 
+from .growth import LAYERS, READOUT, GrownState, StackGrowth, declare_part
 from .precision import no_autocast
 
 
@@ -425,3 +426,86 @@ def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_befo
         normalize_embed=opts.dlcl_normalize_embed,
         softmax=opts.dlcl_softmax_weights,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Growing (fairseq-deep-grow, modules/growth.py): what the histories need when the depth changes
+# ---------------------------------------------------------------------------------------------
+
+
+def _residual_identity(history: LayerHistory) -> str:
+    """The residual network keeps the stack's outputs when the new layers are the identity; a
+    history that declares no rule of its own is refused with what it does instead."""
+    why = history.not_residual()
+    return LAYERS if why is None else f"its {type(history).__name__} ({why})"
+
+
+declare_part(LayerHistory, identity=_residual_identity)
+
+
+def dlcl_rows(stack: StackGrowth) -> Dict[int, Tuple[int, Dict[int, int]]]:
+    """{new row: (old row, {new column: old column})} of the DLCL rows that keep old weights.
+
+    Row r forms the input of unit r+1 (row U: the readout).  stack: the rows of the old layers;
+    identity: those and the readout, which reads the old units only; interleave: the row of the
+    first copy of each old layer (and the readout), its columns the last copies below it."""
+    U_old, U_new = stack.old_units, stack.new_units
+    rows: Dict[int, Tuple[int, Dict[int, int]]] = {}
+    if not stack.grows:
+        return {r: (r, {c: c for c in range(r + 1)}) for r in range(U_old + 1)}
+    if stack.method in ("stack", "identity"):
+        for r in range(U_old):
+            rows[r] = (r, {c: c for c in range(r + 1)})
+        if stack.method == "identity":
+            rows[U_new] = (U_old, {c: c for c in range(U_old + 1)})
+        return rows
+    seen = set()
+    for r in range(U_new + 1):
+        readout = r == U_new
+        if not readout:
+            v = stack.unit_source(r + 1)
+            if v is None or v in seen:
+                continue
+            seen.add(v)
+            old_row = v - 1
+        else:
+            old_row = U_old
+        last: Dict[int, int] = {}
+        for c in range(r + 1):
+            last[stack.value_source(c)] = c
+        rows[r] = (old_row, {c_new: c_old for c_old, c_new in last.items() if c_old <= old_row})
+    return rows
+
+
+def _grow_dlcl(history: DynamicLinearCombination, prefix: str, stack: StackGrowth, grown: GrownState):
+    """W, (U+1) x (U+1) over units: the rows of kept layers keep their old weights (:func:`dlcl_rows`),
+    new rows take the model's ``--dlcl-init``; the layer norms, one per unit, follow the unit map
+    (``--method identity``: the readout's norm is the old top's)."""
+    key = prefix + "weight"
+    w = grown.new[key].clone()  # the model's own --dlcl-init for rows without a source
+    old_w = grown.old[key]
+    rows = dlcl_rows(stack)
+    for r, (old_r, cols) in rows.items():
+        if stack.method != "stack" or r >= stack.old_units:  # rows that may read new units
+            if not history.softmax:
+                w[r, : r + 1] = 0.0  # a kept row reads exactly what the old row read
+        for c_new, c_old in cols.items():
+            w[r, c_new] = old_w[old_r, c_old]
+    grown.set(key, w, f"rows {sorted(rows)} from the old weights, the others the model's --dlcl-init")
+    for key, u, rest in grown.indexed(prefix + "norms."):
+        src = stack.unit_source(u)
+        if stack.method == "identity" and u == stack.new_units:
+            src = stack.old_units  # the readout's norm (post-norm: the old top's)
+        elif stack.method == "identity" and u <= stack.old_units:
+            src = u
+        if src is None or not grown.copy(key, f"{prefix}norms.{src}.{rest}"):
+            grown.origin[key] = "initialised: a norm of a unit without source"
+
+
+def _dlcl_identity(history: DynamicLinearCombination) -> str:
+    if history.softmax:
+        return "DLCL with --dlcl-softmax-weights (a weight of exactly 0 is a logit of -inf)"
+    return READOUT  # the readout row gives the new layers weight 0
+
+
+declare_part(DynamicLinearCombination, grow=_grow_dlcl, identity=_dlcl_identity)

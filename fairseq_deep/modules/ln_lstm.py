@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .growth import declare_layer
 from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl, scripted
 from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
@@ -452,3 +453,7 @@ class LayerNormLSTM(nn.Module):
             self.output_tanh, self.eps,
         )
         return h, c
+
+
+# fairseq-deep-grow (modules/growth.py): an LSTM layer has no branch that 0 turns off
+declare_layer(LayerNormLSTM, identity=lambda layer: "its layers are LSTM layers, which have no zero branch")

@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from .growth import declare_layer
 from fairseq.utils import safe_getattr
 
 
@@ -198,3 +200,10 @@ class MultiLayerAttentionDecoderLayer(TransformerDecoderLayerBase):
         if not self.normalize_before:
             x = self.final_layer_norm(x)
         return x, attn, None
+
+
+# fairseq-deep-grow (modules/growth.py): a copy attends to as many lower layers as its source
+# (layer l to min(k, l)), and no new layer with lower attention starts as the identity
+for _layer in (MultiLayerAttentionEncoderLayer, MultiLayerAttentionDecoderLayer):
+    declare_layer(_layer, role=lambda layer: layer.num_lower, identity=lambda layer: (
+        "multi-layer attention (each layer also attends to the outputs of the layers below it)"))

@@ -42,7 +42,7 @@ import logging
 import math
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..errors import UserError
+from .growth import GrowError, declare_layer
 
 logger = logging.getLogger(__name__)
 
@@ -397,3 +398,48 @@ def unprofiled_admin_layers(model: nn.Module) -> int:
     """How many Admin layers of ``model`` still wait for their profile (0 after the first training batch)."""
     return sum(1 for m in model.modules() if isinstance(m, AdminResidual) and not bool(m.admin_profiled))
 
+
+
+# ----------------------------------------------------------------------------------------------
+# Growing (fairseq-deep-grow, modules/growth.py): how a new layer of each residual connection
+# starts as the identity, and DeepNorm's constants, which depend on the depth
+# ----------------------------------------------------------------------------------------------
+
+
+def _fairseq_layer_identity(layer: nn.Module):
+    """fairseq's pre-norm layer computes x + F(LN(x)) per sublayer: with the output projection of
+    every sublayer (self-attention, encoder attention, fc2) 0, it computes x + 0 + 0."""
+    if type(layer).residual_connection not in _PLAIN_RESIDUAL:
+        return f"its layers ({type(layer).__name__}) have a residual connection of their own"
+    if not layer.normalize_before:
+        return "its layers are post-norm Transformer layers (LN(x + 0) is not x)"
+    return [f"{p}.{w}" for p in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2") for w in ("weight", "bias")]
+
+
+def _deepnorm_options(args, new_args, request) -> List[str]:
+    """DeepNorm's alpha and beta are functions of N and M: the grown model takes those of the new
+    depth (a note: every layer, copied or not, computes another function), or with
+    ``--deepnorm-constants keep`` the shallow depth's, written into ``--deepnorm-alpha/-beta``;
+    ``--method identity`` needs ``keep``."""
+    opts = DeepNormConfig.from_namespace(args)
+    if request.constants == "keep":
+        old = request.old_depths
+        for opt, i in (("deepnorm_alpha", 0), ("deepnorm_beta", 1)):
+            if getattr(opts, opt) is None:
+                pair = [deepnorm_constants(s, old["encoder"], old["decoder"])[i] for s in ("encoder", "decoder")]
+                setattr(new_args, opt, f"{pair[0]!r},{pair[1]!r}")
+        return []
+    if request.method == "identity" and request.new_depths != request.old_depths and opts.deepnorm_alpha is None:
+        raise GrowError("--method identity with --deepnorm: DeepNorm's alpha of every layer depends on the depth, "
+                        "so the grown model computes another function; add --deepnorm-constants keep")
+    return ["DeepNorm: alpha/beta of the new depth (every layer's residual scale changes)"]
+
+
+for _layer in (TransformerEncoderLayerBase, TransformerDecoderLayerBase):
+    declare_layer(_layer, identity=_fairseq_layer_identity)
+declare_layer(DeepNormResidual, options=_deepnorm_options, identity=lambda layer: (
+    "its layers are post-norm DeepNorm layers (LN(alpha x + 0) is not x)"))
+# Admin's omegas (the profile, a buffer, and the learned part) and admin_profiled travel with their
+# layer: a copied layer is not profiled again
+declare_layer(AdminResidual, identity=lambda layer: "its layers are post-norm Admin layers (LN(omega x + 0) is not x)")
+declare_layer(ReZeroResidual, identity=lambda layer: ["rezero_alpha"])  # alpha 0: x + 0 F(x)

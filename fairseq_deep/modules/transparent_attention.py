@@ -16,6 +16,7 @@ has the state-dict key ``...transparent_attention.weight`` that the layer-weight
 (:mod:`fairseq_deep.diagnostics.layer_weights`) recognises: shape (N+1) x M, softmax over dim 0.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from .growth import LAYERS, GrownState, StackGrowth, declare_part
 
 INITS = ("uniform", "top")
 
@@ -112,3 +115,35 @@ class TransparentReadout(nn.Module):
                 z = self.out_proj(z)
             readouts.append(z)
         return readouts
+
+
+# ---------------------------------------------------------------------------------------------
+# Growing (fairseq-deep-grow, modules/growth.py): the (N+1) x M logits when the depth changes
+# ---------------------------------------------------------------------------------------------
+
+
+def _grow_readout(readout: TransparentReadout, prefix: str, stack: StackGrowth, grown: GrownState):
+    """Entry u takes the logit of its source entry minus log(number of its copies), so each old
+    entry keeps its share of every mixture (exactly, when the copies are equal); where the M
+    readouts are one per decoder layer (transformer_ta), column j is that of decoder layer j's
+    source."""
+    key = prefix + "weight"
+    old_w = grown.old[key]
+    w = grown.new[key].clone()
+    units = range(w.size(0))
+    counts = stack.copies(units)
+    columns = list(range(w.size(1)))
+    decoder = grown.stacks.get("decoder")
+    if decoder is not None and w.size(1) == decoder.new_depth and old_w.size(1) == decoder.old_depth:
+        columns = [decoder.value_source(j + 1) - 1 if decoder.method == "identity" and j >= decoder.old_depth
+                   else (decoder.layer_map[j] if decoder.layer_map[j] is not None else decoder.old_depth - 1)
+                   for j in columns]
+    for u in units:
+        v = stack.value_source(u)
+        for j, c in enumerate(columns):
+            w[u, j] = old_w[v, c] - math.log(counts[v])
+    grown.set(key, w, "transparent weights: source logits - log(copies)")
+
+
+# every readout reads the new layers: --method identity holds when they are the identity
+declare_part(TransparentReadout, grow=_grow_readout, identity=lambda readout: LAYERS)

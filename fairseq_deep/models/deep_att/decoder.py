@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
+from ...modules.growth import declare_stack
 from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_batch
 from .config import DeepAttConfig
@@ -133,3 +134,7 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
 
     def max_positions(self):
         return self.max_target_positions
+
+
+# fairseq-deep-grow (modules/growth.py): the decoder's one column of F-F LSTM layers
+declare_stack(DeepAttDecoder, layers=lambda stack: {"stack.layers": stack.stack.layers})

@@ -32,6 +32,7 @@ from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
 from ...modules.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
+from ...modules.growth import declare_stack
 from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_encoder_out
 from .config import DeepAttConfig
@@ -142,3 +143,9 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
 
     def max_positions(self):
         return self.max_source_positions
+
+
+# fairseq-deep-grow (modules/growth.py): each column is a stack of its own, grown by the same map
+# (a copy keeps its layer's direction: FFLSTMLayer's role)
+declare_stack(DeepAttEncoder, layers=lambda stack: {f"columns.{c}.layers": column.layers
+                                                    for c, column in enumerate(stack.columns)})

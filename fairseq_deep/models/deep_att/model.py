@@ -10,6 +10,7 @@ from torch import nn
 from ...errors import UserError, refuse_options
 from ..reduction import declare_reduction, never
 from ...modules.fast_forward_lstm import RECURRENT, mark
+from ...modules.growth import declare_family
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
 from .encoder import DeepAttEncoder
@@ -71,3 +72,5 @@ def paper_init_(model: nn.Module, std: float):
 
 declare_reduction("deep_att", never("Deep-Att is a recurrent model with fast-forward connections "
                                     "(Zhou et al. 2016)"))
+# fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
+declare_family(DeepAttModel)

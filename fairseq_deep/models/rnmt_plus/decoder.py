@@ -25,10 +25,11 @@ from torch import Tensor, nn
 from fairseq.models import FairseqIncrementalDecoder
 
 from ...modules.additive_attention import AdditiveAttention
+from ...modules.growth import declare_stack
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_batch
 from .config import RNMTPlusConfig
-from .stack import build_history, layer_output, run_stack
+from .stack import build_history, layer_output, residual_role, run_stack
 
 CACHE = "rnmt_state"
 
@@ -175,3 +176,7 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
 
     def max_positions(self):
         return self.max_target_positions
+
+
+# fairseq-deep-grow (modules/growth.py): as the encoder's (rnmt_plus/encoder.py)
+declare_stack(RNMTPlusDecoder, layers=lambda stack: {"layers": stack.layers}, unit_offset=0, layer_role=residual_role)

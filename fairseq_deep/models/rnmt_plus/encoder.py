@@ -24,12 +24,13 @@ from torch import Tensor, nn
 
 from fairseq.models import FairseqEncoder
 
+from ...modules.growth import declare_stack
 from ...modules.layer_history import LayerHistory
 from ...modules.ln_lstm import LayerNormLSTM
 from ...modules.reorder import reorder_encoder_out
 from ...modules.transparent_attention import TransparentReadout
 from .config import RNMTPlusConfig
-from .stack import build_history, layer_output, run_stack
+from .stack import build_history, layer_output, residual_role, run_stack
 
 
 class RNMTPlusEncoder(FairseqEncoder):
@@ -109,3 +110,7 @@ class RNMTPlusEncoder(FairseqEncoder):
     def max_positions(self):
         return self.max_source_positions
 
+
+# fairseq-deep-grow (modules/growth.py): the units of the history and of the transparent readout
+# are the layer outputs (unit 0: the first layer's); a copied layer keeps its residual connection
+declare_stack(RNMTPlusEncoder, layers=lambda stack: {"layers": stack.layers}, unit_offset=0, layer_role=residual_role)

@@ -8,6 +8,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 
 from ...errors import refuse_options
+from ...modules.growth import declare_family
 from ..reduction import declare_reduction, never
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
@@ -63,3 +64,5 @@ __all__ = ["RNMTPlusModel", "build_embedding", "shared_embeddings", "count_param
 
 
 declare_reduction("rnmt_plus", never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"))
+# fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
+declare_family(RNMTPlusModel)

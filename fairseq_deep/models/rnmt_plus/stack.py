@@ -25,6 +25,12 @@ def has_residual(layer_index: int, residual_start: int) -> bool:
     return residual_start > 0 and layer_index + 1 >= residual_start
 
 
+def residual_role(stack, index: int) -> bool:
+    """What a copy of layer ``index`` of an RNMT+ ``stack`` keeps when fairseq-deep-grow stacks
+    layers (modules/growth.py): its residual connection."""
+    return has_residual(index, stack.residual_start)
+
+
 def build_history(args, stack: str, num_layers: int, dim: int) -> LayerHistory:
     """How layers 2..L of a recurrent stack read the layers below (``--dlcl-stacks``): the previous
     layer (residual history), or DLCL with the first layer's output as its entry 0."""

@@ -8,6 +8,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from fairseq.models.transformer import TransformerModel
 
+from ....modules.growth import GrowError, declare_family
 from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
 from ..decoder import RNMTPlusDecoder
 from ..encoder import RNMTPlusEncoder
@@ -89,3 +90,19 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 
 declare_reduction("rnmt_hybrid", never("the hybrids combine RNMT+ LSTM stacks with Transformer "
                                        "stacks (Chen et al. 2018)"))
+
+
+def _depth_options(args):
+    """fairseq-deep-grow: the depth of the encoder is --encoder-layers (a Transformer encoder) or
+    --rnmt-encoder-layers (an RNMT+ one); the encoders of two stacks are refused."""
+    kind = str(RNMTHybridConfig.from_namespace(args).hybrid_encoder)
+    if kind == "rnmt":
+        return "rnmt_encoder_layers", "decoder_layers"
+    if kind != "transformer":
+        raise GrowError(f"--hybrid-encoder {kind}: fairseq-deep-grow does not grow a {kind} encoder (it has "
+                        "two encoder stacks); grow the decoder only (--encoder-layers unchanged) or train it "
+                        "from scratch")
+    return "encoder_layers", "decoder_layers"
+
+
+declare_family(RNMTHybridModel, depth_options=_depth_options)
