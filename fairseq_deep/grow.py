@@ -208,7 +208,6 @@ def build(args, task, seed: int = 1):
     return models.build_model(args, task).eval()
 
 
-
 # ---------------------------------------------------------------------------------------------
 # --method identity: what the parts of a stack declare
 # ---------------------------------------------------------------------------------------------

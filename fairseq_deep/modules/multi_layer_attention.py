@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.utils import safe_getattr
 
 from .growth import declare_layer
-from fairseq.utils import safe_getattr
 
 
 @dataclass

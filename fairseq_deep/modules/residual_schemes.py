@@ -399,7 +399,6 @@ def unprofiled_admin_layers(model: nn.Module) -> int:
     return sum(1 for m in model.modules() if isinstance(m, AdminResidual) and not bool(m.admin_profiled))
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Growing (fairseq-deep-grow, modules/growth.py): how a new layer of each residual connection
 # starts as the identity, and DeepNorm's constants, which depend on the depth
