@@ -323,6 +323,28 @@ def test_bad_input(tmp_path):
         grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4, method="double")
 
 
+def test_a_part_without_a_growth_rule_is_refused(tmp_path, monkeypatch):
+    """Growth is declared by each family and stack (modules/growth.py): a family or a stack that
+    declares none is refused in one line, before anything is written."""
+    from fairseq_deep.grow import GrowError
+    from fairseq_deep.models.transformer_dlcl import TransformerDLCLModel
+    from fairseq_deep.models.transformer_stack import HistoryTransformerEncoder
+    from fairseq_deep.modules.growth import FAMILIES, STACKS
+
+    save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
+    with monkeypatch.context() as m:
+        m.delitem(FAMILIES.declared, TransformerDLCLModel)
+        with pytest.raises(GrowError, match=r"^the family transformer_dlcl \(TransformerDLCLModel\) declares no "
+                                            r"growth rule: [^\n]*$"):
+            grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4)
+    with monkeypatch.context() as m:
+        m.delitem(STACKS.declared, HistoryTransformerEncoder)
+        with pytest.raises(GrowError, match=r"^the encoder of this model \(HistoryTransformerEncoder\) declares no "
+                                            r"growth rule[^\n]*$"):
+            grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4)
+    assert not (tmp_path / "o.pt").exists()
+
+
 # -- through the real scripts: train shallow, grow, train with the bottom frozen, resume, decode -----
 
 E2E = [("transformer_dlcl", TINY, ["--share-all-embeddings"], 2, 4, "stack"),
