@@ -9,10 +9,7 @@ from typing import Dict, List, Optional
 
 from .model_options import model_command, options_of, shell
 from .progress import hms
-
-#: what the continuing command needs besides the model: the grown model's optimizer state and
-#: schedule start afresh (the shallow model's have other shapes), and so does the data's epoch
-RESET = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
+from .runs import restore_flags
 
 
 #: the groups of a fairseq configuration, in the order an option's value is looked up
@@ -92,7 +89,7 @@ def report(summary: Dict, out: str) -> str:
     lines += [f"  note: {note}" for note in summary["notes"]]
     lines.append(training_time_line(summary))
     data = shell([summary.get("data") or "DATA"])
-    restore = shell(["--restore-file", out, *RESET, "--save-dir", os.path.splitext(out)[0] + "_checkpoints"])
+    restore = shell([*restore_flags(out), "--save-dir", os.path.splitext(out)[0] + "_checkpoints"])
     shallow = training_options(summary.get("cfg"))  # so that it runs as printed
     training = "<training options: --optimizer, --lr, --max-tokens, ...>" if shallow is None else shell(shallow)
     lines.append("continue training (the model's options taken from the grown checkpoint, the shallow run's "

@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ArgumentParser, UserError, report_user_errors
 from .prepare import check_aligned, check_inputs
+from .runs import flags, read_generate, width_flags
 
 PROG = "run.sh"
 
@@ -153,38 +154,24 @@ def decode_fraction(decode_s: float, budget_s: float, share: float = DECODE_SHAR
     return share * budget_s / decode_s
 
 
-def width_flags(arch: str, width: int) -> List[str]:
-    from .study import width_flags as study_width_flags
-
-    return study_width_flags(arch, width) if width else []
-
-
 def train_command(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> List[str]:
     """fairseq-train's arguments (the program not included) but --stop-time-hours, which run.sh adds
     after preparation; ``extra`` comes last and so overrides."""
-    cmd = [data_bin, "--arch", arch, *width_flags(arch, s.width), "--share-all-embeddings",
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", f"{s.lr:g}",
-           "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(s.warmup),
-           "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-           "--max-tokens", str(s.max_tokens), "--save-dir", save_dir,
-           "--keep-last-epochs", str(max(1, s.average)),
-           "--log-format", "simple", "--log-interval", str(s.log_interval)]
-    if s.max_update:
-        cmd += ["--max-update", str(s.max_update)]
-    if s.device == "cpu":
-        cmd += ["--cpu"]
-    cmd += shlex.split(s.precision)
-    return cmd + list(extra)
+    return [data_bin, "--arch", arch, *width_flags(arch, s.width), *flags({
+        "share_all_embeddings": True, "optimizer": "adam", "adam_betas": "(0.9, 0.98)", "lr": float(s.lr),
+        "lr_scheduler": "inverse_sqrt", "warmup_updates": s.warmup,
+        "criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1,
+        "max_tokens": s.max_tokens, "save_dir": save_dir, "keep_last_epochs": max(1, s.average),
+        "log_format": "simple", "log_interval": s.log_interval, "max_update": s.max_update or None,
+        "cpu": s.device == "cpu"}), *shlex.split(s.precision), *extra]
 
 
 def generate_command(s: Settings, data_bin: str) -> List[str]:
     """fairseq-generate's arguments but --path.  Output at most 1.2 x the source + 10 tokens long,
     so that an undertrained model that repeats itself cannot stretch the decoding time."""
-    cmd = [data_bin, "--gen-subset", "test", "--beam", str(s.beam), "--batch-size", "128",
-           "--max-len-a", "1.2", "--max-len-b", "10", "--post-process", "sentencepiece"]
-    if s.device == "cpu":
-        cmd += ["--cpu"]
-    return cmd + shlex.split(s.precision)
+    return [data_bin, *flags({"gen_subset": "test", "beam": s.beam, "batch_size": DECODE_BATCH, "max_len_a": 1.2,
+                              "max_len_b": 10, "post_process": "sentencepiece", "cpu": s.device == "cpu"}),
+            *shlex.split(s.precision)]
 
 
 def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
@@ -353,20 +340,6 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
 
 # --------------------------------------------------------------------------------------------- score
 
-_FAIRSEQ_BLEU = re.compile(r"BLEU4? = ([0-9.]+)")
-
-
-def hypotheses_by_id(generate_out: str) -> Dict[int, str]:
-    """The ``D-`` lines of fairseq-generate's output: ``{sentence id (its line in the test set): text}``."""
-    hyps = {}
-    with open(generate_out, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("D-"):
-                head, _, text = line.rstrip("\n").partition("\t")
-                hyps[int(head[2:])] = text.partition("\t")[2]
-    return hyps
-
-
 def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> float:
     """One sacreBLEU line of the hypotheses of ``generate_out`` against ``reference``, written in
     input order to ``hyp_out``.  When fewer sentences were decoded than the test set has (the
@@ -379,7 +352,8 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     from .progress import DEADLINE_STOP, DECODE_SUBSET
 
     refs = read_lines(reference)
-    by_id = hypotheses_by_id(generate_out)
+    generated = read_generate(generate_out)
+    by_id = generated.detok
     strays = sorted(i for i in by_id if not 0 <= i < len(refs))
     if strays or not by_id:
         raise UserError(f"{generate_out}: {len(by_id)} hypotheses for {len(refs)} test sentences in {reference}"
@@ -389,18 +363,12 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     with open(hyp_out, "w", encoding="utf-8") as f:
         f.writelines(by_id.get(i, "") + "\n" for i in range(len(refs)))
     chosen = [refs[i] for i in ids]
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()  # objects, for the signature: not runs.score
     b = bleu.corpus_score(hyps, [chosen])
     c = chrf.corpus_score(hyps, [chosen])
-    fairseq_bleu = None
-    stopped = subset = False
-    with open(generate_out, encoding="utf-8") as f:
-        for line in f:
-            stopped = stopped or DEADLINE_STOP in line
-            subset = subset or DECODE_SUBSET in line
-            if "Generate" in line and "BLEU" in line:
-                m = _FAIRSEQ_BLEU.search(line)
-                fairseq_bleu = m.group(1) if m else None
+    fairseq_bleu = generated.bleu4
+    stopped = any(DEADLINE_STOP in line for line in generated.lines)
+    subset = any(DECODE_SUBSET in line for line in generated.lines)
     part = ""
     if len(ids) < len(refs):
         why = ("the budget ran out while decoding; a larger MINUTES decodes all" if stopped else

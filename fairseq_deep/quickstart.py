@@ -160,13 +160,9 @@ def generate(args, data_bin, checkpoint, out_path, env):
         "--beam", str(args.beam), "--batch-size", "128", "--max-len-a", "1.5", "--max-len-b", "10",
         "--post-process", "sentencepiece", "--cpu", "--seed", str(args.seed),
     ], out_path, env)
-    hyps = {}
-    with open(out_path, encoding="utf-8") as f:
-        for line in f:
-            m = re.match(r"D-(\d+)\t[^\t]*\t?(.*)$", line.rstrip("\n"))
-            if m:
-                hyps[int(m.group(1))] = m.group(2)
-    return hyps
+    from fairseq_deep.runs import hypotheses_by_id
+
+    return hypotheses_by_id(out_path)
 
 
 def score(hyps, ref_path, n_expected, what):

@@ -306,3 +306,20 @@ def test_learning_curve_reads_updates_seconds_and_rate():
     assert curve == [[20, 40.0, 8.5], [25, 55.0, 7.5], [36, 84.0, 7.0]]
     assert ups == pytest.approx(30 / 70, abs=1e-4)
     assert study.learning_curve({"valid_loss": [(5, 9.0)]}) == ([[5, None, 9.0]], None)
+
+
+def test_a_training_runs_progress_line_has_progress_pys_eta(tmp_path):
+    import argparse
+    import re
+    import time
+
+    runner = study.Study.__new__(study.Study)  # no data: only the progress line
+    runner.args = argparse.Namespace(max_update=100, minutes=0)
+    run = study.RunState(study.parse_system("pre=transformer_prenorm"), 1, str(tmp_path), status="training",
+                         started=time.time() - 10, start_update=0)
+    (tmp_path / "train.log").write_text('x | INFO | train_inner | {"loss": "5.0", "num_updates": "10"}\n')
+    line = runner.progress_line(run)
+    assert line.startswith("custom/pre seed 1: training, update 10/100, ETA 0:01:")
+    assert re.search(r"ETA 0:01:\d\d \(--max-update 100\)$", line), line
+    runner.args = argparse.Namespace(max_update=0, minutes=2)
+    assert runner.progress_line(run).endswith("(--stop-time-hours 0.0333333)")

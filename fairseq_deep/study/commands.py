@@ -1,0 +1,153 @@
+"""A study's fairseq command lines: each system's optimiser and schedule (:func:`recipe`), its
+fairseq-train command, the stages of a grown system, and fairseq-generate's command; built with
+:mod:`fairseq_deep.runs`."""
+
+import os
+from typing import List, Sequence, Tuple
+
+from ..runs import GENERATE, TRAIN, command, grow_command, has_option, model_kind, restore_flags, width_flags
+from .systems import System
+
+
+def interval(args) -> int:
+    """Updates between validations (and saved checkpoints)."""
+    if args.valid_interval:
+        return args.valid_interval
+    return max(1, args.max_update // 10) if args.max_update else 500
+
+
+#: n of Chen et al.'s Eq. 1: RNMT+ was trained on 32 GPUs (Sec. 4), n = 32 replicas
+RNMT_REPLICAS = 32
+#: Chen et al.'s RNMT+ peak learning rate over their Transformer-Base peak (issue 25): Eq. 1 peaks at
+#: n * 1e-4 = 3.2e-3, Eq. 2 (r_0 = 2, p = 8000, d = 512, App. A.1) at 2 / sqrt(512 * 8000) = 9.9e-4.
+#: The study's --lr is the Transformers' peak, so RNMT+ peaks at 3.2 x --lr (Eq. 1's base 1e-4 at the
+#: default --lr 1e-3); before issue 25 it peaked at --lr, a third of what its paper gives it.
+RNMT_LR_RATIO = 3.2
+
+
+def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
+    """(name, optimiser flags, LR-schedule flags) of a system: ``--recipe shared`` gives every
+    system the study's Adam (0.9, 0.98) with inverse_sqrt warm-up over ``--warmup`` to ``--lr``;
+    ``--recipe paper`` (the default, issue 25) gives RNMT+ and Deep-Att their paper's instead:
+
+    * ``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and Eq. 1 with n = 32
+      replicas, peak ``RNMT_LR_RATIO`` x ``--lr`` (3.2 x: the paper's RNMT+ peak over its
+      Transformer-Base peak; base = that / 32, i.e. Eq. 1's 1e-4 at --lr 1e-3) reached linearly over
+      ``--warmup`` updates (n p; p = warmup/32), then constant (the decay starts after 600k/n updates).
+
+    Deep-Att keeps the shared recipe (issue 25): Zhou et al.'s ``--optimizer deep_att`` (Adam with
+    fixed l_f = 4e-5, l_r = 5e-4, L2 r = 2; Sec. 4.3) was tuned for 10 days of training and hardly
+    moves a model in a study's budget (docs/deep_att.md, "Learning curves (issue 25)"); a system
+    gets it by naming it (``--system "x=deep_att_ff_2x2 --optimizer deep_att --deep-att-lr-recurrent
+    5e-4 --lr 4e-5 --lr-scheduler fixed"``).
+
+    The Transformers (Vaswani et al.'s recipe, which Wang, Bapna and Dou et al. use) and the
+    hybrids (Chen et al. train them with the Transformer schedule, Eq. 2) keep the shared recipe."""
+    shared = ("shared", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
+                         "--lr", str(args.lr)],
+              ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"])
+    if getattr(args, "recipe", "shared") != "paper":
+        return shared
+    kind = model_kind(arch)
+    if kind == "rnmt_plus":
+        n = RNMT_REPLICAS
+        peak = RNMT_LR_RATIO * args.lr
+        return ("rnmt_plus", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-6",
+                              "--lr", f"{peak:.6g}"],
+                ["--lr-scheduler", "rnmt_plus", "--rnmt-replicas", str(n), "--rnmt-base-lr", f"{peak / n:.6g}",
+                 "--warmup-updates", str(max(1, round(args.warmup / n)))])
+    return shared
+
+
+def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
+    """The results table's words for the optimiser and schedule a system trained with."""
+    if has_option(flags, "--optimizer") or has_option(flags, "--lr-scheduler"):
+        return "own flags"
+    name = recipe(args, arch)[0]
+    if name == "rnmt_plus":
+        return f"Adam (0.9, 0.999, 1e-6), Eq. 1 (n = {RNMT_REPLICAS}) to lr {RNMT_LR_RATIO * args.lr:.6g}"
+    return f"Adam (0.9, 0.98), inverse_sqrt, lr {args.lr}, warm-up {args.warmup}"
+
+
+def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
+    """``python -m fairseq_cli.train``: the study's settings, then ``--train-args``, then the
+    system's own flags (which so win: fairseq keeps the last value of a repeated option)."""
+    own = system.flags + args.train_args_list
+    cmd = command(TRAIN, args.data, "--arch", system.arch, *width_flags(system.arch, args.width))
+    if args.dropout is not None:
+        cmd += ["--dropout", str(args.dropout)]
+    _, optimizer, schedule = recipe(args, system.arch)
+    if not has_option(own, "--optimizer"):
+        cmd += optimizer
+    else:
+        cmd += ["--lr", str(args.lr)]
+    if not has_option(own, "--lr-scheduler"):
+        cmd += schedule
+    if not has_option(own, "--criterion"):
+        cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(args.label_smoothing)]
+    every = interval(args)
+    cmd += ["--max-tokens", str(args.max_tokens), "--seed", str(seed),
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(every),
+            "--keep-interval-updates", "1", "--validate-interval-updates", str(every),
+            "--log-format", "json", "--log-interval", str(args.log_interval), "--skip-invalid-size-inputs-valid-test"]
+    if args.max_update:
+        cmd += ["--max-update", str(args.max_update)]
+    if args.minutes:
+        cmd += ["--stop-time-hours", f"{args.minutes / 60:.6g}"]
+    if args.cpu:
+        cmd += ["--cpu", "--num-workers", "0"]
+    return cmd + args.train_args_list + system.flags
+
+
+def _restore_grown(save_dir: str, grown: str) -> List[str]:
+    """Restore a grown checkpoint with the optimizer, schedule and data reset (Li et al.'s
+    learning-rate restart); nothing when ``save_dir`` has a checkpoint_last.pt (fairseq resumes it)."""
+    if os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")):
+        return []
+    return restore_flags(grown)
+
+
+def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
+    """A grown system (``system.stages``): ([(name, command, the file that says it is done)], the
+    last stage's train command).  Each earlier stage trains in ``run_dir/stage_D`` (from the
+    previous stage's grown checkpoint), its last checkpoint is grown (fairseq-deep-grow --method
+    stack), and the last stage (the system's own train command, in ``run_dir``) restores it.  Stage
+    i of n stops at (i+1)/n of --minutes (fairseq's --stop-time-hours counts the training time that
+    the checkpoints carry across growing: fairseq-deep-grow --keep-training-time) and trains
+    --max-update / n updates (each counts from 0)."""
+    n = len(system.stages) + 1
+    depths = system.stages + [system.depth]
+
+    def budget(i):
+        flags = []
+        if args.max_update:
+            flags += ["--max-update", str(max(1, args.max_update // n))]
+        if args.minutes:
+            flags += ["--stop-time-hours", f"{args.minutes * (i + 1) / n / 60:.6g}"]
+        return flags
+
+    steps = []
+    for i, depth in enumerate(system.stages):
+        stage_dir = os.path.join(run_dir, f"stage_{depth}")
+        cmd = train_command(args, system, seed, stage_dir) + ["--encoder-layers", str(depth)] + budget(i)
+        if i > 0:
+            cmd += _restore_grown(stage_dir, os.path.join(run_dir, f"grown_{depth}.pt"))
+        steps.append((f"stage_{depth}", cmd, os.path.join(run_dir, f"stage_{depth}.done")))
+        grown = os.path.join(run_dir, f"grown_{depths[i + 1]}.pt")
+        steps.append((f"grow_{depths[i + 1]}", grow_command(os.path.join(stage_dir, "checkpoint_last.pt"), grown,
+                                                            depths[i + 1]), grown))
+    final = train_command(args, system, seed, run_dir) + budget(n - 1)
+    return steps, final + _restore_grown(run_dir, os.path.join(run_dir, f"grown_{system.depth}.pt"))
+
+
+def generate_command(args, checkpoint: str) -> List[str]:
+    """``python -m fairseq_cli.generate`` of the test set with ``checkpoint``."""
+    cmd = command(GENERATE, args.data, "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
+                  "--batch-size", str(args.gen_batch_size), "--skip-invalid-size-inputs-valid-test")
+    if args.spm:
+        cmd += ["--post-process", "sentencepiece"]
+    elif args.remove_bpe:
+        cmd += ["--post-process", args.remove_bpe]
+    if args.cpu:
+        cmd += ["--cpu", "--num-workers", "0"]
+    return cmd + args.gen_args_list

@@ -1,0 +1,326 @@
+"""Running a study: every (system, seed) as a :class:`RunState`, ``--jobs`` at a time, each through
+separate steps: :meth:`Study.train` (with :meth:`Study.grow_stages` before it for a grown system),
+:meth:`Study.decode`, :meth:`Study.score` and :func:`record` (``result.json``, which a second
+invocation finds and keeps); progress lines with :mod:`fairseq_deep.progress`'s ETA."""
+
+import concurrent.futures
+import json
+import logging
+import os
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from .. import runs
+from ..errors import UserError
+from ..progress import TrainingProgress
+from .commands import generate_command, stage_commands, train_command
+from .systems import System
+
+logger = logging.getLogger("fairseq_deep.study")
+
+
+@dataclass
+class RunState:
+    system: System
+    seed: int
+    run_dir: str
+    status: str = "queued"  # queued, training, decoding, done, failed
+    started: Optional[float] = None
+    start_update: Optional[int] = None
+    error: Optional[str] = None
+    result: Optional[dict] = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.system.key} seed {self.seed}"
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.run_dir, name)
+
+    def fail(self, error: str):
+        self.error, self.status = error, "failed"
+
+
+def learning_curve(series: dict) -> Tuple[List[List[float]], Optional[float]]:
+    """([[update, seconds, valid loss], ...], updates per second) from a fairseq-train log's series
+    (:func:`fairseq_deep.runs.series`).  Seconds are fairseq's ``wall`` clock of the training (the
+    time ``--minutes`` budgets: validation included), read off the ``train_inner`` records and
+    interpolated linearly to each validation's update (beyond the last record, at the last rate);
+    updates/s is the last record's update over its wall time.  None where the log has no timed
+    record."""
+    walls = sorted((u, w) for u, w in series.get("wall", []) if w > 0)
+    ups = walls[-1][0] / walls[-1][1] if walls else None
+
+    def seconds(update: float) -> Optional[float]:
+        if not walls:
+            return None
+        below = [(u, w) for u, w in walls if u <= update]
+        above = [(u, w) for u, w in walls if u >= update]
+        if below and above:
+            (u0, w0), (u1, w1) = below[-1], above[0]
+            return w0 if u1 == u0 else w0 + (w1 - w0) * (update - u0) / (u1 - u0)
+        if above:  # before the first record: from update 0 at time 0
+            u1, w1 = above[0]
+            return w1 * update / u1
+        u0, w0 = below[-1]
+        return w0 + (update - u0) / ups
+
+    curve = [[u, None if seconds(u) is None else round(seconds(u), 1), v] for u, v in series.get("valid_loss", [])]
+    return curve, (round(ups, 4) if ups else None)
+
+
+def parse_generate(text: str, n_test: int) -> Tuple[List[str], List[str]]:
+    """(hypotheses, references) in input order from fairseq-generate's output text
+    (:meth:`fairseq_deep.runs.Generated.in_order`)."""
+    return runs.parse_generate(text).in_order(n_test)
+
+
+def read_lines(path: str) -> Optional[List[str]]:
+    """The lines of a text file the study wrote (hyp.txt, ref.txt), None where there is none."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def write_lines(path: str, lines: List[str]):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def record(run: RunState, hyps: List[str], refs: List[str], n_test: int, checkpoint: str):
+    """The result of a scored run: scores, updates, validation losses, the learning curve, training
+    time; written to ``result.json`` (which a second invocation finds and keeps)."""
+    write_lines(run.path("hyp.txt"), hyps)
+    write_lines(run.path("ref.txt"), refs)
+    records = runs.parse_log(run.path("train.log"))
+    series = runs.series(records)
+    valid = [v for _, v in series.get("valid_loss", [])]
+    with open(run.path("train.done")) as f:
+        train_s = float(f.read().strip() or "nan")
+    result = {**runs.score(hyps, refs), "sentences": len(hyps), "test_size": n_test,
+              # the last validation comes after the last train_inner record (a --minutes stop)
+              "updates": runs.updates_done(records),
+              "best_valid_loss": min(valid) if valid else None,
+              "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
+              "checkpoint": os.path.basename(checkpoint)}
+    result["curve"], result["updates_per_second"] = learning_curve(series)
+    for d in run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
+        result["updates"] += runs.updates_done(runs.parse_log(run.path(f"stage_{d}.log")))
+    with open(run.path("result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    run.result, run.status = result, "done"
+
+
+class Study:
+    def __init__(self, args, groups: Dict[str, Tuple[str, List[System]]]):
+        from ..prepare import read_lines as read_text
+
+        self.args = args
+        self.groups = groups
+        self.n_test = runs.count_test_sentences(args.data)
+        self.refs: Optional[List[str]] = read_text(args.ref) if args.ref else None
+        if self.refs is not None and len(self.refs) != self.n_test:
+            raise UserError(f"--ref {args.ref} has {len(self.refs)} lines, the test set {self.n_test} sentences")
+        self.runs = [RunState(s, seed, os.path.join(args.out, "runs", s.group, s.name, f"seed{seed}"))
+                     for _, systems in groups.values() for s in systems for seed in range(1, args.seeds + 1)]
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()  # set on Ctrl-C / SIGTERM: queued runs do not start
+        self.procs = set()  # the running fairseq subprocesses
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+        if "OMP_NUM_THREADS" not in os.environ:
+            self.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
+
+    # -- subprocesses --------------------------------------------------------------------------
+    def _subprocess(self, cmd: List[str], log_path: str, mode: str = "a") -> int:
+        with open(log_path, mode, encoding="utf-8") as log:
+            log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+            log.flush()
+            with self.lock:
+                if self.stopping.is_set():
+                    return -1
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                self.procs.add(proc)
+            try:
+                return proc.wait()
+            finally:
+                with self.lock:
+                    self.procs.discard(proc)
+
+    def _step(self, run: RunState, cmd: List[str], log_path: str, what: str, interrupted: str) -> bool:
+        """Run one fairseq (or fairseq-deep-grow) command; False (``run`` failed) unless it succeeded."""
+        rc = self._subprocess(cmd, log_path)
+        if rc != 0 and self.stopping.is_set():
+            run.fail(f"interrupted ({interrupted})")
+        elif rc != 0:
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                run.fail(f"{what}: " + runs.last_error(f.read()[-20000:]))
+        return rc == 0
+
+    def stop(self):
+        """Start nothing more and end the running fairseq processes (fairseq resumes them from
+        checkpoint_last.pt next time)."""
+        with self.lock:
+            self.stopping.set()
+            for proc in self.procs:
+                proc.terminate()
+
+    # -- the steps of one run ------------------------------------------------------------------
+    def grow_stages(self, run: RunState, steps: List[Tuple[str, List[str], str]], t0: float) -> bool:
+        """The stages before a grown system's last one: train, grow, train, ... (each once)."""
+        for name, step, done in steps:
+            if os.path.exists(done):
+                continue
+            if not self._step(run, step, run.path(name + ".log"), name, "resumes from its last stage"):
+                return False
+            if not name.startswith("grow_"):
+                with open(done, "w") as f:
+                    f.write(f"{time.time() - t0:.1f}\n")
+        return True
+
+    def train(self, run: RunState, cmd: List[str], steps: List[Tuple[str, List[str], str]]) -> bool:
+        """fairseq-train (after the stages of a grown system); ``train.done`` holds its seconds."""
+        with open(run.path("train_command.json"), "w") as f:
+            json.dump(cmd[1:], f, indent=0)
+        run.status, run.started = "training", time.time()
+        run.start_update = runs.last_update(run.path("train.log")) or 0
+        self.log_progress(only=run)
+        t0 = time.time()
+        if not self.grow_stages(run, steps, t0):
+            return False
+        if not self._step(run, cmd, run.path("train.log"), "fairseq-train", "resumes from checkpoint_last.pt"):
+            return False
+        with open(run.path("train.done"), "w") as f:
+            f.write(f"{time.time() - t0:.1f}\n")
+        return True
+
+    def decode(self, run: RunState) -> Optional[Tuple[runs.Generated, str]]:
+        """fairseq-generate of the test set with ``--checkpoint``'s checkpoint (checkpoint_last.pt
+        where there is none): (its output, the checkpoint), None where it failed."""
+        run.status = "decoding"
+        self.log_progress(only=run)
+        checkpoint = run.path(f"checkpoint_{self.args.checkpoint}.pt")
+        if not os.path.exists(checkpoint):
+            checkpoint = run.path("checkpoint_last.pt")
+        gen_path = run.path("generate.out")
+        rc = self._subprocess(generate_command(self.args, checkpoint), gen_path, mode="w")
+        generated = runs.read_generate(gen_path)
+        if rc != 0:
+            run.fail("fairseq-generate: " + runs.last_error("\n".join(generated.lines)[-20000:]))
+            return None
+        return generated, checkpoint
+
+    def score(self, run: RunState, generated: runs.Generated) -> Optional[Tuple[List[str], List[str]]]:
+        """(hypotheses, references) in the test set's order, None where they do not match it."""
+        try:
+            hyps, t_refs = generated.in_order(self.n_test)
+        except ValueError as e:
+            run.fail(str(e))
+            return None
+        refs = self.refs if self.refs is not None else t_refs
+        if not refs:
+            run.fail("fairseq-generate printed no references (T- lines): give --ref")
+            return None
+        return hyps, refs
+
+    def run_one(self, run: RunState):
+        """Train, decode, score and record one run; a run with a result.json is kept as it is."""
+        cmd, steps = train_command(self.args, run.system, run.seed, run.run_dir), []
+        if run.system.stages:  # grown from shallower stages (the li group): stage, grow, ..., this one
+            steps, cmd = stage_commands(self.args, run.system, run.seed, run.run_dir)
+        cmd_path = run.path("train_command.json")
+        if os.path.exists(cmd_path):
+            with open(cmd_path) as f:
+                if json.load(f) != cmd[1:]:
+                    logger.warning("%s: the fairseq-train command differs from the one saved in %s; a finished "
+                                   "run keeps its scores, an unfinished one resumes from its checkpoint_last.pt "
+                                   "with the new command (delete the folder to start again)", run.label, cmd_path)
+        if os.path.exists(run.path("result.json")):
+            with open(run.path("result.json")) as f:
+                run.result = json.load(f)
+            run.status = "done"
+            return
+        os.makedirs(run.run_dir, exist_ok=True)
+        if not os.path.exists(run.path("train.done")) and not self.train(run, cmd, steps):
+            return
+        if self.stopping.is_set():
+            return
+        decoded = self.decode(run)
+        scored = decoded and self.score(run, decoded[0])
+        if scored:
+            record(run, *scored, self.n_test, decoded[1])
+
+    def _guarded(self, run: RunState):
+        if self.stopping.is_set():
+            return
+        try:
+            self.run_one(run)
+        except Exception as e:  # one failed system must not stop the others
+            logger.exception("%s failed", run.label)
+            run.fail(f"{type(e).__name__}: {e}")
+        self.log_progress(only=run)
+
+    # -- progress ------------------------------------------------------------------------------
+    def progress_line(self, run: RunState) -> str:
+        if run.status in ("done", "failed", "queued"):
+            extra = ""
+            if run.status == "done" and run.result:
+                extra = f", BLEU {run.result['bleu']:.2f}, chrF {run.result['chrf']:.2f}"
+            elif run.status == "failed":
+                extra = f": {run.error}"
+            return f"{run.label}: {run.status}{extra}"
+        line = f"{run.label}: {run.status}"
+        if run.status != "training":
+            return line
+        update = runs.last_update(run.path("train.log"))
+        line += f", update {update if update is not None else '-'}"
+        if self.args.max_update:
+            line += f"/{self.args.max_update}"
+        elapsed = time.time() - (run.started or time.time())
+        done = (update or 0) - (run.start_update or 0)
+        rate = done / elapsed if update is not None and done > 0 and elapsed > 0 else None
+        eta = TrainingProgress(max_update=self.args.max_update, stop_time_hours=self.args.minutes / 60)
+        return f"{line}, {eta.eta(update or 0, rate, elapsed if self.args.minutes else None)}"
+
+    def log_progress(self, only: Optional[RunState] = None):
+        with self.lock:
+            runs_ = [only] if only else self.runs
+            counts = {s: sum(r.status == s for r in self.runs) for s in ("done", "failed", "training",
+                                                                           "decoding", "queued")}
+            if not only:
+                logger.info("progress: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+            for r in runs_:
+                logger.info(self.progress_line(r))
+
+    def run(self):
+        stop = threading.Event()
+
+        def monitor():
+            while not stop.wait(self.args.progress_every):
+                self.log_progress()
+
+        thread = threading.Thread(target=monitor, daemon=True)
+        thread.start()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.args.jobs)
+        try:
+            for future in [pool.submit(self._guarded, r) for r in self.runs]:
+                future.result()
+        except KeyboardInterrupt:
+            self.stop()
+            logger.warning("interrupted: run the same command again to resume")
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            stop.set()
+        self.log_progress()
+
+    # -- what the runs wrote -------------------------------------------------------------------
+    def read_hyps(self, run: RunState) -> Optional[List[str]]:
+        return read_lines(run.path("hyp.txt")) if run.status == "done" else None
+
+    def read_run_refs(self, run: RunState) -> Optional[List[str]]:
+        return self.refs if self.refs is not None else read_lines(run.path("ref.txt"))
