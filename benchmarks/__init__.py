@@ -1,0 +1,7 @@
+"""Measurements anyone can rerun on a CPU or a GPU (benchmarks/README.md).
+
+Each script is a module of this package: from the repository root, ``python -m benchmarks.NAME
+--help``.  What the scripts share (the options, the device, alternated timing, the markdown table,
+JSON output) is :mod:`benchmarks.harness`.  The package is not installed with fairseq_deep
+(setup.py ships ``fairseq_deep`` alone): it is run, and the tests import it, from a checkout.
+"""
