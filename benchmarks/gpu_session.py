@@ -309,8 +309,9 @@ def stage(a):
 
 
 #: the device tool's command: the wheels (fairseq, fairscale and their pure-Python needs), then a window
+#: (the checkout first on PYTHONPATH: fairscale's wheel brings a top-level package named benchmarks too)
 DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl"
-                  " && export PYTHONPATH=/tmp/site:$PWD && nvidia-smi -L && python3 -m benchmarks.gpu_session run "
+                  " && export PYTHONPATH=$PWD:/tmp/site && nvidia-smi -L && python3 -m benchmarks.gpu_session run "
                   "--out $OUT")
 
 
