@@ -101,7 +101,7 @@ def gen_tps(model, dictionary, data, a):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--embed-dim", type=int, default=256)
     p.add_argument("--ffn-dim", type=int, default=1024)

@@ -20,7 +20,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/batch_size_decoding.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.batch_size_decoding")
 
-import argparse
 import json
 import os
 import re
@@ -57,7 +56,7 @@ def run(argv, log_path):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output with a test split")
     p.add_argument("--out", required=True)
     p.add_argument("--minutes", type=float, default=3.0, help="training time per system")

@@ -23,7 +23,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/deep_att_speed.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.deep_att_speed")
 
-import argparse
 import os
 
 import torch
@@ -98,7 +97,7 @@ def generation_speed(model, d, a):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--embed", type=int, default=256)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=2, help="n_e = n_d")

@@ -44,7 +44,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/depth.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.depth")
 
-import argparse
 import json
 import os
 import re
@@ -238,8 +237,7 @@ def cli(a, env) -> Dict[str, float]:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = harness.parser(__doc__, show_defaults=True)
     p.add_argument("--arch", nargs="+", default=["transformer_deepnorm"],
                    help="depth-free presets to compare (e.g. transformer_postnorm transformer_prenorm "
                         "transformer_dlcl transformer_admin)")

@@ -16,7 +16,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/dlcl_decode_step.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.dlcl_decode_step")
 
-import argparse
 
 import torch
 
@@ -37,7 +36,7 @@ def decode(model, src, lengths, prev):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--batch", type=int, default=40)
     p.add_argument("--steps", type=int, default=20)
     harness.add_rounds(p, 12, flag="--runs")

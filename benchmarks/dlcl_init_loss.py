@@ -19,7 +19,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/dlcl_init_loss.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.dlcl_init_loss")
 
-import argparse
 import json
 import math
 import os
@@ -98,7 +97,7 @@ def train_losses(args, arch, save_dir):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output (joint dictionary for tied embeddings)")
     p.add_argument("--subset", default="valid")
     p.add_argument("--width", type=int, default=512, help="embedding width (ffn 4x, one head per 64)")

@@ -49,7 +49,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/dlcl_speed.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.dlcl_speed")
 
-import argparse
 import gzip
 import json
 import os
@@ -478,8 +477,7 @@ def memory_table(rows) -> str:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = harness.parser(__doc__, show_defaults=True)
     p.add_argument("--mode", choices=["all", "train", "memory"], default="all")
     harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "dlcl_speed"),
                          "data, checkpoints and logs (git-ignored under the repository)")

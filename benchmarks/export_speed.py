@@ -31,7 +31,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/export_speed.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.export_speed")
 
-import argparse
 import datetime
 import gzip
 import json
@@ -182,8 +181,7 @@ def ctranslate2_translate(a, model: str, pieces):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--multi30k", default="/work/shared/data/multi30k",
                    help="the raw Multi30K folder")
     harness.add_work_dir(p, "bench_runs/export_speed")

@@ -252,8 +252,7 @@ def table(rows: List[Dict]) -> str:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, epilog=__doc__)
     p.add_argument("--data", required=True, help="binarized data (fairseq-preprocess)")
     p.add_argument("--work", default="/tmp/fsdp_check", help="checkpoints and logs")
     harness.add_json(p, help="write every row here")

@@ -40,7 +40,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/gpu_session.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.gpu_session")
 
-import argparse
 import glob
 import io
 import json
@@ -357,8 +356,7 @@ def _interrupt(signum, frame):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = harness.parser(__doc__, epilog=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("stage", help="fill .gpu/ on this (CPU) machine")
     s.add_argument("--gpu-dir", default=GPU_DIR)

@@ -6,6 +6,8 @@ edits ``sys.path``.
 
 Options (each script keeps its own defaults and help):
 
+* ``parser(__doc__)``: a script's argument parser, its docstring's first paragraph as the
+  description (``full``: the whole docstring; ``epilog``; ``show_defaults``);
 * ``add_device_argument(parser)``: ``--device`` (default: ``cuda`` when torch sees a CUDA device,
   else ``cpu``); ``precision=True`` adds ``--precision`` (fairseq's flags for the fairseq-train /
   fairseq-generate runs of a script: ``fp32`` (none), ``--fp16``, ``--memory-efficient-fp16``,
@@ -37,6 +39,7 @@ on stderr).  Models in process: ``dictionary``, ``build_model``, and ``tests_hel
 tests' tiny models and batches, ``tests/helpers.py``).
 """
 
+import argparse
 import importlib.util
 import json
 import os
@@ -67,6 +70,23 @@ CUDA_ONLY_PRECISIONS = {"amp": "fairseq's --amp is CUDA autocast; on CPU it trai
 # ---------------------------------------------------------------------------------------------
 # Options
 # ---------------------------------------------------------------------------------------------
+
+
+class _RawDescriptionAndDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def parser(doc: str, full: bool = False, show_defaults: bool = False,
+           epilog: Optional[str] = None) -> argparse.ArgumentParser:
+    """A script's argument parser: the first paragraph of its docstring ``doc`` as the description
+    (``full``: the whole docstring, as written); ``epilog``: text after the options, as written;
+    ``show_defaults``: each option's default after its help."""
+    raw = full or epilog is not None
+    formatter = {(False, False): argparse.HelpFormatter, (True, False): argparse.RawDescriptionHelpFormatter,
+                 (False, True): argparse.ArgumentDefaultsHelpFormatter,
+                 (True, True): _RawDescriptionAndDefaults}[raw, show_defaults]
+    return argparse.ArgumentParser(description=doc if full else doc.split("\n\n")[0], epilog=epilog,
+                                   formatter_class=formatter)
 
 
 def default_device() -> str:

@@ -30,7 +30,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/learning_curves.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.learning_curves")
 
-import argparse
 import datetime
 import json
 import os
@@ -120,7 +119,7 @@ def curve(log_path):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", help="fairseq data-bin (required to run)")
     p.add_argument("--family", action="append", choices=["rnmt", "dou", "zhou"])
     p.add_argument("--systems", default="", help="comma-separated system names to keep")

@@ -140,7 +140,7 @@ def markdown(rows, impls):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     add_device_argument(p)
     p.add_argument("--cell", choices=["ln", "ff"], default="ln",
                    help="ln: RNMT+'s LayerNormLSTM (--rnmt-lstm-impl); ff: one Deep-Att layer, FFLSTMLayer "

@@ -331,8 +331,7 @@ def table(rows):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output folder with train and test")
     harness.add_work_dir(p, os.path.join("bench_runs", "precision_matrix"))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))

@@ -97,7 +97,7 @@ def models(device):
 
 
 def get_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("out", nargs="?", help="where to write the fingerprint (JSON)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprints")
     parser.add_argument("--package-dir", help="import fairseq_deep from this directory")

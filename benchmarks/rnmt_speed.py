@@ -22,7 +22,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/rnmt_speed.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.rnmt_speed")
 
-import argparse
 
 import torch
 
@@ -112,7 +111,7 @@ def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, r
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     harness.add_threads(p, torch.get_num_threads())
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)

@@ -39,7 +39,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/step_cost.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.step_cost")
 
-import argparse
 import collections
 import statistics
 import sys
@@ -369,7 +368,7 @@ def table(rows: List[Dict[str, object]]) -> str:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--phase", choices=[*PHASES, "all"], default="all")
     p.add_argument("--group", choices=[*GROUPS, "all"], default="all")
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of every system")

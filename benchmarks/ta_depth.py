@@ -256,7 +256,7 @@ def overhead_table(res: Dict) -> str:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--mode", choices=["train", "overhead", "all"], default="all")
     harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "ta_depth"))
     harness.add_json(p, help="results file (default WORK_DIR/results.json)")
