@@ -115,7 +115,7 @@ def _preprocess(prefix_dir: str, src: str, tgt: str, dest: str, stamp: Dict):
         "--trainpref", f"{prefix_dir}/train", "--validpref", f"{prefix_dir}/valid",
         "--testpref", f"{prefix_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
     ], os.path.join(os.path.dirname(dest), "preprocess.log"))
-    json.dump(stamp, open(os.path.join(dest, "prepared.json"), "w"))
+    harness.write_json(os.path.join(dest, "prepared.json"), stamp, indent=None)
 
 
 def prepare_synthetic(work: str, a) -> "tuple[str, str, str]":

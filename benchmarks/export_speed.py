@@ -132,9 +132,9 @@ def train(a, work: str, data: str) -> str:
                "--save-dir", save, *train_flags(a.device), *flags], os.path.join(work, "train.log"),
               a.threads)
     updates = re.findall(r"num_updates[= ](\d+)", out)
-    json.dump(stamp, open(stamp_path, "w"))
-    json.dump({"updates": int(updates[-1]) if updates else None},
-              open(os.path.join(save, "updates.json"), "w"))
+    harness.write_json(stamp_path, stamp, indent=None)
+    harness.write_json(os.path.join(save, "updates.json"), {"updates": int(updates[-1]) if updates else None},
+                       indent=None)
     return checkpoint
 
 

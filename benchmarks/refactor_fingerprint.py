@@ -127,8 +127,7 @@ def main(argv=None):
     import fairseq_deep  # noqa: F401  (registers the architectures)
 
     print(f"fairseq_deep from {os.path.dirname(fairseq_deep.__file__)}", file=sys.stderr)
-    with open(args.out, "w") as f:
-        json.dump({"presets": presets(), "models": models(device)}, f, indent=1, sort_keys=True)
+    harness.write_json(args.out, {"presets": presets(), "models": models(device)}, sort_keys=True)
 
 
 if __name__ == "__main__":
