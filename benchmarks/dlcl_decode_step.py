@@ -16,7 +16,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/dlcl_decode_step.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.dlcl_decode_step")
 
-
 import torch
 
 from . import harness

@@ -22,7 +22,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/rnmt_speed.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.rnmt_speed")
 
-
 import torch
 
 from . import harness

@@ -44,13 +44,12 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Dict, List
 
 from . import harness
 from .dlcl_speed import fairseq_cmd, prepare_multi30k, prepare_synthetic, run
-from .harness import add_device_argument, clock, describe, device_from_args, generate_flags, parse_flags
+from .harness import add_device_argument, describe, device_from_args, generate_flags, parse_flags
 from .harness import train_flags as device_train_flags
 
 PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
