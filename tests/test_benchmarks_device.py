@@ -139,3 +139,11 @@ def test_interleaved_seconds_and_json(tmp_path):
     path = harness.write_json(str(tmp_path / "out.json"), {"seconds": seconds})
     with open(path) as f:
         assert json.load(f) == {"seconds": seconds}
+
+
+@pytest.mark.parametrize("name", [*SCRIPTS, "gpu_session"])
+def test_every_script_builds_its_parser_with_the_harness(name):
+    """One argument-parser builder (``harness.parser``) and the shared options, not a parser a script."""
+    with open(os.path.join(BENCHMARKS, name + ".py"), encoding="utf-8") as f:
+        source = f.read()
+    assert "harness.parser(" in source and "ArgumentParser(" not in source
