@@ -1,6 +1,6 @@
 """Training and decoding speed of the Dou et al. (2018) variants against the plain Transformer.
 
-    python benchmarks/aggregation_speed.py [--layers 6 --embed-dim 256 --ffn-dim 1024 --heads 4]
+    python -m benchmarks.aggregation_speed [--layers 6 --embed-dim 256 --ffn-dim 1024 --heads 4]
         [--batch 32 --src-len 24 --tgt-len 24 --train-steps 8 --gen-len 24 --beam 4 --rounds 3]
 
 In one process, on fixed random batches, for every variant of Table 1 (rows 1-7: baseline,
@@ -21,26 +21,21 @@ stdout as a markdown table and to ``--json`` if given.  Close other CPU-heavy wo
 synchronizes it before every clock reading; float32 on either device.
 """
 
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/aggregation_speed.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.aggregation_speed")
+
 import argparse
-import json
-import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+import torch
+from fairseq.sequence_generator import SequenceGenerator
 
-import torch  # noqa: E402
-from fairseq import options, tasks  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+import fairseq_deep  # noqa: F401  (registers the architectures)
 
-import fairseq_deep  # noqa: E402,F401  (registers the architectures)
-from _device import add_device_argument, clock, describe, device_from_args, parse_flags  # noqa: E402
+from . import harness
+from .harness import add_device_argument, clock, describe, device_from_args
 
 VARIANTS = [  # label, --arch (Table 1 row)
     ("1 baseline", "transformer_agg_baseline"),
@@ -54,18 +49,14 @@ VARIANTS = [  # label, --arch (Table 1 row)
 
 
 def build(arch, a, dictionary):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        "x", "--task", "translation", "--arch", arch, *parse_flags(a.device),
+    return harness.build_model([
+        "--arch", arch,
         "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
         "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
         "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
         "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
         "--dropout", "0.1", "--share-all-embeddings", *a.extra,
-    ])
-    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
-    torch.manual_seed(a.seed)
-    return task.build_model(args).to(a.device)
+    ], dictionary, a.device, a.seed)
 
 
 def batch(dictionary, a, g):
@@ -103,15 +94,14 @@ def gen_tps(model, dictionary, data, a):
         gen.forward(sample)  # warm-up
         seconds = []
         for _ in range(a.gen_repeats):  # one generation is a few tens of ms on a GPU: take a median
-            start = clock(a.device)
-            hyps = gen.forward(sample)
-            seconds.append(clock(a.device) - start)
+            hyps, s = harness.timed(lambda: gen.forward(sample), a.device)
+            seconds.append(s)
     tokens = sum(len(h[0]["tokens"]) for h in hyps)
     return tokens / statistics.median(seconds)
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--embed-dim", type=int, default=256)
     p.add_argument("--ffn-dim", type=int, default=1024)
@@ -125,11 +115,11 @@ def get_parser():
     p.add_argument("--gen-len", type=int, default=24)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--gen-repeats", type=int, default=3, help="timed generations per round and variant (median)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    harness.add_rounds(p, 3)
+    harness.add_threads(p, 0, "torch intra-op threads (0: torch's default)")
     p.add_argument("--variants", default="", help="comma-separated --arch names (default: all of Table 1)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", default="")
+    harness.add_json(p, "")
     add_device_argument(p)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more model flags, for every variant")
     return p
@@ -138,25 +128,28 @@ def get_parser():
 def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    harness.set_threads(a.threads)
     variants = [v for v in VARIANTS if not a.variants or v[1] in a.variants.split(",")]
     if variants[0][1] != "transformer_agg_baseline":
         variants = [VARIANTS[0]] + variants
-    d = Dictionary()
-    for i in range(a.vocab):
-        d.add_symbol(f"w{i}")
+    d = harness.dictionary(a.vocab)
     data = batch(d, a, torch.Generator().manual_seed(a.seed))
     models = {arch: build(arch, a, d) for _, arch in variants}
     opts = {arch: torch.optim.Adam(m.parameters(), lr=1e-4) for arch, m in models.items()}
     params = {arch: sum(x.numel() for x in m.parameters()) for arch, m in models.items()}
-    train, gen = {arch: [] for arch in models}, {arch: [] for arch in models}
-    for r in range(a.rounds):
-        for label, arch in variants:
-            train[arch].append(train_wps(models[arch], opts[arch], data, a.train_steps, a.device))
-            gen[arch].append(gen_tps(models[arch], d, data, a))
-            print(f"[round {r + 1}] {label}: train {train[arch][-1]:.0f} w/s, generate {gen[arch][-1]:.1f} tok/s",
+
+    def measure(label, arch):
+        def one_round(r):
+            speeds = (train_wps(models[arch], opts[arch], data, a.train_steps, a.device),
+                      gen_tps(models[arch], d, data, a))
+            print(f"[round {r + 1}] {label}: train {speeds[0]:.0f} w/s, generate {speeds[1]:.1f} tok/s",
                   file=sys.stderr, flush=True)
+            return speeds
+        return one_round
+
+    rounds = harness.alternated({arch: measure(label, arch) for label, arch in variants}, a.rounds)
+    train = {arch: [t for t, _ in speeds] for arch, speeds in rounds.items()}
+    gen = {arch: [g for _, g in speeds] for arch, speeds in rounds.items()}
     base = variants[0][1]
     med = lambda xs: statistics.median(xs)  # noqa: E731
     rows = []
@@ -164,18 +157,17 @@ def main(argv=None):
           f"{a.batch}x{a.tgt_len}, generate {a.gen_batch} sentences x {a.gen_len} tokens beam {a.beam}; "
           f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}"
           + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
-    print("| Table 1 row | arch | params | train words/s | ratio | generate tokens/s | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, arch in variants:
-        row = {"label": label, "arch": arch, "params": params[arch],
-               "train_wps": med(train[arch]), "train_ratio": med(train[arch]) / med(train[base]),
-               "gen_tps": med(gen[arch]), "gen_ratio": med(gen[arch]) / med(gen[base]),
-               "train_all": train[arch], "gen_all": gen[arch]}
-        rows.append(row)
-        print(f"| {label} | {arch} | {params[arch] / 1e6:.2f}M | {row['train_wps']:.0f} | {row['train_ratio']:.2f} "
-              f"| {row['gen_tps']:.1f} | {row['gen_ratio']:.2f} |")
+        rows.append({"label": label, "arch": arch, "params": params[arch],
+                     "train_wps": med(train[arch]), "train_ratio": med(train[arch]) / med(train[base]),
+                     "gen_tps": med(gen[arch]), "gen_ratio": med(gen[arch]) / med(gen[base]),
+                     "train_all": train[arch], "gen_all": gen[arch]})
+    print(harness.markdown_table(
+        ["Table 1 row", "arch", "params", "train words/s", "ratio", "generate tokens/s", "ratio"],
+        [[r["label"], r["arch"], f"{r['params'] / 1e6:.2f}M", f"{r['train_wps']:.0f}", f"{r['train_ratio']:.2f}",
+          f"{r['gen_tps']:.1f}", f"{r['gen_ratio']:.2f}"] for r in rows]))
     if a.json:
-        json.dump({"args": vars(a), "rows": rows}, open(a.json, "w"), indent=1)
+        harness.write_json(a.json, {"args": vars(a), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ Decoding in a padded batch is not bit-for-bit the same arithmetic as decoding al
 shapes, other summation orders), so scores agree to about 1e-6 and a beam can part at a near-tie;
 the count of differing hypotheses of fairseq's reference on ve-fairseq is that floor.
 
-    python benchmarks/batch_size_decoding.py --data M30K_BIN --out bsz --minutes 3
+    python -m benchmarks.batch_size_decoding --data M30K_BIN --out bsz --minutes 3
     (run it with the Python of each stack: 3.10 + fairseq 0.12.2, 3.11 + ve-fairseq)
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/batch_size_decoding.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.batch_size_decoding")
+
 import json
 import os
 import re
@@ -24,8 +27,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import add_device_argument, device_from_args, generate_flags, train_flags  # noqa: E402
+from . import harness
+from .harness import add_device_argument, device_from_args, generate_flags, train_flags
 
 PLUGIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_deep")
 
@@ -53,7 +56,7 @@ def run(argv, log_path):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output with a test split")
     p.add_argument("--out", required=True)
     p.add_argument("--minutes", type=float, default=3.0, help="training time per system")
@@ -112,16 +115,15 @@ def main(argv=None):
         print(json.dumps(rows[-1]), flush=True)
     header = (f"fairseq {fairseq.__version__}, torch {torch.__version__}, Python {sys.version.split()[0]}; "
               f"{args.device}, {args.layers}+{args.layers} layers, width {args.width}, {args.minutes} min of training, beam {args.beam}")
-    lines = [header, "", "| system | sentences | hypotheses differing (bsz 1 vs 64) | max score diff (same hyps) |",
-             "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['system']} | {r['sentences']} | "
-              + (f"{r['differing']} | {r['max_score_diff']:.1e} |" if not r["failed"] else
-                 "; ".join(f"batch size {b} failed: {e}" for b, e in r["failed"].items()) + " | |")
-              for r in rows]
+    lines = [header, "", harness.markdown_table(
+        ["system", "sentences", "hypotheses differing (bsz 1 vs 64)", "max score diff (same hyps)"],
+        [[r["system"], r["sentences"], *([r["differing"], f"{r['max_score_diff']:.1e}"] if not r["failed"] else
+                                          ["; ".join(f"batch size {b} failed: {e}" for b, e in r["failed"].items()),
+                                           ""])]
+         for r in rows], "lrrr")]
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(header=header, rows=rows), f, indent=1)
+    harness.write_json(os.path.join(args.out, "results.json"), dict(header=header, rows=rows))
     print("\n".join(lines))
 
 

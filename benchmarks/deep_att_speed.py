@@ -10,8 +10,8 @@ fairseq's ``lstm`` is set up as its nearest relative: a bidirectional encoder of
 width (its two directions play the two columns), the same decoder depth and width, attention.
 It prints one line per model and the ratios deep_att / lstm.
 
-    python benchmarks/deep_att_speed.py                      # paper sizes (slow on CPU)
-    python benchmarks/deep_att_speed.py --embed 64 --hidden 128 --steps 3 --gen-batches 1  # smoke
+    python -m benchmarks.deep_att_speed                      # paper sizes (slow on CPU)
+    python -m benchmarks.deep_att_speed --embed 64 --hidden 128 --steps 3 --gen-batches 1  # smoke
 
 ``--device cuda`` (the default where torch sees a GPU) runs both models and their batches on the
 GPU (fairseq's ``lstm`` then uses cuDNN) and synchronizes it before every clock reading; float32.
@@ -19,43 +19,37 @@ GPU (fairseq's ``lstm`` then uses cuDNN) and synchronizes it before every clock 
 issue 16; CUDA, or on a CPU Triton's interpreter with ``TRITON_INTERPRET=1``: far too slow to time).
 """
 
-import argparse
-import json
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/deep_att_speed.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.deep_att_speed")
+
 import os
 
 import torch
-from fairseq import options, tasks
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_deep  # noqa: F401  (registers deep_att)
-from _device import add_device_argument, clock, describe, device_from_args, parse_flags
+
+from . import harness
+from .harness import add_device_argument, build_model, clock, describe, device_from_args
 
 
 def dictionary(n):
-    d = Dictionary()
-    for i in range(n - d.nspecial):
-        d.add_symbol(f"w{i}")
-    return d
-
-
-def build(arch_argv, d, device="cpu", seed=1):
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       ["dummy", "--task", "translation", *parse_flags(device), *arch_argv])
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(seed)
-    return task.build_model(args).to(device)
+    """A vocabulary of ``n`` entries, fairseq's special symbols included."""
+    return harness.dictionary(n - Dictionary().nspecial)
 
 
 def models(a, d):
     E, H, n = str(a.embed), str(a.hidden), str(a.layers)
-    deep = build(["--arch", "deep_att_ff", "--encoder-layers", n, "--decoder-layers", n,
-                  "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
-                  "--decoder-hidden-size", H, "--dropout", "0.1", "--deep-att-cell-impl", a.cell_impl], d, a.device)
-    lstm = build(["--arch", "lstm", "--encoder-layers", n, "--decoder-layers", n,
-                  "--encoder-bidirectional", "--encoder-embed-dim", E, "--decoder-embed-dim", E,
-                  "--encoder-hidden-size", H, "--decoder-hidden-size", H,
-                  "--decoder-out-embed-dim", E, "--dropout", "0.1"], d, a.device)
+    deep = build_model(["--arch", "deep_att_ff", "--encoder-layers", n, "--decoder-layers", n,
+                        "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
+                        "--decoder-hidden-size", H, "--dropout", "0.1", "--deep-att-cell-impl", a.cell_impl],
+                       d, a.device)
+    lstm = build_model(["--arch", "lstm", "--encoder-layers", n, "--decoder-layers", n,
+                        "--encoder-bidirectional", "--encoder-embed-dim", E, "--decoder-embed-dim", E,
+                        "--encoder-hidden-size", H, "--decoder-hidden-size", H,
+                        "--decoder-out-embed-dim", E, "--dropout", "0.1"], d, a.device)
     return {"deep_att_ff": deep, "lstm": lstm}
 
 
@@ -103,7 +97,7 @@ def generation_speed(model, d, a):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--embed", type=int, default=256)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=2, help="n_e = n_d")
@@ -114,8 +108,8 @@ def get_parser():
     p.add_argument("--steps", type=int, default=10, help="timed training steps (after one warm-up)")
     p.add_argument("--gen-batches", type=int, default=2, help="timed generation batches")
     p.add_argument("--beam", type=int, default=3)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--json", help="also write the figures to this file")
+    harness.add_threads(p, 0, "torch threads (0: torch's default)")
+    harness.add_json(p, help="also write the figures to this file")
     p.add_argument("--cell-impl", choices=["loop", "triton"], default="loop",
                    help="Deep-Att's --deep-att-cell-impl: the Python loop or the fused Triton cell (CUDA)")
     add_device_argument(p)
@@ -130,8 +124,7 @@ def main(argv=None):
                          "TRITON_INTERPRET=1 before triton is imported: the interpreter, far too slow to time)")
     if a.device != "cpu":
         print(describe(a.device), flush=True)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    harness.set_threads(a.threads)
     d = dictionary(a.vocab)
     results = {}
     if a.cell_impl != "loop":
@@ -150,8 +143,7 @@ def main(argv=None):
     print("ratio deep_att_ff / lstm: " + ", ".join(f"{k} {v:.2f}" for k, v in results["ratio"].items()))
     results["settings"] = vars(a)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+        harness.write_json(a.json, results, indent=2)
 
 
 if __name__ == "__main__":

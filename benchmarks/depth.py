@@ -1,6 +1,6 @@
 """Parameters, memory and time of one update against depth, with and without activation checkpointing.
 
-    python benchmarks/depth.py [--depths 6 100 1000] [--arch transformer_deepnorm [ARCH ...]]
+    python -m benchmarks.depth [--depths 6 100 1000] [--arch transformer_deepnorm [ARCH ...]]
         [--checkpoint both|off|on] [--decoder-layers 1] [--width 8 --ffn 16 --heads 2]
         [--batch 8 --length 16] [--updates 3] [--device cuda|cpu] [--threads N]
         [--cli [--cli-layers 1000 --cli-updates 3]] [--work-dir bench_runs/depth]
@@ -40,7 +40,10 @@ seconds of each and the sentences translated.
 Prints a markdown table; every number goes to ``WORK_DIR/results.json``.
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/depth.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.depth")
+
 import json
 import os
 import re
@@ -51,23 +54,17 @@ import sys
 import time
 from typing import Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
+import torch
 
-import torch  # noqa: E402
-from _device import (PeakMemory, add_device_argument, clock, describe, device_from_args,  # noqa: E402
-                     generate_flags, parse_flags, train_flags)
+import fairseq_deep  # noqa: F401  (registers the architectures)
 
-import fairseq_deep  # noqa: E402,F401  (registers the architectures)
-from dlcl_speed import saved_bytes  # noqa: E402  (autograd's saved bytes, as measured there)
+from . import harness
+from .dlcl_speed import machine, saved_bytes  # (autograd's saved bytes, as measured there)
+from .harness import PeakMemory, add_device_argument, clock, describe, device_from_args, generate_flags, train_flags
 
 PLUGIN = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
-
-def log(msg: str):
-    print(f"[depth] {msg}", file=sys.stderr, flush=True)
+log = harness.logger("depth")
 
 
 def model_flags(a, encoder_layers: int, checkpoint: bool) -> List[str]:
@@ -78,20 +75,9 @@ def model_flags(a, encoder_layers: int, checkpoint: bool) -> List[str]:
             "--dropout", "0.1", "--share-all-embeddings", *(["--checkpoint-activations"] if checkpoint else [])]
 
 
-def build(a, arch: str, flags: List[str], dictionary):
-    """A model built by fairseq's parser and --arch presets, as fairseq-train builds it."""
-    from fairseq import options, tasks
-
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        "unused", "--task", "translation", "--arch", arch, *parse_flags(a.device), *flags])
-    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
-    torch.manual_seed(1)
-    return task.build_model(args).to(a.device)
-
-
 def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str, float]:
     t0 = clock(a.device)
-    model = build(a, arch, model_flags(a, depth, checkpoint), dictionary).train()
+    model = harness.build_model(["--arch", arch, *model_flags(a, depth, checkpoint)], dictionary, a.device).train()
     build_s = clock(a.device) - t0
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
@@ -145,11 +131,7 @@ def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str,
 
 
 def in_process(a) -> List[Dict[str, float]]:
-    from fairseq.data import Dictionary
-
-    dictionary = Dictionary()
-    for i in range(a.vocab):
-        dictionary.add_symbol(f"w{i}")
+    dictionary = harness.dictionary(a.vocab)
     modes = {"both": [False, True], "off": [False], "on": [True]}[a.checkpoint]
     rows = []
     for arch in a.arch:
@@ -187,7 +169,7 @@ def table(a, rows) -> str:
             "saved activations MiB", "saved KiB / layer", "saved KiB / added layer"]
     if gpu:
         head += ["peak GPU MiB", "peak GPU KiB / layer", "peak GPU KiB / added layer"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | --- |" + " ---: |" * (len(head) - 3)]
+    lines = []
     for r in rows:
         cells = [f"`{r['arch']}`", f"{r['encoder_layers']}+{r['decoder_layers']}", "on" if r["checkpoint"] else "off",
                  f"{r['params']:,}", f"{r['build_s']:.1f}", f"{r['s_per_update']:.3f}", f"{r['cpu_s_per_update']:.3f}",
@@ -197,8 +179,8 @@ def table(a, rows) -> str:
                       _kib(r, "peak_kib_per_added_layer")]
         if not r["finite"]:
             cells[-1] += " (loss not finite)"
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return harness.markdown_table(head, lines, "lrl" + "r" * (len(head) - 3))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,8 +237,7 @@ def cli(a, env) -> Dict[str, float]:
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = harness.parser(__doc__, show_defaults=True)
     p.add_argument("--arch", nargs="+", default=["transformer_deepnorm"],
                    help="depth-free presets to compare (e.g. transformer_postnorm transformer_prenorm "
                         "transformer_dlcl transformer_admin)")
@@ -271,15 +252,15 @@ def get_parser():
     p.add_argument("--batch", type=int, default=8, help="sentences of the fixed batch")
     p.add_argument("--length", type=int, default=16, help="source and target tokens per sentence")
     p.add_argument("--updates", type=int, default=5, help="timed updates after one warm-up update")
-    p.add_argument("--threads", type=int, help="torch threads (and OMP/MKL threads of --cli runs)")
+    harness.add_threads(p, help="torch threads (and OMP/MKL threads of --cli runs)")
     p.add_argument("--cli", action="store_true", help="also fairseq-train and fairseq-generate a deep model")
     p.add_argument("--cli-only", action="store_true", help="only the --cli run")
     p.add_argument("--cli-layers", type=int, default=1000)
     p.add_argument("--cli-updates", type=int, default=3)
     p.add_argument("--cli-train", type=int, default=200, help="synthetic training pairs of the --cli run")
     p.add_argument("--cli-test", type=int, default=20, help="synthetic test sentences of the --cli run")
-    p.add_argument("--work-dir", default=os.path.join(REPO, "bench_runs", "depth"),
-                   help="results.json and the --cli run's data, checkpoints and logs (git-ignored)")
+    harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "depth"),
+                         "results.json and the --cli run's data, checkpoints and logs (git-ignored)")
     add_device_argument(p, note="Memory: saved-activation bytes on both; on cuda also the peak of "
                                 "torch.cuda.max_memory_allocated during an update")
     return p
@@ -289,12 +270,8 @@ def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
     os.makedirs(a.work_dir, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if a.threads:
-        torch.set_num_threads(a.threads)
-        env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
-    from dlcl_speed import machine
-
+    env = harness.thread_env(a.threads, dict(os.environ, PYTHONUNBUFFERED="1"))
+    harness.set_threads(a.threads)
     report = {"machine": machine(a.device), "args": vars(a)}
     sections = [f"Machine: {report['machine']}"]
     if not a.cli_only:
@@ -309,13 +286,12 @@ def main(argv=None):
         report["cli"] = r
         sections.append(
             f"### fairseq-train + fairseq-generate: transformer_deepnorm, {r['encoder_layers']}+1 layers, width 8, "
-            f"--checkpoint-activations\n\n"
-            f"| fairseq-train, {r['updates']} updates (wall s) | train loss, first / last | fairseq-generate, "
-            f"beam 2 (wall s) | test sentences translated |\n| ---: | ---: | ---: | ---: |\n"
-            f"| {r['train_wall_s']:.1f} | {r['train_losses'][0]:.3f} / {r['train_losses'][-1]:.3f} | "
-            f"{r['generate_wall_s']:.1f} | {r['sentences']} / {r['test_size']} |")
-    path = os.path.join(a.work_dir, "results.json")
-    json.dump(report, open(path, "w"), indent=1)
+            f"--checkpoint-activations\n\n" + harness.markdown_table(
+                [f"fairseq-train, {r['updates']} updates (wall s)", "train loss, first / last",
+                 "fairseq-generate, beam 2 (wall s)", "test sentences translated"],
+                [[f"{r['train_wall_s']:.1f}", f"{r['train_losses'][0]:.3f} / {r['train_losses'][-1]:.3f}",
+                  f"{r['generate_wall_s']:.1f}", f"{r['sentences']} / {r['test_size']}"]], "rrrr"))
+    path = harness.write_json(os.path.join(a.work_dir, "results.json"), report)
     print("\n\n".join(sections))
     print(f"\n(all numbers: {path})")
 

@@ -6,21 +6,20 @@ family with ``--dlcl-stacks none`` for the baseline, whose computation equals fa
 fairseq's incremental state, without autograd, as beam search does. Runs alternate; the minimum
 of each is reported, as a speed ratio DLCL / plain.
 
-    python benchmarks/dlcl_decode_step.py [--batch 40 --steps 20 --runs 12 --threads 1] [--device cuda]
+    python -m benchmarks.dlcl_decode_step [--batch 40 --steps 20 --runs 12 --threads 1] [--device cuda]
 
 ``--device cuda`` (the default where torch sees a GPU) decodes on the GPU and synchronizes it
 before every clock reading (``--threads`` then only sets torch's CPU threads); float32.
 """
 
-import argparse
-import os
-import sys
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/dlcl_decode_step.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.dlcl_decode_step")
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from helpers import build_model, random_batch  # noqa: E402
-from _device import add_device_argument, clock, describe, device_from_args  # noqa: E402
+from . import harness
+from .harness import add_device_argument, describe, device_from_args
 
 WIDTH = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
          "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
@@ -36,11 +35,11 @@ def decode(model, src, lengths, prev):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--batch", type=int, default=40)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--runs", type=int, default=12)
-    p.add_argument("--threads", type=int, default=1)
+    harness.add_rounds(p, 12, flag="--runs")
+    harness.add_threads(p, 1)
     add_device_argument(p)
     return p
 
@@ -49,17 +48,17 @@ def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
     torch.set_num_threads(a.threads)
-    plain, task = build_model("transformer_prenorm_12l", WIDTH)
-    dlcl, _ = build_model("transformer_dlcl_12l", WIDTH)
+    helpers = harness.tests_helpers()
+    plain, task = helpers.build_model("transformer_prenorm_12l", WIDTH)
+    dlcl, _ = helpers.build_model("transformer_dlcl_12l", WIDTH)
     plain, dlcl = plain.to(a.device), dlcl.to(a.device)
-    batch = random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
+    batch = helpers.random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
     batch = [t.to(a.device) for t in batch]
-    times = {"plain pre-norm": [], "transformer_dlcl": []}
-    for _ in range(a.runs):
-        for name, model in (("plain pre-norm", plain), ("transformer_dlcl", dlcl)):
-            t = clock(a.device)
-            decode(model, *batch)
-            times[name].append(clock(a.device) - t)
+
+    def seconds(model):
+        return lambda r: harness.timed(lambda: decode(model, *batch), a.device)[1]
+
+    times = harness.alternated({"plain pre-norm": seconds(plain), "transformer_dlcl": seconds(dlcl)}, a.runs)
     best = {k: min(v) for k, v in times.items()}
     print(f"torch {torch.__version__}, {a.threads} thread(s); {a.steps} steps x {a.batch} sentences, "
           f"min of {a.runs} alternated runs" + (f"; {describe(a.device)}" if a.device != "cpu" else ""))

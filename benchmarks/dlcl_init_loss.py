@@ -12,10 +12,13 @@ Part 2 (``--updates N``): fairseq-train of transformer_prenorm and transformer_d
 same data, seed and schedule (tied embeddings, or ``--untied``), logging every ``--log-interval`` updates; the table gives each one's
 loss at the logged updates and their difference.
 
-    python benchmarks/dlcl_init_loss.py --data DATA_BIN --width 512 --updates 200 --warmup 100
+    python -m benchmarks.dlcl_init_loss --data DATA_BIN --width 512 --updates 200 --warmup 100
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/dlcl_init_loss.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.dlcl_init_loss")
+
 import json
 import math
 import os
@@ -23,11 +26,10 @@ import re
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from _device import add_device_argument, device_from_args, train_flags  # noqa: E402
+from . import harness
+from .harness import add_device_argument, device_from_args, train_flags
 
-PLUGIN = os.path.join(os.path.dirname(HERE), "fairseq_deep")
+PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 CASES = [  # (name, arch, extra flags)
     ("pre-norm", "transformer_prenorm", []),
@@ -95,7 +97,7 @@ def train_losses(args, arch, save_dir):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output (joint dictionary for tied embeddings)")
     p.add_argument("--subset", default="valid")
     p.add_argument("--width", type=int, default=512, help="embedding width (ffn 4x, one head per 64)")
@@ -119,10 +121,10 @@ def main(argv=None):
     result = dict(width=args.width, init=[] if args.skip_init else at_initialisation(args, device))
     lines = [] if args.skip_init else [
         f"width {args.width}, {args.sentences} {args.subset} sentences, at initialisation (training mode)", "",
-        "| model | output embeddings | loss (nll, bits) | logit of the fed token | argmax = fed token |",
-        "| --- | --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['model']} | {'tied' if r['tied'] else 'untied'} | {r['nll_bits']:.2f} | "
-              f"{r['fed_token_logit']:.1f} | {r['argmax_is_fed_token']:.0%} |" for r in result["init"]]
+        harness.markdown_table(
+            ["model", "output embeddings", "loss (nll, bits)", "logit of the fed token", "argmax = fed token"],
+            [[r["model"], "tied" if r["tied"] else "untied", f"{r['nll_bits']:.2f}", f"{r['fed_token_logit']:.1f}",
+              f"{r['argmax_is_fed_token']:.0%}"] for r in result["init"]], "llrrr")]
     if args.updates:
         curves = {arch: train_losses(args, arch, os.path.join(args.out, arch))
                   for arch in ("transformer_prenorm", "transformer_dlcl")}
@@ -130,10 +132,10 @@ def main(argv=None):
         pre, dlcl = curves["transformer_prenorm"], curves["transformer_dlcl"]
         lines += ["", f"fairseq-train, {'untied' if args.untied else 'tied'} embeddings, lr {args.lr}, warm-up {args.warmup}, "
                       f"{args.max_tokens} tokens per batch (label-smoothed loss, bits)", "",
-                  "| update | pre-norm | DLCL | DLCL - pre-norm |", "| ---: | ---: | ---: | ---: |"]
-        lines += [f"| {u} | {pre[u]:.2f} | {dlcl[u]:.2f} | {dlcl[u] - pre[u]:+.2f} |" for u in sorted(pre) if u in dlcl]
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=1)
+                  harness.markdown_table(["update", "pre-norm", "DLCL", "DLCL - pre-norm"],
+                                         [[u, f"{pre[u]:.2f}", f"{dlcl[u]:.2f}", f"{dlcl[u] - pre[u]:+.2f}"]
+                                          for u in sorted(pre) if u in dlcl], "rrrr")]
+    harness.write_json(os.path.join(args.out, "results.json"), result)
     print("\n".join(lines))
 
 

@@ -1,6 +1,6 @@
 """Speed and memory of DLCL (Wang et al. 2019) against fairseq's own pre-norm Transformer.
 
-    python benchmarks/dlcl_speed.py [--mode all|train|memory] [--multi30k /work/shared/data/multi30k]
+    python -m benchmarks.dlcl_speed [--mode all|train|memory] [--multi30k /work/shared/data/multi30k]
         [--encoder-layers 12 --decoder-layers 3 --embed-dim 128 --ffn-dim 256 --heads 4]
         [--max-update 60 --skip-updates 10 --log-interval 10 --max-tokens 2048 --repeats 2]
 
@@ -45,7 +45,10 @@ Data: the project's synthetic corpus by default (written into the work dir and b
 joint sentencepiece model of ``--spm-vocab`` (8k) pieces, then fairseq-preprocess.
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/dlcl_speed.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.dlcl_speed")
+
 import gzip
 import json
 import os
@@ -58,19 +61,14 @@ import sys
 import time
 from typing import Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+import torch
 
-import torch  # noqa: E402
-from _device import (PeakMemory, add_device_argument, clock, describe, device_from_args,  # noqa: E402
-                     generate_flags, parse_flags, train_flags as device_train_flags)
+import fairseq_deep  # noqa: F401  (registers transformer_dlcl for the in-process parts)
+from fairseq_deep.data.synthetic import write_corpus
 
-import fairseq_deep  # noqa: E402,F401  (registers transformer_dlcl for the in-process parts)
-from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
+from . import harness
+from .harness import PeakMemory, add_device_argument, describe, device_from_args, generate_flags, median_seconds
+from .harness import train_flags as device_train_flags
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
@@ -81,8 +79,7 @@ SYSTEMS = [
 ]
 
 
-def log(msg: str):
-    print(f"[dlcl_speed] {msg}", file=sys.stderr, flush=True)
+log = harness.logger("dlcl_speed")
 
 
 def run(cmd: List[str], log_path: str, env=None) -> "tuple[str, int]":
@@ -118,7 +115,7 @@ def _preprocess(prefix_dir: str, src: str, tgt: str, dest: str, stamp: Dict):
         "--trainpref", f"{prefix_dir}/train", "--validpref", f"{prefix_dir}/valid",
         "--testpref", f"{prefix_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
     ], os.path.join(os.path.dirname(dest), "preprocess.log"))
-    json.dump(stamp, open(os.path.join(dest, "prepared.json"), "w"))
+    harness.write_json(os.path.join(dest, "prepared.json"), stamp, indent=None)
 
 
 def prepare_synthetic(work: str, a) -> "tuple[str, str, str]":
@@ -263,9 +260,10 @@ def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, flo
 
 
 def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
-    results: Dict[str, List[Dict[str, float]]] = {arch: [] for _, arch in SYSTEMS}
-    for rep in range(a.repeats):
-        for label, arch in SYSTEMS:  # A, B, A, B, ...
+    """Each system's figures of every repeat; the systems alternate (A, B, A, B, ...)."""
+
+    def one_run(label: str, arch: str):
+        def measure(rep: int) -> Dict[str, float]:
             run_dir = os.path.join(a.work_dir, "runs", f"{arch}_{rep}")
             shutil.rmtree(run_dir, ignore_errors=True)  # a checkpoint left there would be resumed
             os.makedirs(run_dir)
@@ -283,27 +281,16 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
                 log(f"repeat {rep + 1}/{a.repeats}: fairseq-generate with {label}")
                 r.update(generate(a, data, os.path.join(run_dir, "checkpoint_last.pt"),
                                   os.path.join(run_dir, "generate.log"), env))
-            results[arch].append(r)
             log("  " + ", ".join(f"{k}={v:.4g}" for k, v in r.items()))
-    return results
+            return r
+        return measure
+
+    return harness.alternated({arch: one_run(label, arch) for label, arch in SYSTEMS}, a.repeats)
 
 
 # ---------------------------------------------------------------------------------------------
 # In-process memory measurements
 # ---------------------------------------------------------------------------------------------
-
-
-def build_in_process(arch: str, flags: List[str], dictionary, device="cpu"):
-    """A model built by fairseq's own parser and --arch presets (as fairseq-train would), on
-    ``device``."""
-    from fairseq import options, tasks
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["unused", "--task", "translation", "--arch", arch,
-                                                *parse_flags(torch.device(device).type), *flags])
-    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
-    torch.manual_seed(1)
-    return task.build_model(args).to(device)
 
 
 def saved_bytes(fn, params) -> "tuple[object, int]":
@@ -350,7 +337,7 @@ def full_model_activations(a, data: str) -> "tuple[Dict[str, float], Dict[str, f
     lengths = torch.full((a.act_batch,), a.act_length).to(a.device)
     out, peak = {}, {}
     for _, arch in SYSTEMS:
-        model = build_in_process(arch, model_flags(a), d, a.device).train()
+        model = harness.build_model(["--arch", arch, *model_flags(a)], d, a.device).train()
 
         def step():
             torch.manual_seed(0)  # same dropout masks for both
@@ -378,13 +365,9 @@ class RestackedDLCL:
 
 def encoder_memory(a) -> List[Dict[str, float]]:
     """Saved activations and time of one forward+backward through the encoder alone."""
-    from fairseq.data import Dictionary
-
     from fairseq_deep.modules.layer_history import DynamicLinearCombination
 
-    d = Dictionary()
-    for i in range(1000):
-        d.add_symbol(f"w{i}")
+    d = harness.dictionary(1000)
     src = random_tokens(d, a.act_batch, a.act_length, 0).to(a.device)
     lengths = torch.full((a.act_batch,), a.act_length).to(a.device)
     rows = []
@@ -397,8 +380,8 @@ def encoder_memory(a) -> List[Dict[str, float]]:
                     ("DLCL, re-stacked (authors' code)", "transformer_dlcl", True)]
         row = {"layers": layers}
         for name, arch, restack in variants:
-            model = build_in_process(arch, flags + (["--dlcl-stacks", "encoder"] if arch != "transformer" else []), d,
-                                     a.device)
+            extra = ["--dlcl-stacks", "encoder"] if arch != "transformer" else []
+            model = harness.build_model(["--arch", arch, *flags, *extra], d, a.device)
             enc = model.encoder.train()
             if restack:
                 assert isinstance(enc.history, DynamicLinearCombination)
@@ -410,12 +393,8 @@ def encoder_memory(a) -> List[Dict[str, float]]:
 
             with PeakMemory(a.device) as mem:
                 saved = saved_activation_bytes(step, enc.parameters())
-            times = []
-            for _ in range(a.micro_timing_runs):
-                t0 = clock(a.device)
-                step().backward()
-                times.append(clock(a.device) - t0)
-            row[name] = {"saved_mib": saved / 2 ** 20, "fwd_bwd_ms": 1000 * statistics.median(times)}
+            seconds = median_seconds(lambda: step().backward(), a.micro_timing_runs, a.device)
+            row[name] = {"saved_mib": saved / 2 ** 20, "fwd_bwd_ms": 1000 * seconds}
             if mem.mib is not None:
                 row[name]["gpu_peak_mib"] = mem.mib
         rows.append(row)
@@ -459,7 +438,7 @@ def training_table(a, results, activations, gpu_peak=None) -> str:
         rows += [("fairseq-generate tokens/s (beam 5)", "gen_tokens_per_s", "{:.1f}"),
                  ("generated tokens", "gen_tokens", "{:.0f}"),
                  ("BLEU after training (sanity check)", "bleu", "{:.2f}")]
-    lines = [f"| measure | {label_a} | {label_b} | ratio B/A |", "| --- | ---: | ---: | ---: |"]
+    lines = []
     for name, key, fmt in rows:
         va = _median([r[key] for r in results[arch_a]])
         vb = _median([r[key] for r in results[arch_b]])
@@ -467,43 +446,41 @@ def training_table(a, results, activations, gpu_peak=None) -> str:
                                f"{fmt.format(max(r[key] for r in results[arch]))})"
                                if a.repeats > 1 else "")
         ratio = f"{vb / va:.3f}" if va else "n/a"
-        lines.append(f"| {name} | {fmt.format(va)}{spread(arch_a)} | {fmt.format(vb)}{spread(arch_b)} | {ratio} |")
+        lines.append([name, f"{fmt.format(va)}{spread(arch_a)}", f"{fmt.format(vb)}{spread(arch_b)}", ratio])
     if activations:
         va, vb = activations[arch_a], activations[arch_b]
-        lines.append(f"| saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} "
-                     f"tokens (MiB) | {va:.1f} | {vb:.1f} | {vb / va:.3f} |")
+        lines.append([f"saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} tokens (MiB)",
+                      f"{va:.1f}", f"{vb:.1f}", f"{vb / va:.3f}"])
     if gpu_peak:
         va, vb = gpu_peak[arch_a], gpu_peak[arch_b]
-        lines.append(f"| peak GPU memory of that fwd+bwd above the model and batch (MiB) "
-                     f"| {va:.1f} | {vb:.1f} | {vb / va:.3f} |")
-    return "\n".join(lines)
+        lines.append(["peak GPU memory of that fwd+bwd above the model and batch (MiB)",
+                      f"{va:.1f}", f"{vb:.1f}", f"{vb / va:.3f}"])
+    return harness.markdown_table(["measure", label_a, label_b, "ratio B/A"], lines, "lrrr")
 
 
 def memory_table(rows) -> str:
     names = [k for k in rows[0] if k != "layers"]
     base = names[0]
-    head = "| encoder layers | " + " | ".join(f"{n}: MiB (ratio)" for n in names) + " | " + \
-           " | ".join(f"{n}: ms" for n in names) + " |"
+    head = ["encoder layers", *(f"{n}: MiB (ratio)" for n in names), *(f"{n}: ms" for n in names)]
     gpu = "gpu_peak_mib" in rows[0][base]
     if gpu:
-        head += " " + " | ".join(f"{n}: peak GPU MiB (ratio)" for n in names) + " |"
-    lines = [head, "| ---: |" + " ---: |" * ((3 if gpu else 2) * len(names))]
+        head += [f"{n}: peak GPU MiB (ratio)" for n in names]
+    lines = []
     for r in rows:
         cells = [f"{r[n]['saved_mib']:.1f} ({r[n]['saved_mib'] / r[base]['saved_mib']:.2f})" for n in names]
         cells += [f"{r[n]['fwd_bwd_ms']:.0f}" for n in names]
         if gpu:
             cells += [f"{r[n]['gpu_peak_mib']:.1f} ({r[n]['gpu_peak_mib'] / r[base]['gpu_peak_mib']:.2f})"
                       for n in names]
-        lines.append(f"| {r['layers']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append([r["layers"], *cells])
+    return harness.markdown_table(head, lines, "r" * len(head))
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = harness.parser(__doc__, show_defaults=True)
     p.add_argument("--mode", choices=["all", "train", "memory"], default="all")
-    p.add_argument("--work-dir", default=os.path.join(REPO, "bench_runs", "dlcl_speed"),
-                   help="data, checkpoints and logs (git-ignored under the repository)")
+    harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "dlcl_speed"),
+                         "data, checkpoints and logs (git-ignored under the repository)")
     p.add_argument("--multi30k", metavar="DIR", help="raw Multi30K folder instead of the synthetic corpus")
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="de")
@@ -522,11 +499,11 @@ def get_parser():
     p.add_argument("--warmup-updates", type=int, default=100)
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--skip-updates", type=int, default=10, help="updates left out of the speed")
-    p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternated")
+    harness.add_rounds(p, 2, flag="--repeats", help="runs of each system, alternated")
     p.add_argument("--no-generate", action="store_true")
     p.add_argument("--gen-batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--threads", type=int, help="OMP/MKL threads of every run (default: torch's)")
+    harness.add_threads(p, help="OMP/MKL threads of every run (default: torch's)")
     add_device_argument(p, precision=True, note=(
         "On cuda the training table adds the peak GPU memory of fairseq-train (from fairseq's "
         "gb_free log field) and the in-process tables the peak of torch.cuda.max_memory_allocated; "
@@ -535,7 +512,7 @@ def get_parser():
     p.add_argument("--act-length", type=int, default=24, help="tokens per sentence of that batch")
     p.add_argument("--micro-layers", type=int, nargs="+", default=[6, 12, 30])
     p.add_argument("--micro-timing-runs", type=int, default=2)
-    p.add_argument("--json", help="also write all numbers to this file (default: WORK_DIR/results.json)")
+    harness.add_json(p, help="also write all numbers to this file (default: WORK_DIR/results.json)")
     return p
 
 
@@ -545,10 +522,8 @@ def main(argv=None):
     if a.skip_updates % a.log_interval:
         raise SystemExit("--skip-updates must be a multiple of --log-interval")
     os.makedirs(a.work_dir, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if a.threads:
-        env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
-        torch.set_num_threads(a.threads)
+    env = harness.thread_env(a.threads, dict(os.environ, PYTHONUNBUFFERED="1"))
+    harness.set_threads(a.threads)
     report = {"machine": machine(a.device), "args": vars(a)}
     sections = [f"Machine: {report['machine']}"]
 
@@ -575,8 +550,7 @@ def main(argv=None):
             f"### Encoder saved activations, one forward+backward of {a.act_batch}x{a.act_length} tokens, "
             f"d={a.embed_dim}, ffn={a.ffn_dim} (ratio to pre-norm)\n\n" + memory_table(rows))
 
-    path = a.json or os.path.join(a.work_dir, "results.json")
-    json.dump(report, open(path, "w"), indent=1)
+    path = harness.write_json(a.json or os.path.join(a.work_dir, "results.json"), report)
     print("\n\n".join(sections))
     print(f"\n(all numbers: {path})")
 

@@ -1,7 +1,7 @@
 """fairseq-generate against CTranslate2 (float32 and int8) on a deep model exported by
 fairseq-deep-export (issue 34): sentences/s side by side, and BLEU of each.
 
-    python benchmarks/export_speed.py --multi30k /work/shared/data/multi30k [--device cpu]
+    python -m benchmarks.export_speed --multi30k /work/shared/data/multi30k [--device cpu]
         [--arch transformer_deepnorm --encoder-layers 18 --decoder-layers 6 --embed-dim 512]
         [--minutes 5] [--beam 5 --batch 32 --max-len 60 --threads 2 --repeats 3 --test-sentences 1000]
 
@@ -27,7 +27,10 @@ references, and how many hypotheses equal fairseq-generate's.  ``--device cuda``
 A markdown table goes to stdout, every number to ``WORK_DIR/results.json``.
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/export_speed.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.export_speed")
+
 import datetime
 import gzip
 import json
@@ -40,22 +43,20 @@ import subprocess
 import sys
 import time
 
-from _device import add_device_argument, device_from_args, generate_flags, train_flags
-
 import fairseq_deep
+
+from . import harness
+from .harness import add_device_argument, device_from_args, generate_flags, train_flags
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 TEST = "test_2016_flickr"
 
-
-def log(msg: str):
-    print(f"[export_speed] {msg}", file=sys.stderr, flush=True)
+log = harness.logger("export_speed")
 
 
 def run(cmd, log_path: str, threads: int) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log_path, "w") as f:
-        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=harness.thread_env(threads))
     out = open(log_path, encoding="utf-8").read()
     if code != 0:
         raise SystemExit(f"command failed ({code}): {' '.join(cmd)}\n{out[-4000:]}")
@@ -131,9 +132,9 @@ def train(a, work: str, data: str) -> str:
                "--save-dir", save, *train_flags(a.device), *flags], os.path.join(work, "train.log"),
               a.threads)
     updates = re.findall(r"num_updates[= ](\d+)", out)
-    json.dump(stamp, open(stamp_path, "w"))
-    json.dump({"updates": int(updates[-1]) if updates else None},
-              open(os.path.join(save, "updates.json"), "w"))
+    harness.write_json(stamp_path, stamp, indent=None)
+    harness.write_json(os.path.join(save, "updates.json"), {"updates": int(updates[-1]) if updates else None},
+                       indent=None)
     return checkpoint
 
 
@@ -180,11 +181,10 @@ def ctranslate2_translate(a, model: str, pieces):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     p.add_argument("--multi30k", default="/work/shared/data/multi30k",
                    help="the raw Multi30K folder")
-    p.add_argument("--work-dir", default="bench_runs/export_speed")
+    harness.add_work_dir(p, "bench_runs/export_speed")
     p.add_argument("--arch", default="transformer_deepnorm")
     p.add_argument("--encoder-layers", type=int, default=18)
     p.add_argument("--decoder-layers", type=int, default=6)
@@ -200,8 +200,8 @@ def get_parser():
                    help="at most this many target pieces, both engines")
     p.add_argument("--test-sentences", type=int, default=1000,
                    help="the first N sentences of test2016")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
+    harness.add_threads(p, 2)
+    harness.add_rounds(p, 3, flag="--repeats")
     p.add_argument("--quantizations", help="CTranslate2 weight types, comma-separated (default: "
                    "float32,int8; on a GPU float32,int8_float16,float16)")
     return add_device_argument(p)
@@ -227,17 +227,20 @@ def main(argv=None):
     models = {q: export(a, work, data, checkpoint, q) for q in quantizations}
 
     engines = ["fairseq-generate", *(f"CTranslate2 {q}" for q in quantizations)]
-    seconds = {e: [] for e in engines}
     hypotheses = {}
-    for r in range(a.repeats):
-        for engine in engines:
+
+    def translate(engine: str):
+        def one_round(r: int) -> float:
             if engine == "fairseq-generate":
                 t, hyps = fairseq_generate(a, work, test, checkpoint, len(pieces))
             else:
                 t, hyps = ctranslate2_translate(a, models[engine.split()[-1]], pieces)
-            seconds[engine].append(t)
             hypotheses.setdefault(engine, hyps)
             log(f"round {r + 1}/{a.repeats}: {engine} {len(pieces) / t:.1f} sentences/s")
+            return t
+        return one_round
+
+    seconds = harness.alternated({engine: translate(engine) for engine in engines}, a.repeats)
 
     base = hypotheses["fairseq-generate"]
     rows = []
@@ -254,19 +257,18 @@ def main(argv=None):
     results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                "args": vars(a), "updates": updates, "rows": rows, "sentences": len(pieces)}
-    json.dump(results, open(os.path.join(work, "results.json"), "w"), indent=1)
+    harness.write_json(os.path.join(work, "results.json"), results)
 
     print(f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, "
           f"{updates} updates ({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, "
           f"beam {a.beam}, batch {a.batch}, at most {a.max_len} pieces, {a.threads} threads, "
           f"{a.device}, {a.repeats} alternated rounds: the best (the median)")
     print()
-    print("| engine | sentences/s | vs fairseq-generate | BLEU | hypotheses as fairseq-generate's |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| {row['engine']} | {row['best']:.1f} ({row['median']:.1f}) | "
-              f"{row['ratio_best']:.2f}x ({row['ratio_median']:.2f}x) | {row['bleu']:.2f} | "
-              f"{row['same_as_fairseq']}/{len(pieces)} |")
+    print(harness.markdown_table(
+        ["engine", "sentences/s", "vs fairseq-generate", "BLEU", "hypotheses as fairseq-generate's"],
+        [[row["engine"], f"{row['best']:.1f} ({row['median']:.1f})",
+          f"{row['ratio_best']:.2f}x ({row['ratio_median']:.2f}x)", f"{row['bleu']:.2f}",
+          f"{row['same_as_fairseq']}/{len(pieces)}"] for row in rows], "lrrrr"))
 
 
 if __name__ == "__main__":

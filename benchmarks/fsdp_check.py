@@ -12,15 +12,19 @@ DeepNorm N+N at width 512 for a few updates, with and without sharding + offload
 largest depth that fits is extrapolated (linear in N; the measured points are in the table).
 
     # on the GPU machine (fairscale from ../shared/gpu/wheels, see benchmarks/gpu_session.py)
-    python3 benchmarks/fsdp_check.py --data .gpu/m30k/data-bin --work /tmp/fsdp --json fsdp.json
-    python3 benchmarks/fsdp_check.py ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
+    python3 -m benchmarks.fsdp_check --data .gpu/m30k/data-bin --work /tmp/fsdp --json fsdp.json
+    python3 -m benchmarks.fsdp_check ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
 
-Each run is ``python3 benchmarks/fsdp_check.py train -- <fairseq-train arguments>``, fairseq's own
+Each run is ``python3 -m benchmarks.fsdp_check train -- <fairseq-train arguments>``, fairseq's own
 ``cli_main`` in a process that prints its peak memory at the end (fairseq resets the peak after
 every update: the largest is kept).  FSDP needs CUDA (fairscale creates CUDA streams): with
 ``--device cpu`` only the c10d runs train (a check of the script itself);
 ``tests/test_fully_sharded.py`` checks on CPU what would be wrapped.
 """
+
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/fsdp_check.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.fsdp_check")
 
 import argparse
 import glob
@@ -34,10 +38,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
-import _device
+from . import harness
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = harness.ROOT
 PLUGIN = os.path.join(ROOT, "fairseq_deep")
 
 _NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
@@ -123,7 +126,7 @@ def train_main(argv: List[str]) -> int:
 
 def train_command(data: str, save_dir: str, model_flags: List[str], mode_flags: List[str], updates: int,
                   max_tokens: int) -> List[str]:
-    return [sys.executable, os.path.abspath(__file__), "train", "--", data, "--user-dir", PLUGIN,
+    return [sys.executable, "-m", "benchmarks.fsdp_check", "train", "--", data, "--user-dir", PLUGIN,
             *model_flags, *mode_flags, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--criterion", "label_smoothed_cross_entropy",
             "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
@@ -235,25 +238,24 @@ def _cell(value, fmt="{}"):
 
 
 def table(rows: List[Dict]) -> str:
-    lines = ["| model | mode | status | params | max loss diff | loss scale | peak GPU GB | peak RSS GB | s | "
-             "generate | resume |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = []
     for r in rows:
         params = _cell(r.get("params"), "{:,}") + ("" if r.get("params_equal", True) else " (differs)")
         gen, res = r.get("generate"), r.get("resume")
         gen = "" if not gen else f"{gen['hypotheses']} hyps, BLEU {gen['bleu']}, status {gen['status']}"
         res = "" if not res else f"from {res['from']} to {res['last_update']}, status {res['status']}"
-        lines.append(f"| {r['model']} | {r['mode']} | {r['status']} | {params} | "
-                     f"{_cell(r.get('max_loss_diff'), '{:.2e}')} | {_cell(r.get('loss_scale'))} | "
-                     f"{_cell(r.get('peak_gpu_gb'))} | {_cell(r.get('peak_rss_gb'))} | {r['seconds']} | {gen} | {res} |")
-    return "\n".join(lines)
+        lines.append([r["model"], r["mode"], r["status"], params, _cell(r.get("max_loss_diff"), "{:.2e}"),
+                      _cell(r.get("loss_scale")), _cell(r.get("peak_gpu_gb")), _cell(r.get("peak_rss_gb")),
+                      r["seconds"], gen, res])
+    return harness.markdown_table(["model", "mode", "status", "params", "max loss diff", "loss scale", "peak GPU GB",
+                                   "peak RSS GB", "s", "generate", "resume"], lines)
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, epilog=__doc__)
     p.add_argument("--data", required=True, help="binarized data (fairseq-preprocess)")
     p.add_argument("--work", default="/tmp/fsdp_check", help="checkpoints and logs")
-    p.add_argument("--json", help="write every row here")
+    harness.add_json(p, help="write every row here")
     p.add_argument("--models", nargs="+", choices=list(MODELS), help="only these models (of the plan)")
     p.add_argument("--modes", nargs="+", choices=list(MODES), help="only these modes (of the plan)")
     p.add_argument("--only", nargs="+", metavar="MODEL:MODE", help="these runs instead of the plan")
@@ -265,8 +267,8 @@ def get_parser():
     p.add_argument("--depth-updates", type=int, default=3)
     p.add_argument("--model-flags", nargs=argparse.REMAINDER, default=[],
                    help="appended to every model's flags (e.g. tiny sizes for a check of the script itself)")
-    _device.add_device_argument(p, note="fully sharded training needs CUDA (fairscale's FSDP creates CUDA "
-                                "streams): on cpu only the c10d runs train, a check of the script itself")
+    harness.add_device_argument(p, note="fully sharded training needs CUDA (fairscale's FSDP creates CUDA "
+                                 "streams): on cpu only the c10d runs train, a check of the script itself")
     return p
 
 
@@ -275,8 +277,8 @@ def main(argv=None):
     if argv[:1] == ["train"]:
         return train_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     a = get_parser().parse_args(argv)
-    _device.device_from_args(a)
-    _DEVICE_FLAGS[:] = _device.train_flags(a.device)
+    harness.device_from_args(a)
+    _DEVICE_FLAGS[:] = harness.train_flags(a.device)
     _EXTRA_MODEL_FLAGS[:] = a.model_flags
     a.data, a.work = os.path.abspath(a.data), os.path.abspath(a.work)
     deadline = time.monotonic() + a.budget
@@ -299,8 +301,7 @@ def main(argv=None):
 
     def save():
         if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"runs": rows, "depths": depth_rows}, f, indent=1)
+            harness.write_json(a.json, {"runs": rows, "depths": depth_rows})
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         runs = {(model, mode): pool.submit(train_one, a, model, mode, deadline) for model, modes in plan for mode in modes}

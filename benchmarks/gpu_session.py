@@ -9,12 +9,12 @@ ledger of what has been measured (``benchmarks/gpu_ledger.json``, committed):
 
     # here, on the CPU machine, once: fairseq's and fairscale's cp312 wheels and binarized
     # Multi30K de-en into .gpu/ (git-ignored; 24 MiB, the device tool carries 64 MiB)
-    python benchmarks/gpu_session.py stage
-    python benchmarks/gpu_session.py plan              # what the next window runs (the ledger's gaps)
+    python -m benchmarks.gpu_session stage
+    python -m benchmarks.gpu_session plan              # what the next window runs (the ledger's gaps)
     # then one call of the device tool, carry [".gpu"] (the stage prints it):
-    python3 benchmarks/gpu_session.py run --out $OUT
+    python3 -m benchmarks.gpu_session run --out $OUT
     # back here: the window's results into the ledger (then commit it with the docs' tables)
-    python benchmarks/gpu_session.py record OUT/window/summary.json --commit $(git rev-parse --short HEAD)
+    python -m benchmarks.gpu_session record OUT/window/summary.json --commit $(git rev-parse --short HEAD)
 
 A window takes the steps of :data:`STEPS` that the ledger does not hold as measured (exit 0), in
 order (``--steps A,B`` names them instead, ``--all`` ignores the ledger).  Steps marked
@@ -36,7 +36,10 @@ and delete each run's checkpoints once it is decoded; fully sharded training
 (``fsdp_check.py``) runs 4 trainings at once at 2,048 tokens.
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/gpu_session.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.gpu_session")
+
 import glob
 import io
 import json
@@ -52,8 +55,10 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Dict, List, Optional
 
+from . import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = harness.ROOT
 GPU_DIR = os.path.join(ROOT, ".gpu")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 
@@ -82,7 +87,8 @@ def _gpu_test_files() -> List[str]:
 
 
 def _bench(script: str, *args: str) -> List[str]:
-    return ["{py}", os.path.join("benchmarks", script + ".py"), *args]
+    """The command of a benchmark script: ``{py} -m benchmarks.SCRIPT ARGS`` (run from the root)."""
+    return ["{py}", "-m", f"benchmarks.{script}", *args]
 
 
 #: issues 12 and 24, 1,000 updates in fp16 beside fp32 and AMP: the two recipes whose loss scale
@@ -242,15 +248,16 @@ class Phase:
             self.report()
 
     def report(self):
-        lines = [f"# Phase {self.name}", "", "| step | issue | status | seconds | command |", "| --- | --- | --- | --- | --- |"]
-        for r in self.rows:
-            cmd = " ".join(shlex.quote(a) for a in r.get("argv", []))
-            lines.append(f"| {r['step'].name} | {r['step'].issue} | {r['status']} | {r['seconds']:.0f} | `{cmd}` |")
+        table = harness.markdown_table(
+            ["step", "issue", "status", "seconds", "command"],
+            [[r["step"].name, r["step"].issue, r["status"], f"{r['seconds']:.0f}",
+              "`" + " ".join(shlex.quote(a) for a in r.get("argv", [])) + "`"] for r in self.rows])
+        lines = [f"# Phase {self.name}", "", *table.splitlines()]
         with open(os.path.join(self.out, "summary.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
-        with open(os.path.join(self.out, "summary.json"), "w") as f:
-            json.dump([{"step": r["step"].name, "status": r["status"], "seconds": round(r["seconds"], 1)}
-                       for r in self.rows], f, indent=1)
+        harness.write_json(os.path.join(self.out, "summary.json"),
+                           [{"step": r["step"].name, "status": r["status"], "seconds": round(r["seconds"], 1)}
+                            for r in self.rows])
         with tarfile.open(os.path.join(os.path.dirname(self.out), f"{self.name}.tar.gz"), "w:gz") as tar:
             for path in sorted(glob.glob(os.path.join(self.work, "**", "*"), recursive=True)):
                 if os.path.isfile(path) and not path.endswith(SKIPPED_SUFFIXES) and "checkpoint" not in path:
@@ -301,8 +308,9 @@ def stage(a):
 
 
 #: the device tool's command: the wheels (fairseq, fairscale and their pure-Python needs), then a window
+#: (the checkout first on PYTHONPATH: fairscale's wheel brings a top-level package named benchmarks too)
 DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl"
-                  " && export PYTHONPATH=/tmp/site:$PWD && nvidia-smi -L && python3 benchmarks/gpu_session.py run "
+                  " && export PYTHONPATH=$PWD:/tmp/site && nvidia-smi -L && python3 -m benchmarks.gpu_session run "
                   "--out $OUT")
 
 
@@ -348,8 +356,7 @@ def _interrupt(signum, frame):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = harness.parser(__doc__, epilog=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("stage", help="fill .gpu/ on this (CPU) machine")
     s.add_argument("--gpu-dir", default=GPU_DIR)

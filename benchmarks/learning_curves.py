@@ -22,11 +22,14 @@ Families (``--family``, repeatable; sizes follow ``--width`` W as fairseq-deep-s
 ``--systems a,b`` keeps only the named rows.  Runs go to ``--out`` (one directory per system, its
 fairseq log in ``log``); a system whose log already holds ``--updates`` updates is not rerun.
 
-    OMP_NUM_THREADS=1 python benchmarks/learning_curves.py --data prep/data-bin --family rnmt \\
+    OMP_NUM_THREADS=1 python -m benchmarks.learning_curves --data prep/data-bin --family rnmt \\
         --width 128 --updates 300 --valid-interval 50 --jobs 2 --out curves
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/learning_curves.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.learning_curves")
+
 import datetime
 import json
 import os
@@ -34,11 +37,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from _device import add_device_argument, device_from_args, train_flags  # noqa: E402
+from . import harness
+from .harness import add_device_argument, device_from_args, train_flags
 
-PLUGIN = os.path.join(os.path.dirname(HERE), "fairseq_deep")
+PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 DEEP_ATT_PAPER = ["--optimizer", "deep_att", "--deep-att-update-rule", "adam", "--lr", "4e-5",
                   "--deep-att-lr-recurrent", "5e-4", "--l2-strength", "2", "--lr-scheduler", "fixed"]
@@ -117,7 +119,7 @@ def curve(log_path):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", help="fairseq data-bin (required to run)")
     p.add_argument("--family", action="append", choices=["rnmt", "dou", "zhou"])
     p.add_argument("--systems", default="", help="comma-separated system names to keep")
@@ -160,7 +162,7 @@ def main(argv=None):
         print(f"\n{fam}: valid loss (bits) at updates (seconds)\n")
         for _, name, *_ in [r for r in rows if r[0] == fam]:
             pts = curve(os.path.join(args.out, name, "log"))
-            print(f"| {name} | " + " | ".join(f"{u}: {loss:.2f} ({sec:.0f}s)" for u, loss, sec in pts) + " |")
+            print(harness.markdown_row([name, " | ".join(f"{u}: {loss:.2f} ({sec:.0f}s)" for u, loss, sec in pts)]))
 
 
 if __name__ == "__main__":

@@ -18,26 +18,27 @@ process, interleaved (nn.LSTM, loop, triton, nn.LSTM, ...), medians over ``--rou
 GPU is synchronized before every clock reading.  It prints a markdown table of speed ratios
 time(nn.LSTM) / time(impl): 1.0 is as fast as nn.LSTM, 0.25 four times slower.
 
-    python benchmarks/ln_lstm_kernel.py                          # on a GPU: the issue 16 table
-    python benchmarks/ln_lstm_kernel.py --cell ff                # the same for the Deep-Att cell
-    python benchmarks/ln_lstm_kernel.py --device cpu --impls loop --sizes 10x8x64 --rounds 2
+    python -m benchmarks.ln_lstm_kernel                          # on a GPU: the issue 16 table
+    python -m benchmarks.ln_lstm_kernel --cell ff                # the same for the Deep-Att cell
+    python -m benchmarks.ln_lstm_kernel --device cpu --impls loop --sizes 10x8x64 --rounds 2
 
 On a CPU the triton impl runs only in Triton's interpreter (``TRITON_INTERPRET=1``; far too slow to
 time, useful only to see the script run at tiny sizes); without it the triton columns are skipped.
 """
 
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/ln_lstm_kernel.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.ln_lstm_kernel")
+
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _device import add_device_argument, clock, device_from_args, median_seconds  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import harness
+from .harness import add_device_argument, device_from_args, interleaved_seconds
 
 DEFAULT_SIZES = ["30x128x512", "50x64x1024"]
 
@@ -48,19 +49,6 @@ def parse_size(text):
     except ValueError:
         raise argparse.ArgumentTypeError(f"--sizes takes TxBxH, e.g. 30x128x512; got {text!r}")
     return T, B, H
-
-
-def interleaved(fns, device, rounds, repeats, warmup):
-    """{name: median seconds per call} over ``rounds`` rounds, each calling every fn in turn."""
-    for fn in fns.values():  # warm up: TorchScript profiling runs, Triton compilation, cuDNN plans
-        for _ in range(warmup):
-            fn()
-    clock(device)  # waits for the warm-up's kernels
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(median_seconds(fn, repeats, device))
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 class DeepAttLayer(torch.nn.Module):
@@ -119,8 +107,8 @@ def measure(T, B, H, bidirectional, precision, impls, device, args):
     models = build(T, B, H, bidirectional, impls, device, args.cell)
     x = torch.randn(T, B, H, device=device, requires_grad=True)
     row = {"size": f"{T}x{B}x{H}", "dirs": "bi" if bidirectional else "uni", "precision": precision}
-    fwd_bwd = interleaved({name: train_step(m, x, autocast) for name, m in models.items()}, device,
-                          args.rounds, args.repeats, args.warmup)
+    fwd_bwd = interleaved_seconds({name: train_step(m, x, autocast) for name, m in models.items()},
+                                  args.rounds, args.repeats, device, args.warmup)
     row["nn.LSTM fwd+bwd ms"] = 1e3 * fwd_bwd["nn.LSTM"]
     for impl in impls:
         row[f"{impl} fwd+bwd"] = fwd_bwd["nn.LSTM"] / fwd_bwd[impl]
@@ -129,8 +117,8 @@ def measure(T, B, H, bidirectional, precision, impls, device, args):
         state = (torch.randn(1, B, H, device=device), torch.randn(1, B, H, device=device))
         states = {name: (state[0][0], state[1][0]) if isinstance(m, DeepAttLayer) else state
                   for name, m in models.items()}
-        step = interleaved({name: infer_step(m, x_t, states[name], autocast) for name, m in models.items()}, device,
-                           args.rounds, args.repeats * args.step_repeats, args.warmup)
+        step = interleaved_seconds({name: infer_step(m, x_t, states[name], autocast) for name, m in models.items()},
+                                   args.rounds, args.repeats * args.step_repeats, device, args.warmup)
         row["nn.LSTM step ms"] = 1e3 * step["nn.LSTM"]
         for impl in impls:
             row[f"{impl} step"] = step["nn.LSTM"] / step[impl]
@@ -140,20 +128,19 @@ def measure(T, B, H, bidirectional, precision, impls, device, args):
 def markdown(rows, impls):
     cols = ["size", "dirs", "precision", "nn.LSTM fwd+bwd ms"] + [f"{i} fwd+bwd" for i in impls]
     cols += ["nn.LSTM step ms"] + [f"{i} step" for i in impls]
-    lines = ["| " + " | ".join(c.replace(" ms", " (ms)") for c in cols) + " |",
-             "| " + " | ".join("---" if i < 3 else "---:" for i in range(len(cols))) + " |"]
+    lines = []
     for r in rows:
         cells = []
         for c in cols:
             v = r.get(c, "-")
             cells.append(f"{v:.2f}" if isinstance(v, float) and c.endswith("ms") else
                          f"{v:.2f}x" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return harness.markdown_table([c.replace(" ms", " (ms)") for c in cols], lines, "lll" + "r" * (len(cols) - 3))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, full=True)
     add_device_argument(p)
     p.add_argument("--cell", choices=["ln", "ff"], default="ln",
                    help="ln: RNMT+'s LayerNormLSTM (--rnmt-lstm-impl); ff: one Deep-Att layer, FFLSTMLayer "
@@ -163,21 +150,20 @@ def parse_args(argv=None):
     p.add_argument("--directions", nargs="+", choices=["uni", "bi"], default=["uni", "bi"])
     p.add_argument("--precisions", nargs="+", choices=["fp32", "autocast"], default=["fp32", "autocast"])
     p.add_argument("--impls", nargs="+", choices=["loop", "triton"], default=["loop", "triton"])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=5, help="calls per round (the median is kept)")
+    harness.add_rounds(p, 5)
+    harness.add_calls_per_round(p, 5, "calls per round (the median is kept)")
     p.add_argument("--step-repeats", type=int, default=10, help="the step is timed over repeats x this calls")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--tf32", action="store_true",
                    help="CUDA: let fp32 matmuls (ours and cuDNN's LSTM) use TF32; default off for both")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--json", default=None, help="also write the rows to this file")
+    harness.add_threads(p, help="torch CPU threads")
+    harness.add_json(p, help="also write the rows to this file")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    harness.set_threads(args.threads)
     device = device_from_args(args)
     impls = list(args.impls)
     if "triton" in impls and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -205,8 +191,7 @@ def main(argv=None):
           f"torch {torch.__version__}\n")
     print(markdown(rows, impls))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "torch": torch.__version__, "cell": args.cell, "rows": rows}, f, indent=1)
+        harness.write_json(args.json, {"device": name, "torch": torch.__version__, "cell": args.cell, "rows": rows})
 
 
 if __name__ == "__main__":

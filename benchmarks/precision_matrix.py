@@ -16,15 +16,19 @@ from implying ``--tpu``).  Decoding uses ``--fp16`` for fp16, memory_efficient_f
 ``--bf16`` for bf16.
 
     # on a GPU, the papers' widths (the table of issue 12), binarized Multi30k or any other data:
-    python benchmarks/precision_matrix.py --data DATA_BIN --scale paper --updates 1000
+    python -m benchmarks.precision_matrix --data DATA_BIN --scale paper --updates 1000
     # on CPU, tiny models (what tests/test_precision.py runs on generated data):
-    python benchmarks/precision_matrix.py --data DATA_BIN --scale tiny --updates 3 --device cpu \\
+    python -m benchmarks.precision_matrix --data DATA_BIN --scale tiny --updates 3 --device cpu \\
         --precisions fp16 bf16 --jobs 2
 
 ``--scale paper`` uses each family's named architecture at its paper width (transformer_dlcl_30l,
 transformer_ta_16l, rnmt_plus_512, deep_att_ff_5x3, ...); ``--scale tiny`` the depth-free
 architecture at width 16 with 2-3 layers.  ``--families`` picks some of them.
 """
+
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/precision_matrix.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.precision_matrix")
 
 import argparse
 import contextlib
@@ -38,12 +42,10 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-PLUGIN = os.path.join(ROOT, "fairseq_deep")
+from . import harness
+from .harness import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags
 
-sys.path.insert(0, HERE)
-from _device import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags  # noqa: E402
+PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 _TRANSFORMER_TINY = [
     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
@@ -272,9 +274,9 @@ def run_matrix(args):
         row = run_one(args, jobs[i][0], jobs[i][1], n_test)
         with lock:
             rows[i] = row
-            with open(os.path.join(args.work_dir, "results.json"), "w") as f:
-                json.dump({"scale": args.scale, "device": args.device, "updates": args.updates,
-                           "rows": [r for r in rows if r is not None]}, f, indent=1)
+            harness.write_json(os.path.join(args.work_dir, "results.json"),
+                               {"scale": args.scale, "device": args.device, "updates": args.updates,
+                                "rows": [r for r in rows if r is not None]})
             print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
 
     memory = MemoryCap(args.memory_gb)
@@ -315,24 +317,23 @@ class MemoryCap:
 
 
 def table(rows):
-    lines = ["| precision | family | trained | updates | last loss | loss scale (last / min) | overflows | decoded | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = []
     for r in rows:
         trained = {True: "yes", False: "**no**", None: "-"}[r.get("trained")]
         decoded = f"{r['decoded']} / {r['test_size']}" if "decoded" in r else "-"
         loss = f"{r['last_loss']:.3f}" if "last_loss" in r else "-"
         scale = f"{r['loss_scale']:g} / {r['min_scale']:g}" if "loss_scale" in r else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append(f"| {r['precision']} | {r['family']} | {trained} | {r.get('updates', '-')} | {loss} | {scale} "
-                     f"| {r.get('overflows', '-')} | {decoded} | {note} |")
-    return "\n".join(lines)
+        lines.append([r["precision"], r["family"], trained, r.get("updates", "-"), loss, scale, r.get("overflows", "-"),
+                      decoded, note])
+    return harness.markdown_table(["precision", "family", "trained", "updates", "last loss", "loss scale (last / min)",
+                                   "overflows", "decoded", "note"], lines)
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__)
     p.add_argument("--data", required=True, help="fairseq-preprocess output folder with train and test")
-    p.add_argument("--work-dir", default=os.path.join("bench_runs", "precision_matrix"))
+    harness.add_work_dir(p, os.path.join("bench_runs", "precision_matrix"))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--precisions", nargs="+", default=["fp16", "memory_efficient_fp16", "amp", "bf16"],
                    choices=list(PRECISIONS))

@@ -1,7 +1,7 @@
 """Fingerprint of the package's numbers, to show that a refactor changes none of them.
 
-    python benchmarks/refactor_fingerprint.py OUT.json              # this checkout
-    python benchmarks/refactor_fingerprint.py --compare A.json B.json
+    python -m benchmarks.refactor_fingerprint OUT.json              # this checkout
+    python -m benchmarks.refactor_fingerprint --compare A.json B.json
 
 Writes, for every ``--arch`` of the package, the namespace its preset fills from four starting
 namespaces (empty, a --dropout, the embedding widths, a --hybrid-decoder), and, for tiny models of
@@ -11,26 +11,37 @@ sum of |gradient| over all parameters, and the parameter count.  ``--compare`` l
 commit with the package imported from there, e.g.
 
     git archive COMMIT fairseq_deep | tar -x -C /tmp/old
-    python benchmarks/refactor_fingerprint.py --package-dir /tmp/old OLD.json
+    python -m benchmarks.refactor_fingerprint --package-dir /tmp/old OLD.json
 
 CPU, one thread, about a minute.
 """
 
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/refactor_fingerprint.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.refactor_fingerprint")
+
 import argparse
+import importlib.util
 import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from _device import add_device_argument, device_from_args  # noqa: E402
+from . import harness
+from .harness import add_device_argument, device_from_args
 
 
 def _use_package_dir(path: str):
-    """Import fairseq_deep from ``path`` instead of the installed (editable) copy."""
+    """Import fairseq_deep from ``path`` (its ``fairseq_deep/`` folder) instead of the checkout's or
+    the installed (editable) copy: the package is loaded from there under its own name, so that
+    every later import of it and of its modules finds that copy."""
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()
                         and "Editable" not in type(f).__name__]
-    sys.path.insert(0, os.path.abspath(path))
+    folder = os.path.join(os.path.abspath(path), "fairseq_deep")
+    spec = importlib.util.spec_from_file_location("fairseq_deep", os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["fairseq_deep"] = package
+    spec.loader.exec_module(package)
 
 
 def presets():
@@ -54,8 +65,9 @@ def presets():
 def models(device):
     import torch
 
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-    from helpers import TINY, TINY_RNMT, build_model, random_batch
+    helpers = harness.tests_helpers()
+    TINY, TINY_RNMT, build_model, random_batch = (helpers.TINY, helpers.TINY_RNMT, helpers.build_model,
+                                                  helpers.random_batch)
 
     hybrid = TINY + ["--encoder-hidden-size", "16", "--decoder-hidden-size", "16", "--rnmt-encoder-layers", "2",
                      "--encoder-layers", "2", "--decoder-layers", "2"]
@@ -85,7 +97,7 @@ def models(device):
 
 
 def get_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("out", nargs="?", help="where to write the fingerprint (JSON)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprints")
     parser.add_argument("--package-dir", help="import fairseq_deep from this directory")
@@ -115,8 +127,7 @@ def main(argv=None):
     import fairseq_deep  # noqa: F401  (registers the architectures)
 
     print(f"fairseq_deep from {os.path.dirname(fairseq_deep.__file__)}", file=sys.stderr)
-    with open(args.out, "w") as f:
-        json.dump({"presets": presets(), "models": models(device)}, f, indent=1, sort_keys=True)
+    harness.write_json(args.out, {"presets": presets(), "models": models(device)}, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -10,34 +10,29 @@
 Every pair is measured interleaved (A, B, A, B, ...) in one process and reported as a ratio, so that
 the ratios hold on a busy machine where absolute numbers do not.  Prints a markdown table.
 
-    python benchmarks/rnmt_speed.py                # the README table (a few minutes)
-    python benchmarks/rnmt_speed.py --quick        # smoke run (seconds)
+    python -m benchmarks.rnmt_speed                # the README table (a few minutes)
+    python -m benchmarks.rnmt_speed --quick        # smoke run (seconds)
 
 ``--device cuda`` (the default where torch sees a GPU) runs every model and batch on the GPU and
 synchronizes it before every clock reading (``--threads`` then only sets torch's CPU threads);
 float32 on either device.
 """
 
-import argparse
-import os
-import statistics
-import sys
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/rnmt_speed.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.rnmt_speed")
 
 import torch
 
-from _device import add_device_argument, describe, device_from_args, median_seconds, parse_flags
-
-TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+from . import harness
+from .harness import add_device_argument, describe, device_from_args
 
 
 def interleaved(fa, fb, rounds, repeats, device="cpu"):
-    fa(), fb()  # warm up (TorchScript profiling runs, allocator)
-    fa(), fb()
-    ta, tb = [], []
-    for _ in range(rounds):
-        ta.append(median_seconds(fa, repeats, device))
-        tb.append(median_seconds(fb, repeats, device))
-    return statistics.median(ta), statistics.median(tb)
+    """Seconds per call of ``fa`` and of ``fb``, timed interleaved after two warm-up calls of each
+    (TorchScript profiling runs, allocator)."""
+    t = harness.interleaved_seconds({"a": fa, "b": fb}, rounds, repeats, device, warmup=2)
+    return t["a"], t["b"]
 
 
 def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="cpu"):
@@ -59,17 +54,6 @@ def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="c
     return tokens / ta, tokens / tb
 
 
-def build(arch, flags, dictionary, device="cpu"):
-    from fairseq import options, tasks
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch,
-                                                *parse_flags(device), *flags])
-    task = tasks.translation.TranslationTask(args, dictionary, dictionary)
-    torch.manual_seed(0)
-    return task.build_model(args).to(device), task, args
-
-
 def model_flags(hidden, enc_layers, dec_layers):
     h = str(hidden)
     rnmt = ["--encoder-embed-dim", h, "--decoder-embed-dim", h, "--encoder-hidden-size", h,
@@ -85,14 +69,12 @@ def model_flags(hidden, enc_layers, dec_layers):
 def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, repeats, device="cpu"):
     from fairseq.sequence_generator import SequenceGenerator
 
-    sys.path.insert(0, TESTS)
-    from helpers import random_batch, tiny_dictionary
-
-    d = tiny_dictionary(vocab)
+    helpers = harness.tests_helpers()
+    d = harness.dictionary(vocab)
     rnmt_flags, lstm_flags = model_flags(hidden, enc_layers, dec_layers)
-    models = {name: build(arch, flags, d, device) for name, arch, flags in
+    models = {name: harness.build_model(["--arch", arch, *flags], d, device, seed=0) for name, arch, flags in
               (("rnmt_plus", "rnmt_plus", rnmt_flags), ("lstm", "lstm", lstm_flags))}
-    src, lengths, prev = random_batch(d, bsz=batch, src_len=length, tgt_len=length, pad_last=False)
+    src, lengths, prev = helpers.random_batch(d, bsz=batch, src_len=length, tgt_len=length, pad_last=False)
     target = torch.cat([prev[:, 1:], torch.full((batch, 1), d.eos())], 1)
     src, lengths, prev, target = (t.to(device) for t in (src, lengths, prev, target))
 
@@ -118,26 +100,26 @@ def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, r
             counter[0] = sum(len(h[0]["tokens"]) for h in hyps)
         return f
 
-    tr = interleaved(train_fn(models["rnmt_plus"][0]), train_fn(models["lstm"][0]), rounds, repeats, device)
+    tr = interleaved(train_fn(models["rnmt_plus"]), train_fn(models["lstm"]), rounds, repeats, device)
     counts = [[0], [0]]
-    ge = interleaved(gen_fn(models["rnmt_plus"][0], counts[0]), gen_fn(models["lstm"][0], counts[1]), rounds, repeats,
+    ge = interleaved(gen_fn(models["rnmt_plus"], counts[0]), gen_fn(models["lstm"], counts[1]), rounds, repeats,
                      device)
     words = batch * length
-    params = {k: sum(p.numel() for p in m[0].parameters()) for k, m in models.items()}
+    params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     return (words / tr[0], words / tr[1]), (counts[0][0] / ge[0], counts[1][0] / ge[1]), params
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p = harness.parser(__doc__, full=True)
+    harness.add_threads(p, torch.get_num_threads())
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--length", type=int, default=25)
     p.add_argument("--encoder-layers", type=int, default=2)
     p.add_argument("--decoder-layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
+    harness.add_rounds(p, 5)
+    harness.add_calls_per_round(p, 3)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round: a smoke run")
     add_device_argument(p)
     return p
@@ -164,10 +146,9 @@ def main(argv=None):
     print(f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, length {a.length}, "
           f"params rnmt_plus {params['rnmt_plus'] / 1e6:.1f}M / lstm {params['lstm'] / 1e6:.1f}M"
           + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
-    print("| measurement | ours | ours | reference | reference | ratio |")
-    print("| --- | --- | ---: | --- | ---: | ---: |")
-    for what, na, va, nb, vb in rows:
-        print(f"| {what} | {na} | {va:,.0f} | {nb} | {vb:,.0f} | {va / vb:.2f}x |")
+    print(harness.markdown_table(["measurement", "ours", "ours", "reference", "reference", "ratio"],
+                                 [[what, na, f"{va:,.0f}", nb, f"{vb:,.0f}", f"{va / vb:.2f}x"]
+                                  for what, na, va, nb, vb in rows], "llrlrr"))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """What one step costs, counted: kernel launches, host syncs and FLOPs of a beam-search decoding
 step and of a training step, each system against its reference.
 
-    python benchmarks/step_cost.py                                     # both phases and groups, Base width
-    python benchmarks/step_cost.py --phase decode --group aggregation  # Dou et al.'s rows 1-7 against row 1
-    python benchmarks/step_cost.py --phase train --group recurrent     # RNMT+, Deep-Att against fairseq's lstm
+    python -m benchmarks.step_cost                                     # both phases and groups, Base width
+    python -m benchmarks.step_cost --phase decode --group aggregation  # Dou et al.'s rows 1-7 against row 1
+    python -m benchmarks.step_cost --phase train --group recurrent     # RNMT+, Deep-Att against fairseq's lstm
 
 A step's time has two floors.  Where every kernel costs about its launch, a few microseconds
 whatever its size (a GPU at beam search's small batches, a recurrent loop's per-time-step
@@ -35,30 +35,27 @@ CPU, ``nn.LSTM`` one call on both), so the floors can be read off a CPU run; the
 needs the device it claims.
 """
 
-import argparse
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/step_cost.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.step_cost")
+
 import collections
-import json
-import os
 import statistics
 import sys
 from typing import Callable, Dict, List, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-for path in (REPO, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+import fairseq_deep  # noqa: F401  (registers the architectures)
 
-import fairseq_deep  # noqa: E402,F401  (registers the architectures)
-from _device import add_device_argument, clock, describe, device_from_args  # noqa: E402
-from aggregation_speed import VARIANTS as AGGREGATION_VARIANTS  # noqa: E402
-from deep_att_speed import build, dictionary  # noqa: E402  (a model of an --arch argv, in process; a vocabulary)
+from . import harness
+from .aggregation_speed import VARIANTS as AGGREGATION_VARIANTS
+from .deep_att_speed import dictionary  # a vocabulary of N entries, as deep_att_speed.py's
+from .harness import add_device_argument, describe, device_from_args
 
 #: operators that launch nothing: views, metadata, allocations without a fill
 NO_KERNEL = frozenset("""
@@ -321,7 +318,7 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
     d = dictionary(a.vocab)
     rows, runs = [], []
     for label, arch in systems:
-        model = build(argv_of(arch, a), d, a.device, a.seed)
+        model = harness.build_model(argv_of(arch, a), d, a.device, a.seed)
         row, run = PHASES[phase](model, d, a)
         row.update(label=label, arch=arch, group=name, phase=phase, seconds=[],
                    params=sum(p.numel() for p in model.parameters()))
@@ -329,11 +326,11 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
         runs.append(run)
         print(f"[step_cost] {phase} {label}: {row['step_kernels']:.0f} kernels, {row['step_syncs']:.1f} syncs, "
               f"{row['step_mflop']:.1f} MFLOP a step", file=sys.stderr, flush=True)
-    for _ in range(a.repeats):
-        for row, run in zip(rows, runs):
-            start = clock(a.device)
-            row["tokens"] = run()
-            row["seconds"].append(clock(a.device) - start)
+    timings = harness.alternated({i: (lambda r, run=run: harness.timed(run, a.device)) for i, run in enumerate(runs)},
+                                 a.repeats)
+    for i, row in enumerate(rows):
+        row["seconds"] = [seconds for _, seconds in timings[i]]
+        row["tokens"] = timings[i][-1][0]
     for row in rows:
         row["tokens_per_s"] = row["tokens"] / statistics.median(row["seconds"])
     ref = next(r for r in rows if r["arch"] == reference)
@@ -364,16 +361,14 @@ def table(rows: List[Dict[str, object]]) -> str:
     names, cells = COLUMNS[rows[0]["phase"]]
     names = ["system", "`--arch`", "params", *names, "ratio if launch-bound", "ratio if compute-bound",
              "measured ratio"]
-    lines = ["| " + " | ".join(names) + " |", "| --- | --- |" + " ---: |" * (len(names) - 2)]
-    for r in rows:
-        values = [r["label"], r["arch"], f"{r['params'] / 1e6:.2f}M", *cells(r), f"{r['ratio_launch_bound']:.2f}",
-                  f"{r['ratio_compute_bound']:.2f}", f"{r['ratio_measured']:.2f}"]
-        lines.append("| " + " | ".join(values) + " |")
-    return "\n".join(lines)
+    return harness.markdown_table(
+        names, [[r["label"], r["arch"], f"{r['params'] / 1e6:.2f}M", *cells(r), f"{r['ratio_launch_bound']:.2f}",
+                 f"{r['ratio_compute_bound']:.2f}", f"{r['ratio_measured']:.2f}"] for r in rows],
+        "ll" + "r" * (len(names) - 2))
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--phase", choices=[*PHASES, "all"], default="all")
     p.add_argument("--group", choices=[*GROUPS, "all"], default="all")
     p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of every system")
@@ -388,10 +383,10 @@ def get_parser():
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--train-batch", type=int, default=32, help="sentences of the training batch")
     p.add_argument("--train-len", type=int, default=24, help="source and target length of the training batch")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds, the systems alternated (median)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    harness.add_rounds(p, 5, flag="--repeats", help="timed rounds, the systems alternated (median)")
+    harness.add_threads(p, 0, "torch intra-op threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", default="")
+    harness.add_json(p, "")
     add_device_argument(p, note="The counts are the same on either device; the measured ratio is the device's.")
     return p
 
@@ -399,8 +394,7 @@ def get_parser():
 def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    harness.set_threads(a.threads)
     results = {}
     for phase in (PHASES if a.phase == "all" else [a.phase]):
         for name in (GROUPS if a.group == "all" else [a.group]):
@@ -414,8 +408,7 @@ def main(argv=None):
                   f"{describe(a.device)}, torch threads {torch.get_num_threads()}\n")
             print(table(rows), flush=True)
             if a.json:  # after every group: a run cut short keeps what it measured
-                with open(a.json, "w") as f:
-                    json.dump({"args": {k: str(v) for k, v in vars(a).items()}, "results": results}, f, indent=1)
+                harness.write_json(a.json, {"args": {k: str(v) for k, v in vars(a).items()}, "results": results})
     return results
 
 

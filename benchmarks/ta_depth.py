@@ -1,6 +1,6 @@
 """Does transparent attention make a deep post-norm encoder trainable?  (Bapna et al. 2018, at small scale)
 
-    python benchmarks/ta_depth.py [--mode train|overhead|all] [--encoder-layers 16 --decoder-layers 2]
+    python -m benchmarks.ta_depth [--mode train|overhead|all] [--encoder-layers 16 --decoder-layers 2]
         [--embed-dim 32 --ffn-dim 64 --heads 4] [--max-update 3000 --max-tokens 2048]
         [--peak-lr 1.5e-3 --warmup 500] [--systems postnorm ta dlcl_prenorm [postnorm_6l nores]]
         [--multi30k /work/shared/data/multi30k]
@@ -34,26 +34,25 @@ a few thousand updates of a 32-wide model; the schedule keeps its form and its p
 ``--peak-lr`` (r0 = peak * sqrt(d_model * warmup)).
 """
 
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit("benchmarks/ta_depth.py is a module of the benchmarks package: run it from the "
+                     "repository root as python -m benchmarks.ta_depth")
+
 import argparse
 import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
+from . import harness
+from .dlcl_speed import fairseq_cmd, prepare_multi30k, prepare_synthetic, run
+from .harness import add_device_argument, describe, device_from_args, generate_flags, parse_flags
+from .harness import train_flags as device_train_flags
 
-from _device import add_device_argument, clock, describe, device_from_args, generate_flags, parse_flags  # noqa: E402
-from _device import train_flags as device_train_flags  # noqa: E402
-from dlcl_speed import fairseq_cmd, prepare_multi30k, prepare_synthetic, run  # noqa: E402
-
-PLUGIN = os.path.join(REPO, "fairseq_deep")
+PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 SYSTEMS = {
     "postnorm": ("post-norm Transformer (baseline)", "transformer_ta_baseline", []),
@@ -64,8 +63,7 @@ SYSTEMS = {
 }
 
 
-def log(msg: str):
-    print(f"[ta_depth] {msg}", file=sys.stderr, flush=True)
+log = harness.logger("ta_depth")
 
 
 def model_flags(a, system: str) -> List[str]:
@@ -165,14 +163,14 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
 
 
 def table(results: Dict[str, Dict]) -> str:
-    rows = ["| system | arch | trained | train loss first -> last | valid loss | BLEU | r_t start / mid / end |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for system, r in results.items():
         rt = " / ".join(f"{r[k]:.3g}" for k in ("r_t_start", "r_t_middle", "r_t_end")) if "r_t_end" in r else "-"
-        rows.append(f"| {r['label']} | `{r['arch']}` | {'yes' if r['trained'] else 'NO'} | "
-                    f"{r['first_train_loss']:.3f} -> {r['last_train_loss']:.3f} | {r['valid_loss']:.3f} | "
-                    f"{r.get('bleu', float('nan')):.2f} | {rt} |")
-    return "\n".join(rows)
+        rows.append([r["label"], f"`{r['arch']}`", "yes" if r["trained"] else "NO",
+                     f"{r['first_train_loss']:.3f} -> {r['last_train_loss']:.3f}", f"{r['valid_loss']:.3f}",
+                     f"{r.get('bleu', float('nan')):.2f}", rt])
+    return harness.markdown_table(["system", "arch", "trained", "train loss first -> last", "valid loss", "BLEU",
+                                   "r_t start / mid / end"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,11 +191,7 @@ def overhead(a) -> Dict[str, float]:
     argv = ["x", "--task", "translation", "--arch", "transformer_ta", *parse_flags(a.device),
             *model_flags(a, "ta"), "--dropout", "0.1"]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    from fairseq.data import Dictionary
-
-    dictionary = Dictionary()
-    for i in range(1000):
-        dictionary.add_symbol(f"w{i}")
+    dictionary = harness.dictionary(1000)
     plain = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(0)
     model = plain.build_model(args).to(a.device)
@@ -229,21 +223,20 @@ def overhead(a) -> Dict[str, float]:
         def backward(self, loss):
             loss.backward()
 
-    times = {name: [] for name in variants}
     for _ in range(2):  # warm-up
         for task in variants.values():
             task.train_step(sample, model, criterion, Opt(), 0)
     import random
 
-    rng = random.Random(0)
-    for _ in range(a.overhead_repeats):
-        order = list(variants.items())
-        rng.shuffle(order)  # no variant always runs first (or right after another)
-        for name, task in order:
+    def seconds(task):
+        def measure(r):
             model.zero_grad(set_to_none=True)
-            t0 = clock(a.device)
-            task.train_step(sample, model, criterion, Opt(), 0)
-            times[name].append(clock(a.device) - t0)
+            return harness.timed(lambda: task.train_step(sample, model, criterion, Opt(), 0), a.device)[1]
+        return measure
+
+    # in a shuffled order: no variant always runs first (or right after another)
+    times = harness.alternated({name: seconds(task) for name, task in variants.items()}, a.overhead_repeats,
+                               shuffle=random.Random(0))
     base = statistics.median(times["translation"])
     res = {"encoder_layers": a.encoder_layers, "embed_dim": dim, "batch": f"{bsz} x {length} tokens",
            "threads": a.threads, "repeats": a.overhead_repeats}
@@ -256,18 +249,16 @@ def overhead(a) -> Dict[str, float]:
 
 
 def overhead_table(res: Dict) -> str:
-    rows = ["| task | median ms / train step | vs translation |", "| --- | --- | --- |"]
-    for name, v in res.items():
-        if isinstance(v, dict):
-            rows.append(f"| {name} | {v['median_ms']:.1f} | {100 * v['vs_translation']:+.1f}% |")
-    return "\n".join(rows)
+    return harness.markdown_table(["task", "median ms / train step", "vs translation"],
+                                  [[name, f"{v['median_ms']:.1f}", f"{100 * v['vs_translation']:+.1f}%"]
+                                   for name, v in res.items() if isinstance(v, dict)])
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = harness.parser(__doc__)
     p.add_argument("--mode", choices=["train", "overhead", "all"], default="all")
-    p.add_argument("--work-dir", default=os.path.join(REPO, "bench_runs", "ta_depth"))
-    p.add_argument("--json", default=None, help="results file (default WORK_DIR/results.json)")
+    harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "ta_depth"))
+    harness.add_json(p, help="results file (default WORK_DIR/results.json)")
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=["postnorm", "ta", "dlcl_prenorm"])
     p.add_argument("--encoder-layers", type=int, default=16)
     p.add_argument("--decoder-layers", type=int, default=2)
@@ -287,7 +278,7 @@ def get_parser():
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="de")
     p.add_argument("--spm-vocab", type=int, default=8000)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the overhead measurement")
+    harness.add_threads(p, 1, "torch threads of the overhead measurement")
     add_device_argument(p, precision=True)
     p.add_argument("--overhead-repeats", type=int, default=30)
     p.add_argument("--overhead-batch", type=int, default=32)
@@ -310,9 +301,7 @@ def main(argv=None):
     if a.mode in ("overhead", "all"):
         results["overhead"] = overhead(a)
         print(overhead_table(results["overhead"]))
-    path = a.json or os.path.join(a.work_dir, "results.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=str)
+    path = harness.write_json(a.json or os.path.join(a.work_dir, "results.json"), results, default=str)
     print(f"results: {path}")
 
 

@@ -3,7 +3,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 # The console scripts (fairseq-preprocess, fairseq-train, ...) of the Python that runs the tests,
 # also when its virtual environment is not activated (CI's second stage runs one by its path).
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")

@@ -195,8 +195,8 @@ def test_non_editable_install(synthetic_bin, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     plugin = site / "fairseq_deep"
     assert (plugin / "models" / "transformer_dlcl.py").is_file()
-    where = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
-                            "import fairseq_deep; print(fairseq_deep.__file__)"],
+    where = subprocess.run([sys.executable, "-c", "import fairseq_deep; print(fairseq_deep.__file__)"],
+                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)),  # site first, no checkout
                            capture_output=True, text=True, check=True).stdout.strip()
     assert where == str(plugin / "__init__.py")  # the installed copy, not the sources
     save_dir = tmp_path / "checkpoints"

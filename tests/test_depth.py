@@ -5,7 +5,7 @@ With checkpointing, each layer's forward runs under ``torch.no_grad`` and again 
 (fairseq's ``checkpoint_wrapper``): outputs and parameter gradients must equal those of the same
 parameters without it (train mode, dropout 0), and Admin's first-batch profile, taken inside a
 checkpointed forward, must give the same omegas.  The fairseq-train / fairseq-generate run of a
-1,000-layer model is ``benchmarks/depth.py --cli`` (about a minute and a half on 2 cores: too slow
+1,000-layer model is ``python -m benchmarks.depth --cli`` (about a minute and a half on 2 cores: too slow
 for CI).
 """
 

@@ -21,7 +21,6 @@ The recurrent families build no Transformer layers of their own and take no
 one root unit.  The GPU runs are ``benchmarks/fsdp_check.py``.
 """
 
-import os
 import sys
 
 import pytest
@@ -31,8 +30,7 @@ from torch import nn
 
 from helpers import build_family, dtype_marker, random_batch, run_cli
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import precision_matrix  # noqa: E402
+from benchmarks import precision_matrix
 
 enable_wrap = pytest.importorskip("fairscale.nn").enable_wrap
 
@@ -212,7 +210,7 @@ def test_fully_sharded_trains_as_c10d_on_a_gpu(synthetic_bin, tmp_path):
     """On CUDA: a DLCL model trains the same losses (float32 rounding) under fully sharded training,
     with and without activation checkpointing, as under c10d, logs the same parameter count, and
     fairseq-generate decodes its checkpoint (benchmarks/fsdp_check.py does this at paper sizes)."""
-    import fsdp_check
+    from benchmarks import fsdp_check
 
     model = ["--arch", "transformer_dlcl", *precision_matrix._TRANSFORMER_TINY, "--dropout", "0"]
     rows = {}

@@ -19,11 +19,9 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import gpu_session  # noqa: E402
-from gpu_session import STEPS, Phase, Step  # noqa: E402
-
-from fairseq_deep import study  # noqa: E402
+from benchmarks import gpu_session
+from benchmarks.gpu_session import STEPS, Phase, Step
+from fairseq_deep import study
 
 VALUES = {"py": sys.executable, "data": "DATA", "spm": "SPM", "ref": "REF", "work": "WORK"}
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
@@ -31,10 +29,10 @@ def test_every_step_parses(monkeypatch, step):
     argv = gpu_session.expand(step.argv, VALUES)
     assert argv[0] == sys.executable
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # parse as on the GPU machine
-    if argv[1].startswith("benchmarks"):
-        module = importlib.import_module(os.path.basename(argv[1])[:-3])
+    if argv[1] == "-m" and argv[2].startswith("benchmarks."):
+        module = importlib.import_module(argv[2])
         parse = getattr(module, "get_parser", None)
-        args = parse().parse_args(argv[2:]) if parse else module.parse_args(argv[2:])
+        args = parse().parse_args(argv[3:]) if parse else module.parse_args(argv[3:])
         assert getattr(args, "device", "cuda") == "cuda"  # fsdp_check.py: CUDA only, no --device
     elif argv[1:3] == ["-m", "fairseq_deep.study"]:
         args = study.get_parser().parse_args(argv[3:])
@@ -153,7 +151,7 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     assert (gpu / "m30k" / "spm.model").exists() and (gpu / "m30k" / "ref.gz").exists()
     assert (gpu / "m30k" / "data-bin" / "test.de-en.de.idx").exists()
     printed = capsys.readouterr().out
-    assert gpu_session.DEVICE_COMMAND in printed and "gpu_session.py run --out $OUT" in printed
+    assert gpu_session.DEVICE_COMMAND in printed and "-m benchmarks.gpu_session run --out $OUT" in printed
     args = gpu_session.get_parser().parse_args(["run"])  # the defaults point where stage wrote
     assert args.data.endswith(os.path.join(".gpu", "m30k", "data-bin"))
 
@@ -188,12 +186,12 @@ def test_the_plan_fits_one_gpu_and_its_budget():
     decode a subset, delete checkpoints (the default), and the 1,000-update runs need no more
     concurrent runs than fit their share; the first window's concurrent block and its first timed
     steps (the LSTM kernels and rnmt_speed, as an H200 took them) fit the default budget."""
-    import precision_matrix as pm
+    from benchmarks import precision_matrix as pm
 
     for step in STEPS:
         if "precision_matrix" not in " ".join(step.argv):
             continue
-        args = pm.get_parser().parse_args(gpu_session.expand(step.argv, VALUES)[2:])
+        args = pm.get_parser().parse_args(gpu_session.expand(step.argv, VALUES)[3:])
         assert args.memory_gb > 0 and args.decode_shards >= 10 and not args.keep_checkpoints
         runs = [pm.estimate_gb(f, args.max_tokens) for f in args.families for _ in args.precisions]
         assert max(runs) <= args.memory_gb

@@ -11,7 +11,6 @@ drawn from the same names, give the same logits.  No checkpoint file is stored.
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -19,8 +18,7 @@ from fairseq import options, tasks
 
 from helpers import dtype_marker, tiny_dictionary
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
-from make_models_before_issue13 import fill_parameters  # noqa: E402
+from tests.data.make_models_before_issue13 import fill_parameters  # pytest.ini: the root on sys.path
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "models_before_issue13.json")
 with open(DATA) as _f:

@@ -14,8 +14,6 @@ The real ``fairseq-train``/``fairseq-generate`` in each precision are in test_pr
 tests that need a CUDA GPU are marked ``gpu`` and skip without one.
 """
 
-import os
-import sys
 
 import pytest
 import torch
@@ -24,11 +22,10 @@ from fairseq import options
 
 from helpers import build_family, random_batch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from precision_matrix import FAMILIES  # noqa: E402  (one list of families for the script and tests)
+from benchmarks.precision_matrix import FAMILIES  # one list of families for the script and tests
 
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM, _ln_lstm_recurrence  # noqa: E402
-from fairseq_deep.modules.precision import Float32UnderHalf  # noqa: E402
+from fairseq_deep.modules.ln_lstm import LayerNormLSTM, _ln_lstm_recurrence
+from fairseq_deep.modules.precision import Float32UnderHalf
 
 REDUCED = [torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp16", "bf16"]

@@ -9,8 +9,6 @@ sees only unscaled norms of updates that did not overflow.
 """
 
 import math
-import os
-import sys
 
 import pytest
 import torch
@@ -19,10 +17,9 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from helpers import PLUGIN_DIR, python_module, run_cli
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import precision_matrix  # noqa: E402
+from benchmarks import precision_matrix
 
-from fairseq_deep.optim.adaptive_clip import STATE_KEY  # noqa: E402
+from fairseq_deep.optim.adaptive_clip import STATE_KEY
 
 
 # bf16 through the CLI for one family of each kind of model (the in-process tests of

@@ -15,7 +15,6 @@ takes it out of every encoder layer the package builds.  What must hold on eithe
   alone or in a padded batch, in-process and through the real fairseq-train / fairseq-generate.
 """
 
-import os
 import re
 import sys
 
@@ -29,8 +28,7 @@ from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, 
 
 from fairseq_deep.compat import BETTER_TRANSFORMER_PARAMS
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from precision_matrix import FAMILIES  # noqa: E402  (one tiny model of every family)
+from benchmarks.precision_matrix import FAMILIES  # one tiny model of every family
 
 # post-norm encoders: the ones 0.12.2's fast path would take (plus a pre-norm one for contrast)
 POST_NORM = ["transformer_ta", "transformer_dlcl_postnorm", "transformer_rezero", "transformer_deepnorm",

@@ -20,9 +20,9 @@ import sys
 import pytest
 import torch
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-sys.path.insert(0, BENCHMARKS)
-import step_cost  # noqa: E402
+from benchmarks import step_cost
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 L, D, FFN, BATCH, BEAM = 2, 16, 24, 3, 2
 TINY = ["--device", "cpu", "--layers", str(L), "--embed-dim", str(D), "--ffn-dim", str(FFN), "--heads", "2",
@@ -118,10 +118,8 @@ def test_a_fused_lstm_is_counted_as_its_products():
 
 
 COUNT_TRITON = """
-import sys
-sys.path.insert(0, "benchmarks")
 import torch
-import step_cost
+from benchmarks import step_cost  # the subprocess runs in the repository root
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM
 layer = LayerNormLSTM(4, 3, impl="triton")
 counter = step_cost.OpCounter(("all",), "all")
@@ -135,8 +133,7 @@ print(counter.ops["all"]["triton:_fwd_step"], counter.totals("all")["kernels"])
 def test_triton_launches_are_counted_as_kernels():
     """The fused cells' kernels are no ATen calls: step_cost counts their launches (here in
     Triton's CPU interpreter, one per time step of the layer)."""
-    root = os.path.dirname(BENCHMARKS)
-    run = subprocess.run([sys.executable, "-c", COUNT_TRITON], cwd=root, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", COUNT_TRITON], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     launches, kernels = map(int, run.stdout.split()[-2:])

@@ -1,19 +1,18 @@
 """Makes tests/data/models_before_issue13.json: for tiny models of every family, built by the code
 before issue 13's refactoring, the names and shapes of every state-dict entry and the logits on a
 fixed batch after :func:`fill_parameters` (weights drawn from each parameter's *name*, so that the current
-code can rebuild the same weights without a stored checkpoint).  Run against that code, e.g.
+code can rebuild the same weights without a stored checkpoint).  Run against that code, with
+that checkout and its tests/ (``helpers``) on ``PYTHONPATH``, e.g.
 
     git worktree add /tmp/old d76da91 && cd /tmp/old && \
     PYTHONPATH=/tmp/old:/tmp/old/tests python /path/to/make_models_before_issue13.py OUT.json
 """
 import json
-import os
 import sys
 import zlib
 
 import torch
 from fairseq import options, tasks
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import random_batch, tiny_dictionary
 import fairseq_deep  # noqa
 
