@@ -45,7 +45,6 @@ def option_value(argv: List[str], *names: str) -> Optional[str]:
     return value
 
 
-
 def preset_values(arch: str) -> dict:
     """``{dest: value}`` that ``--arch arch``'s preset sets when the command line sets nothing
     (its whole chain: the family's defaults and fairseq's); ``{}`` for an unknown arch."""
@@ -199,7 +198,6 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
     parse._fairseq_deep = True
     parse.required = {}  # {dest: message}: what the script being run cannot do without (REQUIRED)
     return parse
-
 
 
 def training_parser_with_model_from(get_training_parser):

@@ -47,6 +47,7 @@ from .install import fairseq_original, install
 
 logger = logging.getLogger(__name__)
 
+
 def _raised_by_torch_load(exc: BaseException) -> bool:
     return any(f.filename.replace("\\", "/").endswith("torch/serialization.py")
                for f in traceback.extract_tb(exc.__traceback__))

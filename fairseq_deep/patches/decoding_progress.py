@@ -39,6 +39,7 @@ from ..progress import (
 
 logger = logging.getLogger("fairseq_deep.progress")  # the progress lines' logger (own_data's recipe shows it)
 
+
 def _sample_sentences(sample) -> int:
     try:
         return int(sample["nsentences"]) if "nsentences" in sample else int(sample["id"].numel())

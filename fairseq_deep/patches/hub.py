@@ -24,7 +24,7 @@ from ..data.sentencepiece_data import sentencepiece_to_apply
 from ..quiet import quiet_pin_memory
 from .install import fairseq_original, install
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("fairseq_deep.interactive")  # the logger of the same check in -interactive
 
 
 def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",

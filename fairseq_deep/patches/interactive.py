@@ -30,6 +30,7 @@ from ..data.sentencepiece_data import sentencepiece_to_apply
 
 logger = logging.getLogger("fairseq_deep.interactive")
 
+
 def source_limit(max_positions):
     """The longest source (in tokens, with ``</s>``) of fairseq's resolved ``max_positions``."""
     if max_positions is None:

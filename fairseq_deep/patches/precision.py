@@ -58,6 +58,7 @@ def call_main_prepared(cfg, main, **kwargs):
     main = prepare_main(cfg, main)
     return fairseq_original(call_main_prepared)(cfg, main, **kwargs)
 
+
 def prepare_for_inference_bf16(self, cfg, *args, **kwargs):
     """fairseq's ``prepare_for_inference_``, then a cast to bfloat16 under ``--bf16`` (fairseq
     casts to half under ``--fp16`` itself and ignores ``--bf16`` when decoding)."""

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from ..progress import RECIPE_BUDGET_ENV, BudgetCheck, TrainingProgress, interval_seconds
 
+
 def _epoch_state(epoch_itr, update_freq: int):
     """``(epoch, fraction of its batches done, updates per epoch)`` of fairseq's epoch iterator."""
     try:
