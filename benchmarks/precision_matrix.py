@@ -11,7 +11,7 @@ goes to stderr), so a matrix cut short keeps what it measured; ``--run-timeout``
 Precisions: ``fp32``; ``fp16`` (fairseq's FP16Optimizer: the model in half, float32 master
 weights, dynamic loss scale); ``memory_efficient_fp16``; ``amp`` (autocast + GradScaler; CUDA
 only: on CPU fairseq's ``--amp`` is float32, so the script skips it there); ``bf16`` (the model
-in bfloat16, float32 master weights, no loss scale; fairseq_deep's compat shim stops ``--bf16``
+in bfloat16, float32 master weights, no loss scale; fairseq_deep's precision shim stops ``--bf16``
 from implying ``--tpu``).  Decoding uses ``--fp16`` for fp16, memory_efficient_fp16 and amp,
 ``--bf16`` for bf16.
 

@@ -20,7 +20,6 @@ it), answers ``--help`` with the options of the ``--arch`` given, suggests the n
 mistyped ``--arch``, and filters fairseq's and torch's warnings that say nothing to the user.
 """
 
-import argparse
 import collections
 import difflib
 import logging
@@ -31,6 +30,9 @@ import sys
 from typing import List, Optional
 
 from .errors import ArgumentParser, MissingFileError, UserError, report_user_errors
+from .patches.arguments import option_value
+from .patches.checkpoint_errors import torch_load_checked
+from .patches.scripts import install_generate, install_interactive, install_parsing, install_train
 from .quiet import QUIET_WARNINGS, quiet_warnings  # noqa: F401  (the scripts' filters; imported from here)
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -62,20 +64,8 @@ def _fairseq_logging(stream="stdout"):
                             datefmt="%Y-%m-%d %H:%M:%S", level=root.level, stream=stream)
 
 
-def _option_value(argv: List[str], *names: str) -> Optional[str]:
-    """The value of the last ``--name VALUE`` / ``--name=VALUE`` in ``argv`` (None when absent)."""
-    value = None
-    for i, a in enumerate(argv):
-        for name in names:
-            if a == name and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif a.startswith(name + "=") and name.startswith("--"):
-                value = a.split("=", 1)[1]
-    return value
-
-
 def check_user_dir(argv: List[str]):
-    user_dir = _option_value(argv[1:], "--user-dir")
+    user_dir = option_value(argv[1:], "--user-dir")
     if user_dir is not None and not os.path.isdir(user_dir):
         raise UserError(
             f"--user-dir {user_dir}: no such directory. The fairseq-deep-* commands load the plugin "
@@ -87,10 +77,10 @@ def check_arch(argv: List[str]):
     """A mistyped ``--arch`` stops with the nearest names (argparse would list all ~240)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    arch = _option_value(argv[1:], "--arch", "-a")
+    arch = option_value(argv[1:], "--arch", "-a")
     if arch is None or arch in ARCH_MODEL_REGISTRY:
         return
-    user_dir = _option_value(argv[1:], "--user-dir")
+    user_dir = option_value(argv[1:], "--user-dir")
     if user_dir is not None and os.path.abspath(user_dir) != PLUGIN_DIR:
         return  # another plugin registers its architectures later
     close = difflib.get_close_matches(arch, list(ARCH_MODEL_REGISTRY), n=5, cutoff=0.6)
@@ -101,167 +91,12 @@ def check_arch(argv: List[str]):
     )
 
 
-def preset_values(arch: str) -> dict:
-    """``{dest: value}`` that ``--arch arch``'s preset sets when the command line sets nothing
-    (its whole chain: the family's defaults and fairseq's); ``{}`` for an unknown arch."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    preset = ARCH_CONFIG_REGISTRY.get(arch)
-    if preset is None:
-        return {}
-    args = argparse.Namespace()
-    try:
-        preset(args)
-    except Exception:  # noqa: BLE001 - a preset that needs a value from the command line: no listing
-        return {}
-    return {k: v for k, v in vars(args).items() if not k.startswith("_")}
-
-
-def _shown(value, action=None) -> str:
-    if isinstance(value, bool) and action is not None and action.nargs == 0:  # a flag
-        return "on" if value else "off"
-    return str(value)
-
-
-def annotate_preset_help(parser, arch: str):
-    """Show in ``--help`` the values ``--arch arch`` sets: after each option's help
-    ``[--arch ARCH: VALUE]``, and an epilog naming what it sets differently from its family's
-    base preset (``transformer_dlcl_30l``: ``--encoder-layers 30``)."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
-
-    values = preset_values(arch)
-    if not values:
-        return
-    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
-    for dest, value in values.items():
-        action = by_dest.get(dest)
-        if action is None or action.help == argparse.SUPPRESS:
-            continue
-        marker = f"[--arch {arch}: {_shown(value, action)}]".replace("%", "%%")
-        if marker not in (action.help or ""):
-            action.help = f"{action.help} {marker}" if action.help else marker
-    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
-    base = preset_values(family) if family and family != arch else {}
-
-    def flag(dest):
-        action = by_dest.get(dest)
-        return action.option_strings[-1] if action is not None else "--" + dest.replace("_", "-")
-
-    changed = [(dest, v) for dest, v in values.items() if family == arch or dest not in base or base[dest] != v]
-    doc = " ".join((getattr(ARCH_CONFIG_REGISTRY[arch], "__doc__", None) or "").split())
-    if family and family != arch:
-        what = (f"where it differs from --arch {family}: " + ", ".join(
-            f"{flag(d)} {_shown(v, by_dest.get(d))}" for d, v in changed)) if changed else \
-            f"the same values as --arch {family}"
-    else:
-        what = "the family's defaults"
-    parser.epilog = (
-        f"--arch {arch}" + (f" ({doc.rstrip('.')})" if doc else "") + f" sets{',' if family and family != arch else ''} {what}. Every option it sets "
-        f"shows its value after its help as [--arch {arch}: VALUE]; a value given on the command line wins, "
-        "except one the preset's name states (a depth): a different value stops with an error."
-    ).replace("%", "%%")
-
-
-def one_line_error(message: str):
-    """argparse's ``parser.error`` for our scripts: a :class:`UserError` (one line, exit status 2)
-    instead of fairseq's usage of several hundred options before the line; an invalid choice gets
-    the nearest names."""
-    choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-    if choice:
-        names = re.findall(r"'([^']*)'", choice.group(3)) or [c.strip() for c in choice.group(3).split(",")]
-        close = difflib.get_close_matches(choice.group(2), names, n=3, cutoff=0.6)
-        message = (f"argument {choice.group(1)}: invalid choice: '{choice.group(2)}'"
-                   + (f"; did you mean {', '.join(close)}?" if close else "")
-                   + f" (choose from {', '.join(names)})")
-    message = message.replace("invalid <lambda> value", "invalid value")
-    if message.endswith("the following arguments are required: data"):
-        message += " (the folder of binarized data: fairseq-preprocess's --destdir)"
-    raise UserError(message)
-
-
-def check_required(args, required):
-    """A :class:`UserError` for the first option of ``required`` (``{dest: message}``) that the
-    parsed ``args`` leave unset."""
-    for dest, why in required.items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
-            raise UserError(why)
-
-
-#: options whose text fairseq evaluates only when it uses them (a NameError or SyntaxError with a
-#: traceback, after the model is built): {option: (what it must be, an example)}
-EVALUATED = {"adam_betas": ("two numbers", "'(0.9, 0.98)'")}
-
-
-def check_evaluated(args):
-    """The options of :data:`EVALUATED` that ``args`` sets, checked when they are parsed."""
-    import ast
-
-    for dest, (what, example) in EVALUATED.items():
-        value = getattr(args, dest, None)
-        if not isinstance(value, str):
-            continue
-        try:
-            parsed = ast.literal_eval(value)
-            ok = isinstance(parsed, (tuple, list)) and len(parsed) == 2 and all(
-                isinstance(v, (int, float)) for v in parsed)
-        except (ValueError, SyntaxError):
-            ok = False
-        if not ok:
-            raise UserError(f"--{dest.replace('_', '-')} {value}: not {what}; give e.g. --{dest.replace('_', '-')} {example}")
-
-
-def parse_args_and_arch_with_help(parse_args_and_arch):
-    """fairseq's ``parse_args_and_arch``, whose ``--help`` also lists the options of the ``--arch``
-    (and criterion, optimizer, ...) given: fairseq adds them only after a first parse, which
-    ``--help`` ends before they are added."""
-
-    def parse(parser, input_args=None, *args, **kwargs):
-        argv = sys.argv[1:] if input_args is None else list(input_args)
-        if input_args is None:  # the script's own command line: argparse's errors in one line
-            parser.error = one_line_error
-        if not any(a in ("-h", "--help") for a in argv):
-            parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
-            if input_args is None:
-                check_required(parsed, parse.required)
-            check_evaluated(parsed)
-            return parsed
-        if _option_value(argv, "--arch", "-a") is None and any(a.dest == "arch" for a in parser._actions):
-            return parse_args_and_arch(parser, input_args, *args, **kwargs)  # fairseq's own --help
-        original = parser.parse_known_args
-        first = [True]
-
-        def parse_known_args(args=None, namespace=None):
-            if not first[0]:  # the options of --arch and the rest are added: show the preset's values
-                annotate_preset_help(parser, _option_value(argv, "--arch", "-a"))
-                return original(args, namespace)
-            first[0] = False  # the first parse: without --help, and without required arguments
-            args = [a for a in (sys.argv[1:] if args is None else args) if a not in ("-h", "--help")]
-            required = [a for a in parser._actions if a.required]
-            for action in required:
-                action.required = False
-            try:
-                return original(args, namespace)
-            finally:
-                for action in required:
-                    action.required = True
-
-        parser.parse_known_args = parse_known_args
-        try:
-            return parse_args_and_arch(parser, input_args, *args, **kwargs)
-        finally:
-            parser.parse_known_args = original
-
-    parse._fairseq_deep = True
-    parse.required = {}  # {dest: message}: what the script being run cannot do without (REQUIRED)
-    return parse
-
-
 def take_model_from(argv: List[str]) -> List[str]:
     """``--model-from CK.pt`` (fairseq-deep-train): ``--arch`` and every model option of the
     checkpoint CK.pt in its place, before the other arguments, so that an option given on the
     command line wins (and restoring a checkpoint refuses one that changes the architecture:
-    compat.py's shim 3)."""
-    path = _option_value(argv[1:], "--model-from")
+    :mod:`fairseq_deep.patches.checkpoint_errors`)."""
+    path = option_value(argv[1:], "--model-from")
     if path is None:
         return list(argv)
     rest, skip = [argv[0]], False
@@ -270,7 +105,6 @@ def take_model_from(argv: List[str]) -> List[str]:
             skip = a == "--model-from"
             continue
         rest.append(a)
-    from .compat import torch_load_checked
     from .model_options import model_command, saved_model_options, shell
 
     if not os.path.isfile(path):
@@ -303,11 +137,7 @@ REQUIRED = {
 def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None):
     quiet_warnings()
     _fairseq_logging(log_stream)
-    from fairseq import options
-
-    if not getattr(options.parse_args_and_arch, "_fairseq_deep", False):
-        options.parse_args_and_arch = parse_args_and_arch_with_help(options.parse_args_and_arch)
-    options.parse_args_and_arch.required = required or {}
+    install_parsing(required)  # --arch ARCH --help; argparse's errors in one line; REQUIRED once parsed
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types
     # allow-listed) is already imported; fairseq's import of the --user-dir finds it loaded.
     sys.argv = with_user_dir(sys.argv)
@@ -318,7 +148,7 @@ def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, require
         check_user_dir(sys.argv)
         if needs_arch:  # fairseq-train's parser (the only one with --arch/-a)
             check_arch(sys.argv)
-        if needs_arch and _option_value(sys.argv[1:], "--arch", "-a") is None and not (
+        if needs_arch and option_value(sys.argv[1:], "--arch", "-a") is None and not (
                 {"-h", "--help"} & set(sys.argv[1:])):
             raise UserError(NO_ARCH)
         return main()
@@ -326,60 +156,25 @@ def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, require
     report_user_errors(checked_main)
 
 
-def training_parser_with_model_from(get_training_parser):
-    """fairseq's ``get_training_parser``, whose ``--help`` also shows ``--model-from`` (which
-    :func:`take_model_from` reads off the command line before fairseq parses it)."""
-
-    def get(*args, **kwargs):
-        parser = get_training_parser(*args, **kwargs)
-        parser.add_argument("--model-from", metavar="CK.pt",
-                            help="fairseq-deep-train: --arch and every model option of the checkpoint CK.pt (a grown "
-                                 "model, a run to continue); an option given on the command line wins")
-        return parser
-
-    get._fairseq_deep = True
-    return get
-
-
 def train():
-    from fairseq import options
     from fairseq_cli import train as fairseq_train
 
-    from .progress import install_training_progress
-
-    install_training_progress(fairseq_train)  # a progress line with the ETA every 30 s
-    if not getattr(options.get_training_parser, "_fairseq_deep", False):  # --model-from in --help
-        options.get_training_parser = training_parser_with_model_from(options.get_training_parser)
+    install_train()  # a progress line with the ETA every 30 s; --model-from in --help
     _run(fairseq_train.cli_main, needs_arch=True, prepare_argv=take_model_from, required=REQUIRED["train"])
 
 
 def generate():
     from fairseq_cli import generate as fairseq_generate
 
-    from .progress import install_decoding_progress
-
     # a progress line with the ETA every 30 s; no batch started after FAIRSEQ_DEEP_DEADLINE
-    install_decoding_progress(fairseq_generate)
+    install_generate()
     _run(fairseq_generate.cli_main, log_stream=None, required=REQUIRED["generate"])  # it configures logging itself
 
 
 def interactive():
     from fairseq_cli import interactive as fairseq_interactive
 
-    from .interactive import make_batches_kept_going, with_sentencepiece_check
-
-    if not getattr(fairseq_interactive.make_batches, "_fairseq_deep", False):
-        fairseq_interactive.make_batches = make_batches_kept_going(fairseq_interactive.make_batches)
-
-    def reparse(extra: List[str]):
-        from fairseq import options
-        from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-        parser = options.get_interactive_generation_parser()
-        return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, sys.argv[1:] + extra))
-
-    if not getattr(fairseq_interactive.main, "_fairseq_deep", False):  # sentencepiece data without --bpe
-        fairseq_interactive.main = with_sentencepiece_check(fairseq_interactive.main, reparse)
+    install_interactive()  # every line one hypothesis; sentencepiece data without --bpe
     _run(fairseq_interactive.cli_main, required=REQUIRED["interactive"])
 
 
@@ -482,8 +277,6 @@ def average_checkpoints(inputs: List[str]):
     of the parameters of all ``inputs`` (accumulated in float64).  Tensors that are not floating
     point (flags, counters) are the newest checkpoint's, not averaged."""
     import torch
-
-    from .compat import torch_load_checked  # (allow-lists the types fairseq checkpoints hold)
 
     params_dict = collections.OrderedDict()
     new_state = None

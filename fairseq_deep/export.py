@@ -167,7 +167,7 @@ def stock_model(args: argparse.Namespace, task, state_dict, path: str):
     import torch
     from fairseq.models.transformer import TransformerModel
 
-    from .compat import without_better_transformer
+    from .patches.better_transformer import without_better_transformer
 
     torch.manual_seed(1)
     model = TransformerModel.build_model(copy.deepcopy(args), task)

@@ -64,7 +64,6 @@ import argparse
 import copy
 import logging
 import os
-import re
 import sys
 import zipfile
 from typing import Dict, List, Optional, Tuple
@@ -86,9 +85,6 @@ from .modules.growth import (
 logger = logging.getLogger("fairseq_deep.grow")
 
 METHODS = ("stack", "interleave", "identity")
-
-#: a layer's parameter (every column of a Deep-Att encoder): what --freeze-grown-from freezes
-_LAYER_KEY = re.compile(r"^(encoder|decoder)\.((?:columns\.\d+\.|stack\.)?)layers\.(\d+)\.(.+)$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,35 +373,6 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     summary.update(origin=origin, depth_options=(enc_opt, dec_opt), model_options=new_args, cfg=cfg,
                    data=(cfg.get("task") or {}).get("data") if isinstance(cfg, dict) else getattr(args, "data", None))
     return summary
-
-
-def freeze_bottom_layers(model, value: str) -> int:
-    """``--freeze-grown-from N[,M]``: no gradient for the parameters of encoder layers 0..N-1 (and
-    decoder layers 0..M-1; of every column of a Deep-Att encoder), as Wu et al. (2019) first train
-    the layers grown on top of a fixed bottom.  Returns how many parameter tensors were frozen."""
-    try:
-        bounds = [int(v) for v in str(value).split(",")]
-    except ValueError:
-        bounds = []
-    if len(bounds) not in (1, 2) or min(bounds) < 0:
-        raise UserError(f"--freeze-grown-from takes N or N,M (encoder, decoder layers), got {value!r}")
-    limit = {"encoder": bounds[0], "decoder": bounds[1] if len(bounds) > 1 else 0}
-    depth = {"encoder": 0, "decoder": 0}
-    frozen = 0
-    for name, p in model.named_parameters():
-        m = _LAYER_KEY.match(name)
-        if not m:
-            continue
-        side, index = m.group(1), int(m.group(3))
-        depth[side] = max(depth[side], index + 1)
-        if index < limit[side]:
-            p.requires_grad_(False)
-            frozen += 1
-    for side in limit:
-        if limit[side] > depth[side]:
-            raise UserError(f"--freeze-grown-from {value}: the model has {depth[side]} {side} layers, fewer than "
-                            f"the {limit[side]} to freeze")
-    return frozen
 
 
 def cli_main(argv=None):

@@ -11,8 +11,8 @@ where the opposite default would be silent.
 
 * :func:`check_same_architecture`: restoring a checkpoint (``--restore-file``, a resumed
   ``--save-dir``, ``--finetune-from-model``) compares every architecture option of this run's
-  model with the checkpoint's (compat.py's shim 3 calls it for the models of fairseq_deep), and
-  names each option that differs with both values.  Tensor shapes do not tell a head count,
+  model with the checkpoint's (:mod:`~fairseq_deep.patches.checkpoint_errors` calls it for the
+  models of fairseq_deep), and names each option that differs with both values.  Tensor shapes do not tell a head count,
   pre-/post-norm, an activation or a DLCL setting apart.
 * :func:`model_command`: the options of a checkpoint's model as a command line (``--arch`` and
   every model option, literally), for ``fairseq-deep-grow``'s next command and

@@ -304,7 +304,7 @@ def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: 
 
 
 def _updates(path: str) -> int:
-    from .compat import torch_load_checked
+    from .patches.checkpoint_errors import torch_load_checked
 
     state = torch_load_checked(path)
     history = state.get("optimizer_history") or [{}]

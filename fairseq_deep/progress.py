@@ -14,13 +14,12 @@ the rate of this run), ``--max-epoch`` (epochs left at the same rate) and ``--st
 (fairseq's cumulative training time against the budget).  Rates are means since the first update
 of this process (validation and checkpoint time included, as in the wall-clock time to the end).
 
-How it is installed (only by :mod:`fairseq_deep.cli`, never by importing the package; plain
-``fairseq-train --user-dir`` is unchanged): ``fairseq_cli.train.train`` (one epoch) is wrapped so
-that the trainer's ``train_step`` of that run is wrapped on the instance
-(:func:`install_training_progress`); ``fairseq_cli.generate``'s ``progress_bar`` and ``tasks``
-names are replaced by proxies whose progress bar's iterator counts the sentences decoded, and
-whose task records its batch iterator, to know the number of sentences
-(:func:`install_decoding_progress`).  Both take a ``clock`` (tests use a fake one).
+This module counts and words the lines; how fairseq's loops feed it is a patch that only the
+console scripts install, never an import of the package (plain ``fairseq-train --user-dir`` is
+unchanged): :mod:`fairseq_deep.patches.training_progress` (around ``fairseq_cli.train.train`` and
+the trainer's ``train_step``) and :mod:`fairseq_deep.patches.decoding_progress` (around
+``fairseq_cli.generate``'s progress bar and task: the sentences decoded, the deadline and the
+subset below).  Both take a ``clock`` (tests use a fake one).
 
 A budget too small to learn: after its first updates (:data:`BUDGET_CHECK_UPDATES`) a run with
 ``--stop-time-hours`` checks, at the rate measured, how many updates the budget reaches; where that
@@ -249,83 +248,6 @@ class TrainingProgress:
         return "ETA after the second update"
 
 
-def _epoch_state(epoch_itr, update_freq: int):
-    """``(epoch, fraction of its batches done, updates per epoch)`` of fairseq's epoch iterator."""
-    try:
-        batches = len(epoch_itr)
-        fraction = epoch_itr.iterations_in_epoch / batches if batches else None
-        return epoch_itr.epoch, fraction, math.ceil(batches / max(1, update_freq)) if batches else None
-    except Exception:  # noqa: BLE001 - another iterator: no epoch in the line
-        return getattr(epoch_itr, "epoch", None), None, None
-
-
-def _update_freq(cfg, epoch: int) -> int:
-    freqs = list(cfg.optimization.update_freq)
-    return int(freqs[epoch - 1] if epoch <= len(freqs) else freqs[-1])
-
-
-def _update_words(samples, trainer) -> float:
-    """The target tokens of the last update, all workers together: the "wpb" that fairseq's task
-    logged into the "train_inner" aggregation (trainer.train_step removes it from what it returns);
-    else this worker's samples times the number of workers."""
-    from fairseq.logging import metrics
-
-    meter = metrics.get_meter("train_inner", "wpb")
-    if meter is not None and getattr(meter, "val", None) is not None:
-        return float(meter.val)
-    try:
-        local = sum(float(s.get("ntokens", 0)) for s in samples if s)
-        return local * getattr(trainer, "data_parallel_world_size", 1)
-    except Exception:  # noqa: BLE001 - a sample of another shape: no words/s in the line
-        return 0.0
-
-
-def _wrap_train_step(trainer, progress: TrainingProgress, cfg):
-    """``trainer.train_step`` (on the instance) followed by ``progress.step``."""
-    train_step = trainer.train_step
-
-    def train_step_with_progress(samples, *args, **kwargs):
-        log_output = train_step(samples, *args, **kwargs)
-        if log_output is not None:  # not an OOM or overflow
-            epoch_itr = progress.epoch_itr
-            epoch = getattr(epoch_itr, "epoch", 1)
-            progress.set_epoch(*_epoch_state(epoch_itr, _update_freq(cfg, epoch)))
-            words = _update_words(samples, trainer)
-            progress.step(trainer.get_num_updates(), words, trainer.cumulative_training_time())
-        return log_output
-
-    trainer.train_step = train_step_with_progress
-
-
-def install_training_progress(train_module, interval: Optional[float] = None,
-                              clock: Callable[[], float] = time.monotonic):
-    """Wrap ``train_module.train`` (``fairseq_cli.train``'s one epoch) so that each run's trainer
-    logs :class:`TrainingProgress` lines.  Idempotent."""
-    train_epoch = train_module.train
-    if getattr(train_epoch, "_fairseq_deep", False):
-        return
-    interval = interval_seconds() if interval is None else interval
-    if interval <= 0:
-        return
-    state = {}
-
-    def train(cfg, trainer, task, epoch_itr, *args, **kwargs):
-        progress = state.get(id(trainer))
-        if progress is None:
-            opt = cfg.optimization
-            budget = BudgetCheck(opt.stop_time_hours, getattr(getattr(cfg, "lr_scheduler", None), "warmup_updates", 0),
-                                 opt.max_update, os.environ.get(RECIPE_BUDGET_ENV))
-            progress = state[id(trainer)] = TrainingProgress(
-                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock, budget=budget)
-            _wrap_train_step(trainer, progress, cfg)
-        progress.epoch_itr = epoch_itr
-        return train_epoch(cfg, trainer, task, epoch_itr, *args, **kwargs)
-
-    train.__doc__ = train_epoch.__doc__
-    train._fairseq_deep = True
-    train_module.train = train
-
-
 class DecodingProgress:
     """Counts the sentences of a decoding run and logs a line with the ETA."""
 
@@ -363,82 +285,6 @@ class DecodingProgress:
         return "progress: " + " | ".join(parts)
 
 
-def _sample_sentences(sample) -> int:
-    try:
-        return int(sample["nsentences"]) if "nsentences" in sample else int(sample["id"].numel())
-    except Exception:  # noqa: BLE001 - an empty or foreign sample
-        return 0
-
-
-class _CountingBar:
-    """fairseq's progress bar, with an iterator that counts what it yields into ``progress`` and,
-    given a ``deadline`` (a time of ``wall_clock``), starts no batch after it (see the module's
-    docstring): it ends early, with a warning, and fairseq's loop ends as if the data had."""
-
-    def __init__(self, bar, progress: DecodingProgress, deadline: Optional[float] = None,
-                 wall_clock: Callable[[], float] = time.time):
-        self._bar = bar
-        self._progress = progress
-        self._deadline = deadline
-        self._wall_clock = wall_clock
-
-    def _out_of_time(self, last_batch_s: Optional[float]) -> bool:
-        if self._deadline is None or last_batch_s is None:  # the first batch is always decoded
-            return False
-        return self._wall_clock() + last_batch_s > self._deadline
-
-    def __iter__(self):
-        last_batch_s = None
-        iterator = iter(self._bar)
-        while True:
-            if self._out_of_time(last_batch_s):
-                self._stop()
-                return
-            try:
-                sample = next(iterator)
-            except StopIteration:
-                return
-            started = self._wall_clock()
-            yield sample
-            last_batch_s = max(0.0, self._wall_clock() - started)
-            self._progress.step(_sample_sentences(sample))  # the batch has been decoded
-
-    def _stop(self):
-        p = self._progress
-        done = f"{p.sentences:,} of {p.total_sentences:,} sentences" if p.total_sentences else (
-            f"{p.sentences:,} sentences ({p.batches:,} of {p.total_batches:,} batches)" if p.total_batches
-            else f"{p.sentences:,} sentences")
-        late = self._wall_clock() - self._deadline
-        when = (f"it passed {late:.0f} s ago" if late >= 0 else
-                f"{-late:.0f} s left, less than the last batch took")
-        logger.warning(f"{DEADLINE_STOP} ({DEADLINE_ENV}; {when}): {done} decoded; the rest are not "
-                       "translated, and the scores below are of the decoded ones only")
-
-    def __len__(self):
-        return len(self._bar)
-
-    def __getattr__(self, name):
-        return getattr(self._bar, name)
-
-
-class _Proxy:
-    """A module's attributes, some replaced."""
-
-    def __init__(self, module, **replaced):
-        self._module = module
-        self.__dict__.update(replaced)
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-
-def _sentences_in(epoch_batch_iterator) -> Optional[int]:
-    try:
-        return int(sum(len(b) for b in epoch_batch_iterator.frozen_batches))
-    except Exception:  # noqa: BLE001 - another iterator: batches are counted instead
-        return None
-
-
 def fraction_from_env() -> Optional[float]:
     """:data:`DECODE_FRACTION_ENV` in (0, 1), or None (unset, empty, 1 or more; not a fraction: a warning)."""
     value = os.environ.get(DECODE_FRACTION_ENV, "").strip()
@@ -458,66 +304,3 @@ def evenly_spaced(n: int, fraction: float) -> list:
     """About ``fraction`` of ``range(n)``, evenly spaced (at least one), in order."""
     keep = [i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
     return keep or [0][:n]
-
-
-def _decode_a_subset(dataset, fraction: float):
-    """``dataset.ordered_indices`` (fairseq's order, by length) thinned to an evenly spaced
-    ``fraction`` of it, on the instance, so that fairseq batches the subset only; the ids (lines of
-    the test set) stay the same."""
-    ordered_indices = dataset.ordered_indices
-
-    def subset():
-        indices = ordered_indices()
-        chosen = indices[evenly_spaced(len(indices), fraction)]
-        logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(chosen):,} of {len(indices):,} "
-                    "sentences, evenly spaced over the test set sorted by length (every length is in it)")
-        return chosen
-
-    dataset.ordered_indices = subset
-
-
-def install_decoding_progress(generate_module, interval: Optional[float] = None,
-                              clock: Callable[[], float] = time.monotonic, deadline: Optional[float] = None,
-                              wall_clock: Callable[[], float] = time.time, fraction: Optional[float] = None):
-    """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines and
-    stop at ``deadline`` (a Unix time, by default from :data:`DEADLINE_ENV`; see the module's
-    docstring): its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded
-    (the number of sentences), its ``progress_bar.progress_bar`` a bar that counts the sentences
-    and ends at the deadline.  Idempotent."""
-    if isinstance(generate_module.progress_bar, _Proxy):
-        return
-    interval = interval_seconds() if interval is None else interval
-    deadline = deadline_from_env() if deadline is None else deadline
-    fraction = fraction_from_env() if fraction is None else fraction
-    if interval <= 0 and deadline is None and fraction is None:
-        return
-    real_tasks, real_bars = generate_module.tasks, generate_module.progress_bar
-    recorded = []
-
-    def setup_task(*args, **kwargs):
-        task = real_tasks.setup_task(*args, **kwargs)
-        get_batch_iterator = task.get_batch_iterator
-
-        def recording(*a, **kw):
-            dataset = kw.get("dataset", a[0] if a else None)
-            if fraction is not None and hasattr(dataset, "ordered_indices"):
-                _decode_a_subset(dataset, fraction)
-            itr = get_batch_iterator(*a, **kw)
-            recorded.append(itr)
-            return itr
-
-        task.get_batch_iterator = recording
-        return task
-
-    def progress_bar(iterator, *args, **kwargs):
-        bar = real_bars.progress_bar(iterator, *args, **kwargs)
-        total = _sentences_in(recorded[-1]) if recorded else None
-        try:
-            batches = len(iterator)
-        except TypeError:
-            batches = None
-        return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock),
-                            deadline=deadline, wall_clock=wall_clock)
-
-    generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
-    generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)

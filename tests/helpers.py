@@ -12,7 +12,7 @@ from fairseq import options, tasks
 from fairseq.data import Dictionary
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
-from fairseq_deep.compat import without_better_transformer
+from fairseq_deep.patches.better_transformer import without_better_transformer
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, random_batch, run_cli
 
-from fairseq_deep.compat import without_better_transformer_keys
+from fairseq_deep.patches.better_transformer import without_better_transformer_keys
 from fairseq_deep.checkpoint_init import load_matching
 from fairseq_deep.modules.layer_aggregation import (
     AggregationNode,

@@ -66,7 +66,7 @@ def test_help_of_a_preset_shows_its_values(capsys):
 
     from fairseq import options
 
-    from fairseq_deep.cli import parse_args_and_arch_with_help
+    from fairseq_deep.patches.arguments import parse_args_and_arch_with_help
 
     parse = parse_args_and_arch_with_help(options.parse_args_and_arch)
     with pytest.raises(SystemExit) as exit_:
@@ -268,7 +268,7 @@ def test_what_counts_as_a_user_error():
     assert is_user_error(ValueError("--ta-dropout must be in [0, 1), got 2"))
     assert not is_user_error(ValueError("shapes do not match"))  # a bug keeps its traceback
     assert not is_user_error(KeyError("--x"))
-    from fairseq_deep.compat import CheckpointError
+    from fairseq_deep.errors import CheckpointError
 
     assert is_user_error(CheckpointError("x.pt is not a complete checkpoint")) and issubclass(CheckpointError, RuntimeError)
 

@@ -6,7 +6,7 @@ Two CPU processes launched with ``torchrun --nproc_per_node 2`` (gloo, fairseq's
 parameters agree to float tolerance (only the order of the gradient sums differs).  torch DDP runs
 with ``find_unused_parameters=False``, so a parameter of ours that got no gradient would stop the
 run with DDP's unused-parameter error.  The CPU launch works through the shims of
-``fairseq_deep.compat`` (no division by zero GPUs, gloo for nccl, world size from torchrun).
+``fairseq_deep.patches.distributed_cpu`` (no division by zero GPUs, gloo for nccl, world size from torchrun).
 """
 
 import json

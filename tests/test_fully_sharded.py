@@ -123,7 +123,7 @@ def test_every_layer_is_wrapped_and_computes_as_unwrapped(family, flags):
             torch.testing.assert_close(grads[1][key], grad, rtol=1e-6, atol=1e-6, msg=key)
 
 
-# -- bf16 under fully sharded training (compat.py, shim 8) ------------------------------------------
+# -- bf16 under fully sharded training (patches/fully_sharded.py) ----------------------------------
 
 
 def _fsdp_trainer(data, *extra):
@@ -137,7 +137,7 @@ def _fsdp_trainer(data, *extra):
         str(data), "--arch", "transformer_dlcl", *precision_matrix._TRANSFORMER_TINY, "--cpu",
         "--optimizer", "adam", "--lr", "1e-3", "--ddp-backend", "fully_sharded", *extra])
     cfg = convert_namespace_to_omegaconf(args)
-    cfg.common.tpu = False  # what fairseq's call_main gets from compat's shim 5
+    cfg.common.tpu = False  # what fairseq's call_main gets from patches/precision.py
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     return Trainer(cfg, task, model, task.build_criterion(cfg.criterion)), cfg

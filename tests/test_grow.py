@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 from helpers import TINY, TINY_RNMT, build_model, dtype_marker, parse_model_args, random_batch, run_cli
 
 from fairseq_deep.errors import UserError
-from fairseq_deep.grow import depth_options, freeze_bottom_layers, grow
+from fairseq_deep.grow import depth_options, grow
 from fairseq_deep.modules.growth import base_layer_map
 from fairseq_deep.modules.residual_schemes import deepnorm_constants
+from fairseq_deep.tasks.freeze import freeze_bottom_layers
 
 
 def save_tiny(arch, extra, path, seed=1):

@@ -102,7 +102,7 @@ def run_interactive_in_process(monkeypatch, data, *extra):
 
 
 def test_sentencepiece_dictionary_is_recognised(tmp_path, synthetic_bin):
-    from fairseq_deep.interactive import sentencepiece_dictionary, spm_model_beside
+    from fairseq_deep.data.sentencepiece_data import sentencepiece_dictionary, spm_model_beside
 
     data = spm_data(tmp_path, with_model=True)
     assert sentencepiece_dictionary(str(data / "dict.src.txt"))
@@ -142,12 +142,12 @@ def hub_load(monkeypatch, data, **cfg_values):
     from fairseq import hub_utils
     from omegaconf import OmegaConf
 
-    from fairseq_deep import compat
-    from fairseq_deep.compat import hub_from_pretrained_checked
+    from fairseq_deep.patches import install
+    from fairseq_deep.patches.hub import hub_from_pretrained_checked
 
     cfg = OmegaConf.create({"bpe": None, "common_eval": {"post_process": None},
                             "task": {"data": str(data), "source_lang": "src"}, **cfg_values})
-    monkeypatch.setitem(compat._ORIGINAL, hub_from_pretrained_checked,
+    monkeypatch.setitem(install._ORIGINAL, hub_from_pretrained_checked,
                         lambda *args, **kwargs: {"args": cfg, "task": object(), "models": []})
     return hub_utils.from_pretrained("unused", data_name_or_path=str(data))["args"]
 

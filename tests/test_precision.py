@@ -243,7 +243,7 @@ def test_family_trains_on_cuda(family, mode):
 
 def test_bf16_decoding_casts_the_model_and_fp32_does_not():
     """fairseq-generate/-interactive and the hub call ``prepare_for_inference_``; fairseq casts to
-    half for --fp16 only, the compat shim casts to bfloat16 for --bf16."""
+    half for --fp16 only, the precision shim casts to bfloat16 for --bf16."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     for flags, dtype in (([], torch.float32), (["--bf16"], torch.bfloat16)):

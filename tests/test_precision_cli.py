@@ -1,7 +1,7 @@
 """Mixed precision through fairseq's own trainer and the real CLI, on CPU (issue 12).
 
 fairseq's ``--fp16`` (FP16Optimizer, dynamic loss scale) and ``--bf16`` run on CPU with the shims of
-``fairseq_deep.compat``, so CI drives the same code paths a GPU run takes: every family trains a few
+``fairseq_deep.patches.precision``, so CI drives the same code paths a GPU run takes: every family trains a few
 updates and decodes every test sentence in both precisions; ``--optimizer deep_att`` keeps its three
 parameter groups under ``--fp16``; ``--memory-efficient-fp16`` trains where fairseq's wrapper allows
 and stops with a message naming the alternative where it does not; adaptive gradient clipping

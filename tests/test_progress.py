@@ -8,6 +8,8 @@ import types
 import pytest
 
 from fairseq_deep import progress as P
+from fairseq_deep.patches.decoding_progress import _Proxy, install_decoding_progress
+from fairseq_deep.patches.training_progress import install_training_progress
 
 
 class Clock:
@@ -94,8 +96,8 @@ def test_install_training_progress_wraps_each_trainers_train_step(caplog):
         return [None], False
 
     module = types.SimpleNamespace(train=train)
-    P.install_training_progress(module, interval=30, clock=clock)
-    P.install_training_progress(module, interval=30, clock=clock)  # idempotent
+    install_training_progress(module, interval=30, clock=clock)
+    install_training_progress(module, interval=30, clock=clock)  # idempotent
     assert module.train._fairseq_deep and module.train is not train
     cfg = types.SimpleNamespace(optimization=types.SimpleNamespace(
         max_update=82, max_epoch=0, stop_time_hours=0, update_freq=[1]))
@@ -131,7 +133,7 @@ def test_install_decoding_progress_counts_sentences(caplog):
     tasks = types.SimpleNamespace(setup_task=lambda cfg: Task(), other="kept")
     bars = types.SimpleNamespace(progress_bar=lambda itr, **kw: Bar(itr))
     module = types.SimpleNamespace(tasks=tasks, progress_bar=bars)
-    P.install_decoding_progress(module, interval=30, clock=clock)
+    install_decoding_progress(module, interval=30, clock=clock)
     assert module.tasks.other == "kept"
     task = module.tasks.setup_task(None)
     itr = task.get_batch_iterator(dataset=None)
@@ -151,7 +153,7 @@ def test_interval_from_the_environment(monkeypatch):
     assert P.interval_seconds() == 5.0
     monkeypatch.setenv(P.INTERVAL_ENV, "0")
     module = types.SimpleNamespace(train=lambda *a: None)
-    P.install_training_progress(module)
+    install_training_progress(module)
     assert not getattr(module.train, "_fairseq_deep", False)  # 0: no progress lines
     monkeypatch.setenv(P.INTERVAL_ENV, "soon")
     assert P.interval_seconds() == P.DEFAULT_INTERVAL
@@ -186,7 +188,7 @@ def test_decoding_starts_no_batch_after_the_deadline_and_says_how_many(caplog):
     clock = Clock()
     clock.t = 1000.0
     module = fake_generate([list(range(10))] * 9 + [list(range(5))])  # 95 sentences
-    P.install_decoding_progress(module, interval=0, clock=clock, deadline=1045.0, wall_clock=clock)
+    install_decoding_progress(module, interval=0, clock=clock, deadline=1045.0, wall_clock=clock)
     assert decode(module, 10.0, clock) == [10] * 4
     warnings = [r for r in caplog.records if r.name == "fairseq_deep.progress" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and len(lines(caplog)) == 1  # interval 0: no progress lines
@@ -200,12 +202,12 @@ def test_decoding_decodes_the_first_batch_even_after_the_deadline_and_all_before
     clock = Clock()
     clock.t = 2000.0
     late = fake_generate([list(range(10))] * 3)
-    P.install_decoding_progress(late, interval=0, clock=clock, deadline=1000.0, wall_clock=clock)
+    install_decoding_progress(late, interval=0, clock=clock, deadline=1000.0, wall_clock=clock)
     assert decode(late, 1.0, clock) == [10]  # one batch: fairseq's summary needs a decoding time
     assert "10 of 30 sentences decoded" in lines(caplog)[-1] and "passed 1001 s ago" in lines(caplog)[-1]
     caplog.clear()
     early = fake_generate([list(range(10))] * 3)
-    P.install_decoding_progress(early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock)
+    install_decoding_progress(early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock)
     assert decode(early, 1.0, clock) == [10, 10, 10] and lines(caplog) == []
 
 
@@ -216,8 +218,8 @@ def test_deadline_from_the_environment(monkeypatch, caplog):
     assert P.deadline_from_env() == 1700000000.0
     monkeypatch.setenv(P.INTERVAL_ENV, "0")  # progress lines off: the deadline is installed anyway
     module = fake_generate([[0]])
-    P.install_decoding_progress(module)
-    assert isinstance(module.progress_bar, P._Proxy)
+    install_decoding_progress(module)
+    assert isinstance(module.progress_bar, _Proxy)
     monkeypatch.setenv(P.DEADLINE_ENV, "soon")
     assert P.deadline_from_env() is None and "not a Unix time" in caplog.text
 
@@ -285,7 +287,7 @@ def test_decoding_a_subset_decodes_evenly_spaced_sentences_of_every_length_and_s
     module = types.SimpleNamespace(tasks=types.SimpleNamespace(setup_task=lambda cfg: Task()),
                                    progress_bar=types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr)))
     clock = Clock()
-    P.install_decoding_progress(module, interval=30, clock=clock, fraction=0.3)
+    install_decoding_progress(module, interval=30, clock=clock, fraction=0.3)
     itr = module.tasks.setup_task(None).get_batch_iterator(dataset=Dataset())
     decoded = [int(i) for b in itr.frozen_batches for i in b]
     assert decoded == [99 - i for i in P.evenly_spaced(100, 0.3)] and len(decoded) == 30

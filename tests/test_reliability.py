@@ -20,8 +20,10 @@ from fairseq import checkpoint_utils, options, tasks
 from helpers import PLUGIN_DIR, TINY, build_model, parse_model_args, run_cli
 
 import fairseq_deep  # noqa: F401
-from fairseq_deep import compat
-from fairseq_deep.compat import CheckpointError
+from fairseq_deep.errors import CheckpointError
+from fairseq_deep.patches import safe_loading
+from fairseq_deep.patches.evaluation_batches import batch_by_size_all
+from fairseq_deep.patches.install import fairseq_original
 
 N_LINES = 101  # valid and test of the synthetic corpus (conftest)
 GENERATE = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "3", "--cpu", "--num-workers", "0"]
@@ -93,8 +95,8 @@ def test_shim_gives_back_exactly_what_fairseq_drops():
 
     sizes = np.arange(N_LINES) % 13 + 1
     kwargs = dict(max_sentences=8, required_batch_size_multiple=8)
-    theirs = compat.fairseq_original(compat.batch_by_size_all)(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
-    ours = compat.batch_by_size_all(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
+    theirs = fairseq_original(batch_by_size_all)(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
+    ours = batch_by_size_all(np.arange(N_LINES), lambda i: sizes[i], **kwargs)
     if fairseq.__version__ == "0.12.2":
         assert [b.tolist() for b in ours] == [b.tolist() for b in theirs]
         assert sum(map(len, ours)) == N_LINES
@@ -261,7 +263,7 @@ def _malicious_checkpoint(trained, path, marker, inside_real_checkpoint=True):
 # torch < 2.6 (the newest on Python 3.8 is 2.4) loads full pickles by default (no weights-only check),
 # and so do fairseq and the package there: a pickled callable runs, as with plain fairseq (README, Installation)
 WEIGHTS_ONLY_BY_DEFAULT = pytest.mark.skipif(
-    compat._torch_version() < (2, 6), reason="torch < 2.6 does not load weights-only by default")
+    safe_loading._torch_version() < (2, 6), reason="torch < 2.6 does not load weights-only by default")
 
 
 @WEIGHTS_ONLY_BY_DEFAULT
@@ -299,7 +301,7 @@ def test_allow_list_is_exactly_what_a_fairseq_checkpoint_holds(trained):
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(registered)
-    named = [compat._as_safe_global(t) for t in compat.checkpoint_safe_globals()]  # typing.Any by name on 3.8/3.9
+    named = [safe_loading._as_safe_global(t) for t in safe_loading.checkpoint_safe_globals()]  # typing.Any by name on 3.8/3.9
     allowed = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in named if g is not None}
     assert needed and needed <= allowed, needed - allowed
     state = checkpoint_utils.load_checkpoint_to_cpu(str(trained))

@@ -3,8 +3,9 @@ ve-fairseq 0.12.3 of Python >= 3.11; CI runs this file on both).
 
 fairseq 0.12.2's encoder layer has a "BetterTransformer" fast path: eight fused parameter copies
 per layer and, after a state dict was loaded, a fused kernel in eval mode that our stacks would
-feed wrongly (decoding then depends on the batch size, or crashes).  ``compat.without_better_transformer``
-takes it out of every encoder layer the package builds.  What must hold on either stack:
+feed wrongly (decoding then depends on the batch size, or crashes).
+``patches.better_transformer.without_better_transformer`` takes it out of every encoder layer the
+package builds.  What must hold on either stack:
 
 * every parameter gets a gradient (torch DDP without ``--find-unused-parameters``), and none is a
   fused copy (the same parameter count on both stacks);
@@ -26,7 +27,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, run_cli
 
-from fairseq_deep.compat import BETTER_TRANSFORMER_PARAMS
+from fairseq_deep.patches.better_transformer import BETTER_TRANSFORMER_PARAMS
 
 from benchmarks.precision_matrix import FAMILIES  # one tiny model of every family
 

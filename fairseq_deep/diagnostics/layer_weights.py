@@ -365,7 +365,7 @@ def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = 
 
 def load_checkpoint(path: str):
     """``(state_dict, model_cfg)`` of a fairseq checkpoint, loaded with torch's safe unpickler."""
-    from ..compat import torch_load_checked  # (allow-lists the types fairseq checkpoints hold)
+    from ..patches.checkpoint_errors import torch_load_checked
 
     # a missing, truncated or refused file: the CheckpointError of generate/interactive/hub
     ckpt = torch_load_checked(path)

@@ -31,8 +31,8 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..compat import without_better_transformer
 from ..modules.growth import declare_stack
+from ..patches.better_transformer import without_better_transformer
 from ..modules.layer_history import LayerHistory
 from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes, scheme_names
 from .flags import add_new_flag_names
@@ -140,8 +140,9 @@ def _give_norm_to_history(layer: nn.Module, taken_over: bool):
 
 class FairseqTransformerEncoder(TransformerEncoderBase):
     """fairseq's own Transformer encoder (the hybrids' Transformer parts), its layers without
-    fairseq 0.12.2's fused fast path (compat.py) and under the initialisation scheme of ``cfg``
-    (``--ds-init``; the hybrids refuse the residual schemes, their Transformer parts being pre-norm)."""
+    fairseq 0.12.2's fused fast path (patches/better_transformer.py) and under the initialisation
+    scheme of ``cfg`` (``--ds-init``; the hybrids refuse the residual schemes, their Transformer
+    parts being pre-norm)."""
 
     def __init__(self, cfg, dictionary, embed_tokens):
         self._layers_built = 0
@@ -179,8 +180,8 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
 
     def build_encoder_layer(self, cfg):
         """fairseq's hook, called once per layer: builds layer ``index`` of N (without fairseq
-        0.12.2's fused fast path, compat.py), applies the residual and initialisation schemes of
-        ``cfg`` (modules/residual_schemes.py) and wraps it."""
+        0.12.2's fused fast path, patches/better_transformer.py), applies the residual and
+        initialisation schemes of ``cfg`` (modules/residual_schemes.py) and wraps it."""
         index, self._layers_built = self._layers_built, self._layers_built + 1
         if index == 0:
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin

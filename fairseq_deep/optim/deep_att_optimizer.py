@@ -66,7 +66,7 @@ def group_of(param) -> str:
 @register_optimizer("deep_att", dataclass=DeepAttOptimizerConfig)
 class DeepAttOptimizer(FairseqOptimizer):
     # Under --fp16 the float32 master weights must stay one tensor per parameter (fairseq's
-    # --fp16-no-flatten-grads), which fairseq_deep.compat sets for an optimizer that says so.
+    # --fp16-no-flatten-grads), which patches/precision.py sets for an optimizer that says so.
     needs_param_groups = True
 
     @classmethod

@@ -32,6 +32,7 @@ from ..diagnostics.grad_norm import (
     is_ta_weight_key,
     transparent_weights_logging,
 )
+from .freeze import freeze_bottom_layers  # --freeze-grown-from
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ class TranslationDeepTask(AdaptiveClipTaskMixin, TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.freeze_grown_from:
-            from ..grow import freeze_bottom_layers
-
             frozen = freeze_bottom_layers(model, self.cfg.freeze_grown_from)
             logger.info(f"--freeze-grown-from {self.cfg.freeze_grown_from}: {frozen} parameter tensors frozen")
         if self.cfg.log_grad_norm_ratio:

@@ -13,7 +13,7 @@ from fairseq.models import FairseqEncoder
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-from ....compat import without_better_transformer
+from ....patches.better_transformer import without_better_transformer
 from ....modules.reorder import reorder_encoder_out
 from ....modules.residual_schemes import apply_schemes
 from ...transformer_stack import FairseqTransformerEncoder, wrap_layer

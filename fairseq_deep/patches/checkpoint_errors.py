@@ -1,0 +1,255 @@
+"""Checkpoint errors that name the file, the cause and the fix (error messages, not version shims).
+
+Replaces, each by a wrapper that calls fairseq's function and rewrites only its failure:
+
+- ``fairseq.checkpoint_utils.load_checkpoint_to_cpu``: a refused (unsafe) file, where torch
+  advises switching the weights-only check off; a truncated or unreadable one (torch's
+  ``PytorchStreamReader failed ...``); a dict that is not a fairseq checkpoint (fairseq's
+  ``KeyError``); a model that no loaded plugin registers (another plugin's, a newer fairseq's:
+  fairseq's ``IndexError: Replacement index 1 out of range``) -> :class:`~fairseq_deep.errors.CheckpointError`;
+- ``fairseq.checkpoint_utils.load_model_ensemble_and_task`` (fairseq-generate, -interactive, the
+  hub): parameters that do not fit the model as this code builds it (torch's "Error(s) in loading
+  state_dict", or 0.12.2's ``KeyError`` of a missing q/k/v weight) -> the file and the first keys;
+- ``fairseq.trainer.Trainer.load_checkpoint`` (``--restore-file``, a resumed ``--save-dir``,
+  ``--finetune-from-model``; fairseq compares tensor shapes only, then says "please ensure that
+  the architectures match"): every architecture option of our models is compared with the
+  checkpoint's (:mod:`~fairseq_deep.model_options`) and a difference stops before any parameter is
+  loaded, naming each option with both values; and the training time a restored checkpoint brings,
+  which ``--stop-time-hours`` counts, is logged (fairseq says nothing).
+
+:func:`torch_load_checked` gives the same errors to tools that read a checkpoint as it is saved
+(checkpoint averaging, layer-weight export, ``--model-from``).
+
+Versions: every fairseq 0.12 (0.12.2 and ve-fairseq 0.12.3) and torch; the refused-file message
+matters from torch 2.6 (weights-only by default).
+
+Pinned by: tests/test_reliability.py (truncated, refused, another architecture), tests/test_cli_errors.py
+(``test_checkpoint_of_another_plugin_or_other_model_code``, one line from every script),
+tests/test_continue.py (``test_a_changed_architecture_option_is_named_with_both_values``,
+``test_mismatch_names_the_tensors_that_differ``), tests/test_grow.py, tests/test_export.py.
+"""
+
+import argparse
+import contextvars
+import logging
+import os
+import pickle
+import re
+import traceback
+import typing
+import zipfile
+
+import torch
+from fairseq import checkpoint_utils
+
+from ..errors import CheckpointError, MissingFileError
+from .install import fairseq_original, install
+
+logger = logging.getLogger(__name__)
+
+
+def _raised_by_torch_load(exc: BaseException) -> bool:
+    return any(f.filename.replace("\\", "/").endswith("torch/serialization.py")
+               for f in traceback.extract_tb(exc.__traceback__))
+
+
+#: this run's model options while ``Trainer.load_checkpoint`` restores a checkpoint (else None)
+_RESTORING = contextvars.ContextVar("fairseq_deep_restoring", default=None)
+
+
+def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
+    """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file, or one whose model no
+    loaded plugin registers, raises CheckpointError; so does, while the trainer restores it, one
+    whose architecture options differ from this run's (:func:`trainer_load_checkpoint_checked`)."""
+    state = _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
+    _check_model_registered(path, state)
+    if _RESTORING.get() is not None:
+        from ..model_options import check_same_architecture, saved_model_options
+
+        check_same_architecture(path, saved_model_options(state), _RESTORING.get())
+    return state
+
+
+def _saved_model_cfg(state):
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    if cfg is not None:
+        return cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)
+    return state.get("args") if isinstance(state, dict) else None
+
+
+def _cfg_get(cfg, key):
+    return cfg.get(key, None) if hasattr(cfg, "get") else getattr(cfg, key, None)
+
+
+def _check_model_registered(path, state):
+    """A checkpoint of another plugin (or of a newer fairseq) names a model that nothing here
+    registers; fairseq would stop with ``IndexError: Replacement index 1 out of range``."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    model_cfg = _saved_model_cfg(state)
+    if model_cfg is None:
+        return
+    name = _cfg_get(model_cfg, "_name") or _cfg_get(model_cfg, "arch")
+    if name is None or name in ARCH_MODEL_REGISTRY or name in MODEL_REGISTRY:
+        return
+    cfg = state.get("cfg") or {}
+    common = cfg.get("common") if hasattr(cfg, "get") else None
+    user_dir = (_cfg_get(common, "user_dir") if common is not None else None) or \
+        _cfg_get(state.get("args") or argparse.Namespace(), "user_dir")
+    import fairseq
+
+    raise CheckpointError(
+        f"{path} holds a model of --arch {name}, which neither fairseq {fairseq.__version__} nor a loaded "
+        f"plugin registers: it was written "
+        + (f"with the plugin --user-dir {user_dir}" if user_dir else "by another plugin or a newer fairseq")
+        + ". Load it with the plugin and the fairseq that wrote it (fairseq_deep's architectures: "
+          "fairseq-deep-list-archs)"
+    )
+
+
+def torch_load_checked(path):
+    """``torch.load(path, map_location="cpu")`` (weights_only at torch's default) with the errors of
+    :func:`load_checkpoint_to_cpu_checked`: for tools that read a checkpoint as it is saved
+    (checkpoint averaging, layer-weight export)."""
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{path}: no such checkpoint file")
+    return _checked_load(torch.load, path, map_location="cpu")
+
+
+def _checked_load(load, path, *args, **kwargs):
+    try:
+        return load(path, *args, **kwargs)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", str(e))
+        what = f"a reference to {found.group(1)}" if found else "an object"
+        raise CheckpointError(
+            f"{path} was not loaded: it holds {what}, which is not among the types a fairseq "
+            f"checkpoint contains; loading it could run code, so it is refused (torch.load with "
+            f"weights_only=True). Use a checkpoint written by fairseq-train; do not load this file "
+            f"with the weights-only check switched off (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) "
+            f"unless you made it yourself."
+        ) from e
+    except FileNotFoundError:
+        raise
+    except KeyError as e:  # fairseq's upgrade of a dict that is not one of its checkpoints
+        raise CheckpointError(
+            f"{path} is not a fairseq checkpoint: it has no {e.args[0]!r} entry. Use a checkpoint "
+            f"written by fairseq-train (checkpoint_best.pt, checkpoint_last.pt) or by "
+            f"fairseq-deep-average-checkpoints"
+        ) from e
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        if not _raised_by_torch_load(e):
+            raise
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        raise CheckpointError(
+            f"{path} ({size} bytes) is not a complete checkpoint: torch could not read it "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). It was "
+            f"probably truncated (an interrupted copy or save, a full disk). Use another checkpoint "
+            f"(checkpoint_best.pt or an earlier checkpoint_N.pt), or copy the file again; to resume "
+            f"training, pass --restore-file with a complete checkpoint."
+        ) from e
+
+
+def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
+    """fairseq's ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, the hub):
+    parameters that do not fit the model (a checkpoint of other model code: a newer fairseq or
+    fairseq_deep, another plugin) raise CheckpointError naming the file and the keys."""
+    try:
+        return fairseq_original(load_model_ensemble_and_task_checked)(filenames, *args, **kwargs)
+    except KeyError as e:
+        # fairseq 0.12.2's encoder layer reads its q/k/v weights from the state dict before torch
+        # matches the keys: a missing one is a KeyError there
+        if not any(f.name == "_load_from_state_dict" for f in traceback.extract_tb(e.__traceback__)):
+            raise
+        raise CheckpointError(
+            f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit the model as this "
+            f"code builds it (missing ({e.args[0]}, ...)): it was written by other model code (a newer or "
+            f"older fairseq or fairseq_deep, another plugin). Load it with the versions that wrote it"
+        ) from e
+    except RuntimeError as e:
+        text = str(e)
+        if not text.startswith("Error(s) in loading state_dict"):
+            raise
+        parts = _state_dict_mismatch(text)
+        model = text.splitlines()[0].rsplit(" for ", 1)[-1].rstrip(":")
+        raise CheckpointError(
+            f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit {model} as this "
+            f"code builds it ({'; '.join(parts) or 'different names or shapes'}): it was written by "
+            f"other model code (a newer or older fairseq or fairseq_deep, another plugin). Load it with "
+            f"the versions that wrote it"
+        ) from e
+
+
+def _state_dict_mismatch(text: str) -> typing.List[str]:
+    """What torch's "Error(s) in loading state_dict" says, short: the first tensors of another
+    shape (both shapes), and the counts and first names of missing and unexpected keys."""
+    shapes = re.findall(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) "
+                        r"from checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
+    shown = [f"{name}: checkpoint {a.replace(', ', 'x')}, this model {b.replace(', ', 'x')}"
+             for name, a, b in shapes[:2]]
+    parts = [f"{len(shapes)} of another shape ({', '.join(shown)}{', ...' if len(shapes) > 2 else ''})"] if shapes else []
+    keys = {kind: re.findall(r'"([^"]+)"', found.group(1)) for kind in ("Missing", "Unexpected")
+            for found in [re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)]
+            if found}
+    return parts + [f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                    for kind, v in keys.items()]
+
+
+def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
+    """fairseq's ``Trainer.load_checkpoint`` (``--restore-file``, a resumed ``--save-dir``,
+    ``--finetune-from-model``; fairseq compares the shapes of the tensors only): a checkpoint
+    whose model differs from this run's in an architecture option (the head count, pre-/post-norm,
+    the DLCL settings, ... :mod:`~fairseq_deep.model_options`) stops before any parameter is
+    loaded, naming each option with both values; parameters that do not fit otherwise name the
+    options or the first tensors that differ."""
+    token = _RESTORING.set(self.cfg.model)
+    try:
+        extra_state = fairseq_original(trainer_load_checkpoint_checked)(self, filename, *args, **kwargs)
+        _say_training_time(self, filename)
+        return extra_state
+    except Exception as e:
+        if not str(e).startswith("Cannot load model parameters from checkpoint"):
+            raise
+        from ..model_options import describe, differences, saved_model_options
+
+        cause = str(e.__context__) if e.__context__ is not None else ""
+        try:
+            found = describe(differences(saved_model_options(fairseq_original(load_checkpoint_to_cpu_checked)(
+                filename)), self.cfg.model))
+        except Exception:  # noqa: BLE001 - the options are a courtesy; the tensors are named below
+            found = ""
+        what = (f"its model options differ from this run's: {found}" if found else
+                "; ".join(_state_dict_mismatch(cause)) or (cause.strip().splitlines() or ["?"])[0][:300])
+        raise CheckpointError(
+            f"{filename}: the checkpoint's parameters do not fit the model of this run ({what}). Fix: train "
+            f"with the checkpoint's model options (fairseq-deep-train --model-from {filename} takes them all), "
+            f"or start a new model in another --save-dir (the checkpoint was not modified)"
+        ) from e
+    finally:
+        _RESTORING.reset(token)
+
+
+def _say_training_time(trainer, filename):
+    """Log the training time a restored checkpoint brings, which fairseq's ``--stop-time-hours``
+    counts (``cumulative_training_time``), and what is left of it: fairseq says nothing, and a
+    budget spent by an earlier run trains one update."""
+    from ..progress import hms
+
+    stop_s = (trainer.cfg.optimization.stop_time_hours or 0) * 3600
+    spent = getattr(trainer, "_previous_training_time", 0) or 0
+    if stop_s <= 0 or spent <= 0:
+        return
+    left = stop_s - spent
+    say = logger.info if left > 0.1 * stop_s else logger.warning
+    say("%s trained %s already, which --stop-time-hours %g counts: %s", filename, hms(spent),
+        stop_s / 3600, f"{hms(left)} left" if left > 0 else
+        "nothing is left, training stops after one update (raise --stop-time-hours; fairseq-deep-grow "
+        "writes a checkpoint with no training time unless given --keep-training-time)")
+
+
+def apply():
+    from fairseq import trainer
+
+    install(checkpoint_utils, "load_checkpoint_to_cpu", load_checkpoint_to_cpu_checked)
+    install(checkpoint_utils, "load_model_ensemble_and_task", load_model_ensemble_and_task_checked)
+    install(trainer.Trainer, "load_checkpoint", trainer_load_checkpoint_checked)
