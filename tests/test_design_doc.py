@@ -180,3 +180,54 @@ def test_deep_att_reads_its_options_from_its_dataclass():
         return torch.nn.ModuleList([enc, dec])
 
     _same(*_built_twice("deep_att", build))
+
+
+# ---- "Floors": no import runs back up -----------------------------------------------------------
+
+#: design.md, "Floors": each module's floor (the longest matching prefix); a module imports only
+#: modules of its own floor or below.  The package root (it imports the registering submodules and
+#: installs the patches) is not on a floor.
+FLOORS = {
+    "fairseq_deep.errors": 0, "fairseq_deep.quiet": 0, "fairseq_deep.data": 0,
+    "fairseq_deep.modules": 1,
+    "fairseq_deep.models": 2, "fairseq_deep.checkpoint_init": 2, "fairseq_deep.criterions": 2,
+    "fairseq_deep.optim": 2, "fairseq_deep.tasks": 2, "fairseq_deep.diagnostics.grad_norm": 2,
+    "fairseq_deep.patches.better_transformer": 2,
+    "fairseq_deep.patches": 3, "fairseq_deep.model_options": 3, "fairseq_deep.progress": 3,
+    "fairseq_deep.runs": 3, "fairseq_deep.prepare": 3,
+    "fairseq_deep.cli": 4,
+    "fairseq_deep.grow": 5, "fairseq_deep.grow_report": 5, "fairseq_deep.export": 5, "fairseq_deep.own_data": 5,
+    "fairseq_deep.quickstart": 5, "fairseq_deep.study": 5, "fairseq_deep.diagnostics": 5,
+}
+
+
+def floor_of(module: str) -> int:
+    prefixes = [p for p in FLOORS if module == p or module.startswith(p + ".")]
+    assert prefixes, f"{module} has no floor: add it to FLOORS here and to docs/design.md's Floors"
+    return FLOORS[max(prefixes, key=len)]
+
+
+def test_no_import_runs_back_up():
+    """Models and modules never import the command-line layer, the patches that scripts install,
+    the runner or the tools; the tools may import everything below them."""
+    up = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        if name == "fairseq_deep":
+            continue
+        for imported in set(_imports(path, name)):
+            where = PACKAGE.parent / imported.replace(".", "/")
+            if not imported.startswith("fairseq_deep.") or not (where.is_dir() or where.with_suffix(".py").is_file()):
+                continue  # fairseq, torch, ... or a name imported from a module
+            if floor_of(imported) > floor_of(name):
+                up.append(f"{name} (floor {floor_of(name)}) imports {imported} (floor {floor_of(imported)})")
+    assert not up, "imports that run back up a floor:\n" + "\n".join(sorted(up))
+
+
+def test_the_floor_check_sees_an_import_up():
+    """The check itself: a model importing the command-line layer is on a lower floor."""
+    assert floor_of("fairseq_deep.models.transformer_dlcl") < floor_of("fairseq_deep.cli")
+    assert floor_of("fairseq_deep.patches.better_transformer") < floor_of("fairseq_deep.patches.scripts")
