@@ -30,8 +30,6 @@ import time
 from . import harness
 from .harness import add_device_argument, device_from_args, generate_flags, train_flags
 
-PLUGIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fairseq_deep")
-
 SYSTEMS = {  # name: (arch, flags); all post-norm: the layers 0.12.2's fused path would take
     "fairseq transformer (reference)": ("transformer", []),
     "transformer_ta": ("transformer_ta", []),
@@ -75,6 +73,8 @@ def main(argv=None):
     import fairseq
     import torch
 
+    from fairseq_deep import runs
+
     rows = []
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
@@ -82,7 +82,7 @@ def main(argv=None):
         w = str(args.width)
         t0 = time.time()
         if not os.path.exists(os.path.join(save, "checkpoint_last.pt")):
-            run([sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch, *flags,
+            run(runs.command(runs.TRAIN, args.data, "--arch", arch, *flags,
                  "--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers),
                  "--encoder-embed-dim", w, "--decoder-embed-dim", w, "--encoder-ffn-embed-dim", str(2 * args.width),
                  "--decoder-ffn-embed-dim", str(2 * args.width), "--encoder-attention-heads", "4",
@@ -91,7 +91,7 @@ def main(argv=None):
                  "inverse_sqrt", "--warmup-updates", "400", "--criterion", "label_smoothed_cross_entropy",
                  "--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", "100000",
                  "--stop-time-hours", str(args.minutes / 60), "--disable-validation", "--no-epoch-checkpoints",
-                 "--save-dir", save, "--seed", "1", *train_flags(args.device), "--num-workers", "0", "--no-progress-bar"],
+                 "--save-dir", save, "--seed", "1", *train_flags(args.device), "--num-workers", "0", "--no-progress-bar"),
                 os.path.join(args.out, f"{arch}.train.log"))
         train_s = time.time() - t0
         hyps, seconds, failed = {}, {}, {}
@@ -99,9 +99,9 @@ def main(argv=None):
             t0 = time.time()
             try:
                 hyps[bsz] = hypotheses(run(
-                    [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
+                    runs.command(runs.GENERATE, args.data,
                      "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
-                     "--beam", str(args.beam), "--batch-size", str(bsz), *generate_flags(args.device), "--num-workers", "0"],
+                     "--beam", str(args.beam), "--batch-size", str(bsz), *generate_flags(args.device), "--num-workers", "0"),
                     os.path.join(args.out, f"{arch}.generate{bsz}.log")))
             except RuntimeError as e:  # fairseq's own transformer on 0.12.2 + torch 2.x: "Mask Type ..."
                 hyps[bsz], failed[bsz] = {}, str(e)

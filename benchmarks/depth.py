@@ -44,9 +44,7 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
     raise SystemExit("benchmarks/depth.py is a module of the benchmarks package: run it from the "
                      "repository root as python -m benchmarks.depth")
 
-import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -57,12 +55,12 @@ from typing import Dict, List
 import torch
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
+from fairseq_deep import runs
 
 from . import harness
 from .dlcl_speed import machine, saved_bytes  # (autograd's saved bytes, as measured there)
 from .harness import PeakMemory, add_device_argument, clock, describe, device_from_args, generate_flags, train_flags
 
-PLUGIN = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
 log = harness.logger("depth")
 
@@ -212,8 +210,8 @@ def cli(a, env) -> Dict[str, float]:
                    "--destdir", data, "--joined-dictionary", "--workers", "1"], os.path.join(work, "preprocess.log"), env)
     save = os.path.join(work, "checkpoints")
     log(f"fairseq-train: transformer_deepnorm, {a.cli_layers}+1 layers, width 8, {a.cli_updates} updates")
-    train_out, train_s = _run(python + [
-        "fairseq_cli.train", data, "--user-dir", PLUGIN, "--arch", "transformer_deepnorm",
+    train_out, train_s = _run(runs.command(
+        runs.TRAIN, data, "--arch", "transformer_deepnorm",
         "--encoder-layers", str(a.cli_layers), "--decoder-layers", "1", "--encoder-embed-dim", "8",
         "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
@@ -221,19 +219,18 @@ def cli(a, env) -> Dict[str, float]:
         "--lr", "1e-3", "--max-tokens", "400", "--max-update", str(a.cli_updates),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--disable-validation",
         "--save-dir", save, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
-    ], os.path.join(work, "train.log"), env)
-    losses = [float(json.loads(line[line.index("{"):])["loss"]) for line in train_out.splitlines()
-              if "| train_inner |" in line]
+    ), os.path.join(work, "train.log"), env)
+    losses = [float(r["loss"]) for r in runs.parse_log_lines(train_out.splitlines()) if r["kind"] == "train_inner"]
     log("fairseq-generate, beam 2")
-    gen_out, gen_s = _run(python + [
-        "fairseq_cli.generate", data, "--user-dir", PLUGIN, "--path", os.path.join(save, "checkpoint_last.pt"),
+    gen_out, gen_s = _run(runs.command(
+        runs.GENERATE, data, "--path", os.path.join(save, "checkpoint_last.pt"),
         "--gen-subset", "test", "--beam", "2", "--batch-size", "32", *generate_flags(a.device),
         "--num-workers", "0", "--max-len-a", "0", "--max-len-b", "10",
-    ], os.path.join(work, "generate.log"), env)
-    m = re.search(r"Translated ([\d,]+) sentences", gen_out)
+    ), os.path.join(work, "generate.log"), env)
+    translated = runs.parse_translated(gen_out)
     return {"encoder_layers": a.cli_layers, "updates": a.cli_updates, "train_wall_s": train_s,
             "train_losses": losses, "generate_wall_s": gen_s,
-            "sentences": int(m.group(1).replace(",", "")) if m else 0, "test_size": a.cli_test}
+            "sentences": translated.sentences if translated else 0, "test_size": a.cli_test}
 
 
 def get_parser():

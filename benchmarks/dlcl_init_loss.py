@@ -22,9 +22,7 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 import json
 import math
 import os
-import re
 import subprocess
-import sys
 
 from . import harness
 from .harness import add_device_argument, device_from_args, train_flags
@@ -82,18 +80,20 @@ def at_initialisation(args, device):
 
 
 def train_losses(args, arch, save_dir):
-    cmd = [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
+    from fairseq_deep import runs
+
+    cmd = runs.command(runs.TRAIN, args.data, "--arch", arch,
            *width_flags(args.width), *([] if args.untied else ["--share-all-embeddings"]), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
            "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
            "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", "1",
-           "--log-format", "simple", "--log-interval", str(args.log_interval), "--disable-validation", "--no-save",
-           "--save-dir", save_dir, "--num-workers", "0", *train_flags(args.device)]
+           "--log-format", "json", "--log-interval", str(args.log_interval), "--disable-validation", "--no-save",
+           "--save-dir", save_dir, "--num-workers", "0", *train_flags(args.device))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"fairseq-train {arch} failed (exit {proc.returncode}): {proc.stdout.strip().splitlines()[-1]}")
-    return {int(u): float(loss) for loss, u in
-            re.findall(r"train_inner \|.* loss=([\d.]+),.* num_updates=(\d+)", proc.stdout)}
+    return {int(r["num_updates"]): float(r["loss"]) for r in runs.parse_log_lines(proc.stdout.splitlines())
+            if r["kind"] == "train_inner"}
 
 
 def get_parser():

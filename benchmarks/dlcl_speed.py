@@ -54,7 +54,6 @@ import json
 import os
 import shutil
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -64,13 +63,12 @@ from typing import Dict, List
 import torch
 
 import fairseq_deep  # noqa: F401  (registers transformer_dlcl for the in-process parts)
+from fairseq_deep import runs
 from fairseq_deep.data.synthetic import write_corpus
 
 from . import harness
 from .harness import PeakMemory, add_device_argument, describe, device_from_args, generate_flags, median_seconds
 from .harness import train_flags as device_train_flags
-
-PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
 # label, --arch.  Everything else on the command line is shared.
 SYSTEMS = [
@@ -194,7 +192,7 @@ def model_flags(a) -> List[str]:
 
 def train_flags(a, save_dir: str) -> List[str]:
     return [
-        "--task", "translation", "--user-dir", PLUGIN_DIR, *device_train_flags(a.device, a.precision),
+        "--task", "translation", *device_train_flags(a.device, a.precision),
         "--seed", str(a.seed),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup_updates),
@@ -211,10 +209,9 @@ def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
     words = seconds = 0.0
     updates = 0
     prev = 0
-    for line in out.splitlines():
-        if "| train_inner |" not in line:
+    for stats in runs.parse_log_lines(out.splitlines()):
+        if stats["kind"] != "train_inner":
             continue
-        stats = json.loads(line[line.index("{"):])
         n = int(stats["num_updates"])
         if prev >= skip_updates:
             w = float(stats["wpb"]) * (n - prev)
@@ -232,31 +229,27 @@ def parse_gpu_peak_gib(out: str, total_gib: float) -> float:
     """Peak GPU memory of a fairseq-train run (GiB) from its ``train_inner`` lines: fairseq logs
     ``gb_free`` = device total - ``torch.cuda.max_memory_allocated()`` of the last update of each
     log interval (rounded to 0.1 GiB); nan when no line has it (a CPU run)."""
-    free = [float(json.loads(line[line.index("{"):])["gb_free"]) for line in out.splitlines()
-            if "| train_inner |" in line and '"gb_free"' in line]
+    free = [float(r["gb_free"]) for r in runs.parse_log_lines(out.splitlines())
+            if r["kind"] == "train_inner" and "gb_free" in r]
     return total_gib - min(free) if free else float("nan")
 
 
-GEN_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
-                    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
-BLEU_RE = re.compile(r"BLEU4? = ([\d.]+)")
-
-
 def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
-    out, rss = run(fairseq_cmd("generate") + [
-        data, "--user-dir", PLUGIN_DIR, "--path", checkpoint, "--gen-subset", "test",
+    out, rss = run(runs.command(
+        runs.GENERATE, data, "--path", checkpoint, "--gen-subset", "test",
         *generate_flags(a.device, a.precision),
         # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
         # whatever their (barely trained) models would emit
         "--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len),
         "--max-len-a", "0", "--max-len-b", str(a.gen_len), "--num-workers", "0", "--quiet",
-    ], log_path, env)
-    m = GEN_RE.search(out)
+    ), log_path, env)
+    generated = runs.parse_generate(out)
+    m = generated.translated
     if not m:
         raise SystemExit(f"no 'Translated ... tokens/s' line in {log_path}")
-    bleu = BLEU_RE.search(out)
-    return {"gen_tokens_per_s": float(m.group(5)), "gen_tokens": int(m.group(2).replace(",", "")),
-            "gen_seconds": float(m.group(3)), "bleu": float(bleu.group(1)) if bleu else float("nan")}
+    bleu = generated.bleu4
+    return {"gen_tokens_per_s": m.tokens_per_s, "gen_tokens": m.tokens,
+            "gen_seconds": m.seconds, "bleu": float(bleu) if bleu else float("nan")}
 
 
 def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
@@ -269,8 +262,8 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
             os.makedirs(run_dir)
             log(f"repeat {rep + 1}/{a.repeats}: training {label} for {a.max_update} updates")
             t0 = time.time()
-            out, rss_kib = run(fairseq_cmd("train") + [data, "--arch", arch] + model_flags(a)
-                               + train_flags(a, run_dir), os.path.join(run_dir, "train.log"), env)
+            out, rss_kib = run(runs.command(runs.TRAIN, data, "--arch", arch, *model_flags(a), *train_flags(a, run_dir)),
+                               os.path.join(run_dir, "train.log"), env)
             wps, updates = parse_train_wps(out, a.skip_updates)
             r = {"train_wps": wps, "timed_updates": updates, "train_max_rss_mib": rss_kib / 1024,
                  "train_wall_s": time.time() - t0}

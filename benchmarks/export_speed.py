@@ -36,19 +36,17 @@ import gzip
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-import fairseq_deep
+from fairseq_deep import runs
 
 from . import harness
 from .harness import add_device_argument, device_from_args, generate_flags, train_flags
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 TEST = "test_2016_flickr"
 
 log = harness.logger("export_speed")
@@ -128,10 +126,9 @@ def train(a, work: str, data: str) -> str:
     os.makedirs(save)
     log(f"training {a.arch} {a.encoder_layers}+{a.decoder_layers}, width {a.embed_dim}, "
         f"for {a.minutes} minutes")
-    out = run([sys.executable, "-m", "fairseq_cli.train", data, "--user-dir", PLUGIN_DIR,
-               "--save-dir", save, *train_flags(a.device), *flags], os.path.join(work, "train.log"),
-              a.threads)
-    updates = re.findall(r"num_updates[= ](\d+)", out)
+    out = run(runs.command(runs.TRAIN, data, "--save-dir", save, *train_flags(a.device), *flags,
+                           "--log-format", "json"), os.path.join(work, "train.log"), a.threads)
+    updates = [r["num_updates"] for r in runs.parse_log_lines(out.splitlines()) if "num_updates" in r]
     harness.write_json(stamp_path, stamp, indent=None)
     harness.write_json(os.path.join(save, "updates.json"), {"updates": int(updates[-1]) if updates else None},
                        indent=None)
@@ -153,15 +150,15 @@ def detokenize(pieces) -> str:
 
 
 def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
-    out = run([sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", PLUGIN_DIR,
+    out = run(runs.command(runs.GENERATE, data,
                "--path", checkpoint, "--gen-subset", "test", "--beam", str(a.beam),
                "--batch-size", str(a.batch), "--max-len-a", "0", "--max-len-b", str(a.max_len),
-               "--post-process", "sentencepiece", *generate_flags(a.device)],
+               "--post-process", "sentencepiece", *generate_flags(a.device)),
               os.path.join(work, "generate.log"), a.threads)
-    found = re.search(r"Translated ([\d,]+) sentences .*? in ([\d.]+)s", out)
-    hyps = {int(k): text for k, text in re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", out, re.M)}
-    assert len(hyps) == n == int(found.group(1).replace(",", "")), (len(hyps), n, found.group(0))
-    return float(found.group(2)), [hyps[k] for k in range(n)]
+    generated = runs.parse_generate(out)
+    found, hyps = generated.translated, generated.detok
+    assert found and len(hyps) == n == found.sentences, (len(hyps), n, found)
+    return found.seconds, [hyps[k] for k in range(n)]
 
 
 def ctranslate2_translate(a, model: str, pieces):

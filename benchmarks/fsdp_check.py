@@ -136,13 +136,12 @@ def train_command(data: str, save_dir: str, model_flags: List[str], mode_flags: 
 
 def parse_log(text: str) -> Dict:
     """Losses by update, the logged parameter count, the update a resumed run started from, peaks."""
+    from fairseq_deep.runs import parse_record  # (here: the `train` subcommand leaves the plugin to --user-dir)
+
     losses, out = {}, {}
     for line in text.splitlines():
-        if "train_inner" in line and "{" in line:
-            try:
-                rec = json.loads(line[line.index("{"):])
-            except ValueError:
-                continue
+        rec = parse_record(line)
+        if rec is not None and rec["kind"] == "train_inner":
             losses[int(rec["num_updates"])] = float(rec["loss"])
             if "loss_scale" in rec:
                 out["loss_scale"] = float(rec["loss_scale"])
@@ -176,14 +175,15 @@ def run(cmd: List[str], log_path: str, timeout: float, env=None) -> Dict:
 
 
 def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--user-dir", PLUGIN, "--path", checkpoint,
+    from fairseq_deep import runs
+
+    cmd = runs.command(runs.GENERATE, data, "--path", checkpoint,
            "--gen-subset", "test", "--beam", "4", "--max-tokens", "8192", "--distributed-world-size", "10", "--distributed-rank", "0",
-           "--remove-bpe", "sentencepiece"]
+           "--remove-bpe", "sentencepiece")
     out = run(cmd, log_path, timeout)
-    text = open(log_path, errors="replace").read()
-    hyps = len(re.findall(r"^H-\d+", text, re.M))
-    bleu = re.search(r"BLEU4? = ([\d.]+)", text)
-    return {"status": out["status"], "hypotheses": hyps, "bleu": float(bleu.group(1)) if bleu else None,
+    generated = runs.read_generate(log_path)
+    hyps, bleu = len(generated.tokens), generated.bleu4
+    return {"status": out["status"], "hypotheses": hyps, "bleu": float(bleu) if bleu else None,
             "seconds": out["seconds"], **({"tail": out["tail"]} if "tail" in out else {})}
 
 

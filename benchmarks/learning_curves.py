@@ -31,16 +31,14 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
                      "repository root as python -m benchmarks.learning_curves")
 
 import datetime
-import json
 import os
 import subprocess
-import sys
 import time
+
+from fairseq_deep import runs
 
 from . import harness
 from .harness import add_device_argument, device_from_args, train_flags
-
-PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 DEEP_ATT_PAPER = ["--optimizer", "deep_att", "--deep-att-update-rule", "adam", "--lr", "4e-5",
                   "--deep-att-lr-recurrent", "5e-4", "--l2-strength", "2", "--lr-scheduler", "fixed"]
@@ -94,12 +92,12 @@ def command(args, name, arch, flags, lr):
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(lr or args.lr),
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"]
     out = os.path.join(args.out, name)
-    return [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
+    return runs.command(runs.TRAIN, args.data, "--arch", arch,
             *flags, *shared, "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", str(args.seed),
             "--validate-interval-updates", str(args.valid_interval), "--validate-interval", "100000",
             "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "25",
-            "--skip-invalid-size-inputs-valid-test", *train_flags(args.device)]
+            "--skip-invalid-size-inputs-valid-test", *train_flags(args.device))
 
 
 def curve(log_path):
@@ -111,10 +109,10 @@ def curve(log_path):
         stamp = line[:19]
         if "Start iterating" in line and start is None:
             start = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-        if "| valid |" in line and "{" in line:
-            j = json.loads(line[line.index("{"):])
+        record = runs.parse_record(line)
+        if record is not None and record["kind"] == "valid":
             t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-            points.append((int(j["valid_num_updates"]), float(j["valid_loss"]), (t - start).total_seconds()))
+            points.append((int(record["num_updates"]), float(record["loss"]), (t - start).total_seconds()))
     return points
 
 

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import concurrent.futures
 import glob
-import json
 import os
 import re
 import subprocess
@@ -42,10 +41,10 @@ import sys
 import threading
 import time
 
+from fairseq_deep import runs
+
 from . import harness
 from .harness import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags
-
-PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 _TRANSFORMER_TINY = [
     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
@@ -151,12 +150,12 @@ def data_languages(data):
 def train_command(args, family, precision, save_dir):
     paper_arch, tiny_arch, tiny_flags, model_flags, flags = FAMILIES[family]
     arch, sizes = (paper_arch, []) if args.scale == "paper" else (tiny_arch, tiny_flags)
-    cmd = [sys.executable, "-m", "fairseq_cli.train", args.data, "--user-dir", PLUGIN, "--arch", arch,
+    cmd = runs.command(runs.TRAIN, args.data, "--arch", arch,
            *sizes, "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates),
            "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
            "--dropout", "0.1", "--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json",
            "--log-interval", str(args.log_interval), "--disable-validation",
-           *train_flags(args.device, precision)]
+           *train_flags(args.device, precision))
     if "--optimizer" not in flags:
         cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
     if "--criterion" not in flags:
@@ -165,9 +164,9 @@ def train_command(args, family, precision, save_dir):
 
 
 def generate_command(args, precision, checkpoint):
-    cmd = [sys.executable, "-m", "fairseq_cli.generate", args.data, "--user-dir", PLUGIN,
+    cmd = runs.command(runs.GENERATE, args.data,
            "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
-           "--batch-size", str(args.batch_size)]
+           "--batch-size", str(args.batch_size))
     if args.decode_shards > 1:  # fairseq-generate shards the batches by the distributed world: shard 0 of N
         cmd += ["--distributed-world-size", str(args.decode_shards), "--distributed-rank", "0"]
     return cmd + generate_flags(args.device, precision)
@@ -227,7 +226,7 @@ def run_one(args, family, precision, n_test):
     code, text = _run_logged(train_command(args, family, precision, out), os.path.join(out, "train.log"), env,
                              args.run_timeout or None)
     row["train_s"] = round(time.time() - t0, 1)
-    stats = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", text)]
+    stats = [r for r in runs.parse_log_lines(text.splitlines()) if r["kind"] == "train_inner"]
     row["trained"] = code == 0
     if stats:
         row["last_loss"] = float(stats[-1]["loss"])
@@ -251,10 +250,11 @@ def run_one(args, family, precision, n_test):
                              env, args.run_timeout or None)
     if not args.keep_checkpoints:
         remove_checkpoints(out)
-    row["decoded"] = len(re.findall(r"^H-\d+\t", text, re.M))
-    shard = re.search(r"Translated ([\d,]+) sentences", text)
+    generated = runs.parse_generate(text)
+    row["decoded"] = len(generated.tokens)
+    shard = generated.translated
     expected = expected_decoded(args, n_test)
-    row["test_size"] = expected if expected >= 0 else (int(shard.group(1).replace(",", "")) if shard else n_test)
+    row["test_size"] = expected if expected >= 0 else (shard.sentences if shard else n_test)
     if args.decode_shards > 1:
         row["note"] = f"shard 0 of {args.decode_shards} of the {n_test} test sentences"
     if code != 0:

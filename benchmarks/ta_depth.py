@@ -47,12 +47,13 @@ import statistics
 import time
 from typing import Dict, List
 
+from fairseq_deep import runs
+
 from . import harness
-from .dlcl_speed import fairseq_cmd, prepare_multi30k, prepare_synthetic, run
+from .dlcl_speed import prepare_multi30k, prepare_synthetic, run
 from .harness import add_device_argument, describe, device_from_args, generate_flags, parse_flags
 from .harness import train_flags as device_train_flags
 
-PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
 
 SYSTEMS = {
     "postnorm": ("post-norm Transformer (baseline)", "transformer_ta_baseline", []),
@@ -81,7 +82,7 @@ def model_flags(a, system: str) -> List[str]:
 def train_flags(a, save_dir: str) -> List[str]:
     r0 = a.peak_lr * math.sqrt(a.embed_dim * a.warmup)
     return [
-        "--user-dir", PLUGIN, "--task", "translation_deep", "--log-grad-norm-ratio",
+        "--task", "translation_deep", "--log-grad-norm-ratio",
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-9",
         "--lr-scheduler", "noam", "--noam-r0", f"{r0:.6g}", "--noam-d-model", str(a.embed_dim),
         "--warmup-updates", str(a.warmup), "--criterion", "label_smoothed_cross_entropy",
@@ -95,14 +96,12 @@ def train_flags(a, save_dir: str) -> List[str]:
 
 
 def generate(a, data: str, checkpoint: str, log_path: str) -> Dict[str, float]:
-    out, _ = run(fairseq_cmd("generate") + [
-        data, "--user-dir", PLUGIN, "--task", "translation_deep", "--path", checkpoint,
+    out, _ = run(runs.command(
+        runs.GENERATE, data, "--task", "translation_deep", "--path", checkpoint,
         "--beam", "4", "--max-tokens", "4000", *generate_flags(a.device, a.precision), "--gen-subset", "test",
-    ] + (["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else []), log_path)
-    import re
-
-    m = re.search(r"BLEU4? = ([0-9.]+)", out)
-    return {"bleu": float(m.group(1)) if m else float("nan")}
+        *(["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else [])), log_path)
+    bleu = runs.parse_generate(out).bleu4
+    return {"bleu": float(bleu) if bleu else float("nan")}
 
 
 def summarize(series) -> Dict[str, float]:
@@ -129,27 +128,28 @@ def summarize(series) -> Dict[str, float]:
 
 
 def benchmark_training(a, data: str) -> Dict[str, Dict]:
-    from fairseq_deep.diagnostics.plot_training import parse_log_lines, plot_runs
+    from fairseq_deep.diagnostics.plot_training import plot_runs
 
-    results, runs = {}, {}
+    results, by_system = {}, {}
     for system in a.systems:
         label, arch, extra = SYSTEMS[system]
         run_dir = os.path.join(a.work_dir, "runs", system)
         os.makedirs(run_dir, exist_ok=True)
         log(f"training {system}: --arch {arch} ({a.max_update} updates)")
         t0 = time.time()
-        cmd = fairseq_cmd("train") + [data, "--arch", arch, *model_flags(a, system),
-                                      *train_flags(a, run_dir), *extra]
+        cmd = runs.command(runs.TRAIN, data, "--arch", arch, *model_flags(a, system),
+                           *train_flags(a, run_dir), *extra)
         try:
             out, _ = run(cmd, os.path.join(run_dir, "train.log"))
             failed = None
         except SystemExit as e:  # a run that dies (e.g. a nan loss) is a result, not a crash
             out, failed = open(os.path.join(run_dir, "train.log")).read(), str(e)[:300]
-        series = parse_log_lines(out.splitlines())
-        runs[system] = series
+        records = runs.parse_log_lines(out.splitlines())
+        series = runs.series(records)
+        by_system[system] = series
         res = {"label": label, "arch": arch, "train_seconds": round(time.time() - t0, 1), **summarize(series)}
-        valid = [json.loads(line.split("| valid | ", 1)[1]) for line in out.splitlines() if "| valid | {" in line]
-        res["valid_loss"] = float(valid[-1]["valid_loss"]) if valid else float("nan")
+        valid = [r for r in records if r["kind"] == "valid"]
+        res["valid_loss"] = float(valid[-1]["loss"]) if valid else float("nan")
         ckpt = os.path.join(run_dir, "checkpoint_best.pt")
         if failed:
             res.update(trained=False, error=failed, bleu=float("nan"))
@@ -157,7 +157,7 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
             res.update(generate(a, data, ckpt, os.path.join(run_dir, "generate.log")))
         results[system] = res
         log(f"{system}: {json.dumps(res)}")
-    plots = plot_runs({SYSTEMS[s][0] + f" ({s})": runs[s] for s in runs}, os.path.join(a.work_dir, "plots"),
+    plots = plot_runs({SYSTEMS[s][0] + f" ({s})": by_system[s] for s in by_system}, os.path.join(a.work_dir, "plots"),
                       log_y=True)
     return {"systems": results, "plots": plots}
 

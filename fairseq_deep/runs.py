@@ -12,8 +12,9 @@ records, its translations put back in order and scored with sacreBLEU.
   one does not control, e.g. ``--log-format simple``, are read by
   :mod:`fairseq_deep.diagnostics.plot_training`.)
 * translations: :func:`parse_generate` reads fairseq-generate's output (``S-``/``T-``/``H-``/``D-``
-  lines, by sentence id; its ``BLEU4`` line); :func:`score` and :func:`paired_bootstrap` are
-  sacreBLEU's BLEU and chrF.
+  lines, by sentence id; its ``BLEU4`` line; its ``Translated N sentences ...`` line, also alone
+  with :func:`parse_translated`); :func:`score` and :func:`paired_bootstrap` are sacreBLEU's BLEU
+  and chrF.
 """
 
 import json
@@ -236,6 +237,30 @@ def updates_done(records: Sequence[Record]) -> int:
 
 _LINE = re.compile(r"^([SHDT])-(\d+)\t(.*)$")
 _BLEU4 = re.compile(r"BLEU4? = ([0-9.]+)")
+_TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
+                         r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
+
+
+@dataclass
+class Translated:
+    """fairseq-generate's closing line ``Translated 1,000 sentences (25,000 tokens) in 12.5s
+    (80.00 sentences/s, 2000.00 tokens/s)``: the time is its decoding's (model loading left out)."""
+
+    sentences: int
+    tokens: int
+    seconds: float
+    sentences_per_s: float
+    tokens_per_s: float
+
+
+def parse_translated(text: str) -> Optional[Translated]:
+    """The ``Translated ...`` line of fairseq-generate's output (its text or one line) as
+    :class:`Translated`; None without one."""
+    m = _TRANSLATED.search(text)
+    if not m:
+        return None
+    return Translated(int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")), float(m.group(3)),
+                      float(m.group(4)), float(m.group(5)))
 
 
 @dataclass
@@ -243,13 +268,15 @@ class Generated:
     """fairseq-generate's output by sentence id (its line in the test set): ``sources`` (S-),
     ``targets`` (T-), ``tokens`` (H-: the hypotheses as the model wrote them), ``detok`` (D-: as
     post-processed); the first (best) hypothesis of each under --nbest; ``bleu4``: fairseq's own
-    score (its ``Generate ... BLEU4 = x`` line), None without one; ``lines``: every line."""
+    score (its ``Generate ... BLEU4 = x`` line), None without one; ``translated``: its
+    ``Translated ...`` line (:class:`Translated`), None without one; ``lines``: every line."""
 
     sources: Dict[int, str] = field(default_factory=dict)
     targets: Dict[int, str] = field(default_factory=dict)
     tokens: Dict[int, str] = field(default_factory=dict)
     detok: Dict[int, str] = field(default_factory=dict)
     bleu4: Optional[str] = None
+    translated: Optional[Translated] = None
     lines: List[str] = field(default_factory=list)
 
     @property
@@ -284,6 +311,8 @@ def parse_generate(lines: Union[str, Iterable[str]]) -> Generated:
             if "Generate" in line and "BLEU" in line:
                 bleu = _BLEU4.search(line)
                 out.bleu4 = bleu.group(1) if bleu else None
+            elif "Translated" in line:
+                out.translated = parse_translated(line) or out.translated
             continue
         kind, idx, rest = m.group(1), int(m.group(2)), m.group(3)
         if kind in "HD":  # "score<TAB>text"

@@ -76,6 +76,7 @@ T-0\tA B C D E
 H-0\t-0.5\ta
 D-0\t-0.5\tA B C D E
 D-0\t-0.9\tA A
+2026-01-01 10:00:05 | INFO | fairseq_cli.generate | Translated 1,002 sentences (25,050 tokens) in 12.5s (80.16 sentences/s, 2004.00 tokens/s)
 Generate test with beam=5: BLEU4 = 12.34, 50.0/20.0/10.0/5.0 (BP=1.000, ratio=1.000, syslen=3, reflen=3)
 """
 
@@ -87,6 +88,8 @@ def test_generate_output_by_id_and_in_order(tmp_path):
     assert generated.detok == {1: "B C D E F", 0: "A B C D E"}  # --nbest: the first hypothesis
     assert generated.tokens == {1: "b c", 0: "a"} and generated.sources == {1: "b c", 0: "a"}
     assert generated.bleu4 == "12.34" and runs.hypotheses_by_id(str(path)) == {0: "A B C D E", 1: "B C D E F"}
+    assert generated.translated == runs.Translated(1002, 25050, 12.5, 80.16, 2004.0)
+    assert runs.parse_translated(GENERATE) == generated.translated and runs.parse_translated("S-0\ta") is None
     assert generated.in_order(2) == (["A B C D E", "B C D E F"], ["A B C D E", "B C D E F"])
     with pytest.raises(ValueError, match="missing ids \\[2\\]"):
         generated.in_order(3)
@@ -124,3 +127,5 @@ def test_a_real_training_log_and_translation(synthetic_bin, tmp_path, monkeypatc
     scores = runs.score(hyps, refs)
     assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100
     assert generated.bleu4 is not None
+    translated = runs.parse_translated(gen.stderr)  # a log line: on stderr, the translations on stdout
+    assert translated.sentences == n and translated.tokens > 0
