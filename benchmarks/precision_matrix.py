@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import concurrent.futures
 import glob
+import json
 import os
 import re
 import subprocess
@@ -198,11 +199,13 @@ def _scale_stats(row, stats, text):
     row["overflows"] = len(re.findall(r"gradient overflow detected", text))
 
 
-def _run_logged(cmd, log_path, env, timeout):
-    """Run ``cmd``; its output goes to ``log_path`` too.  (returncode or None on timeout, output)."""
+def _run_logged(cmd, log_path, env, timeout, interleaved=False):
+    """Run ``cmd``; its output goes to ``log_path`` too.  (returncode or None on timeout, output:
+    stdout then stderr, or ``interleaved``, the two as one stream in the order they were written)."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if interleaved else {"capture_output": True}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        code, text = proc.returncode, proc.stdout + proc.stderr
+        proc = subprocess.run(cmd, text=True, env=env, timeout=timeout, **streams)
+        code, text = proc.returncode, proc.stdout + (proc.stderr or "")
     except subprocess.TimeoutExpired as stop:
         code = None
         text = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
@@ -210,6 +213,42 @@ def _run_logged(cmd, log_path, env, timeout):
     with open(log_path, "w") as f:
         f.write(text)
     return code, text
+
+
+#: --one-process: fairseq-train's and then fairseq-generate's ``cli_main`` in one Python (the
+#: second only once the first returned), this line printed between their outputs
+_GENERATE_STARTS = "=== precision_matrix: fairseq-generate ==="
+_DRIVER = "\n".join([
+    "import json, logging, sys",
+    # fairseq_cli.train's own logging set-up (its module's would come too late: importing fairseq logs)
+    "logging.basicConfig(format='%(asctime)s | %(levelname)s | %(name)s | %(message)s',"
+    " datefmt='%Y-%m-%d %H:%M:%S', level=logging.INFO, stream=sys.stdout)",
+    "from fairseq_cli import generate, train",
+    "train_argv, generate_argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])",
+    "sys.argv = ['fairseq-train'] + train_argv",
+    "train.cli_main()",
+    f"print({_GENERATE_STARTS!r}, flush=True)",
+    "sys.argv = ['fairseq-generate'] + generate_argv",
+    "generate.cli_main()",
+])
+
+
+def _arguments(cmd):
+    """fairseq's arguments of ``python -m fairseq_cli.X ARGS``."""
+    assert cmd[1] == "-m" and cmd[2].startswith("fairseq_cli."), cmd[:3]
+    return cmd[3:]
+
+
+def _train_and_generate(train_cmd, generate_cmd, out, env, timeout):
+    """Both commands in one process (about 5 s of start-up saved per run: what a CPU test of 20
+    families spends most of its time on); ((code, text) of training, (code, text) of decoding or
+    None where training failed), each also in its log as separate runs write them."""
+    cmd = [sys.executable, "-c", _DRIVER, json.dumps(_arguments(train_cmd)), json.dumps(_arguments(generate_cmd))]
+    code, text = _run_logged(cmd, os.path.join(out, "train_and_generate.log"), env, timeout, interleaved=True)
+    trained, marker, decoded = text.partition(_GENERATE_STARTS + "\n")
+    if not marker:  # training stopped (or timed out) before decoding began
+        return (code, trained), None
+    return (0, trained), (code, decoded)
 
 
 def run_one(args, family, precision, n_test):
@@ -223,9 +262,16 @@ def run_one(args, family, precision, n_test):
     if args.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
-    code, text = _run_logged(train_command(args, family, precision, out), os.path.join(out, "train.log"), env,
-                             args.run_timeout or None)
-    row["train_s"] = round(time.time() - t0, 1)
+    checkpoint = os.path.join(out, "checkpoint_last.pt")
+    decoding = None
+    if args.one_process:
+        (code, text), decoding = _train_and_generate(train_command(args, family, precision, out),
+                                                     generate_command(args, precision, checkpoint), out, env,
+                                                     args.run_timeout or None)
+    else:
+        code, text = _run_logged(train_command(args, family, precision, out), os.path.join(out, "train.log"), env,
+                                 args.run_timeout or None)
+        row["train_s"] = round(time.time() - t0, 1)
     stats = [r for r in runs.parse_log_lines(text.splitlines()) if r["kind"] == "train_inner"]
     row["trained"] = code == 0
     if stats:
@@ -245,9 +291,11 @@ def run_one(args, family, precision, n_test):
         if not args.keep_checkpoints:
             remove_checkpoints(out)
         return row
-    checkpoint = os.path.join(out, "checkpoint_last.pt")
-    code, text = _run_logged(generate_command(args, precision, checkpoint), os.path.join(out, "generate.log"),
-                             env, args.run_timeout or None)
+    if decoding is None:
+        code, text = _run_logged(generate_command(args, precision, checkpoint), os.path.join(out, "generate.log"),
+                                 env, args.run_timeout or None)
+    else:
+        code, text = decoding
     if not args.keep_checkpoints:
         remove_checkpoints(out)
     generated = runs.parse_generate(text)
@@ -358,6 +406,9 @@ def get_parser():
     p.add_argument("--run-timeout", type=float, default=0,
                    help="seconds each fairseq-train (and each fairseq-generate) may run; a run stopped "
                         "by it is reported with the update it reached (0: no limit)")
+    p.add_argument("--one-process", action="store_true",
+                   help="train and decode each run in one Python process (saves a start-up of fairseq per run; "
+                        "results.json then has no train_s; --run-timeout caps both together)")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="everything after this goes to every fairseq-train as it is")
     return p

@@ -33,7 +33,7 @@ def test_every_family_trains_and_decodes_every_sentence(synthetic_bin, tmp_path,
     args = precision_matrix.parse_args([
         "--data", str(synthetic_bin), "--work-dir", str(tmp_path), "--scale", "tiny", "--device", "cpu",
         "--precisions", precision, "--updates", "3", "--max-tokens", "1000", "--jobs", "2",
-        "--batch-size", "64", "--beam", "2", "--families", *families,
+        "--batch-size", "64", "--beam", "2", "--one-process", "--families", *families,
     ])
     rows = precision_matrix.run_matrix(args)
     bad = [r for r in rows if not r["trained"] or r.get("decoded") != r["test_size"] or "error" in r]
