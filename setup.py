@@ -34,13 +34,17 @@ _TRITON = 'triton; platform_system=="Linux" and platform_machine=="x86_64"'
 setup(
     name="fairseq_deep",
     version=read_version(),
-    description="A fairseq plugin for training very deep translation models: DLCL, transparent attention, RNMT+, Deep-Att, layer aggregation",
+    description=(
+        "A fairseq plugin for training very deep translation models: DLCL, transparent attention, "
+        "RNMT+, Deep-Att, layer aggregation"
+    ),
     long_description=read_readme(),
     long_description_content_type="text/markdown",
     python_requires=">=3.8",
     # Namespace discovery: every folder under fairseq_deep/ ships, with or without __init__.py.
-    packages=find_namespace_packages(include=["fairseq_deep", "fairseq_deep.*"],
-                                     exclude=["*.__pycache__"]),
+    packages=find_namespace_packages(
+        include=["fairseq_deep", "fairseq_deep.*"], exclude=["*.__pycache__"]
+    ),
     package_data={"fairseq_deep": ["**/*.yaml", "**/*.json", "**/*.txt"]},
     install_requires=[
         # fairseq by Python version (README, "Installation"): the official release where it
@@ -57,7 +61,15 @@ setup(
         # triton: the fused LN-LSTM and Deep-Att kernels are tested on CPU through Triton's interpreter
         # (tests/test_ln_lstm_triton.py, tests/test_ff_lstm_triton.py; a ~285 MB wheel, ~10 s of tests
         # each); unpinned, so that a CUDA build of torch keeps the triton it requires
-        "test": ["pytest", "hypothesis", "matplotlib", "tensorboardX", "tensorboard", _TRITON, "fairscale>=0.4.13"],
+        "test": [
+            "pytest",
+            "hypothesis",
+            "matplotlib",
+            "tensorboardX",
+            "tensorboard",
+            _TRITON,
+            "fairscale>=0.4.13",
+        ],
         "plot": ["matplotlib"],
         # --rnmt-lstm-impl triton, --deep-att-cell-impl triton (a CUDA GPU; CUDA builds of torch already bring it)
         "triton": [_TRITON],

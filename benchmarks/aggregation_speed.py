@@ -22,8 +22,10 @@ synchronizes it before every clock reading; float32 on either device.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/aggregation_speed.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.aggregation_speed")
+    raise SystemExit(
+        "benchmarks/aggregation_speed.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.aggregation_speed"
+    )
 
 import argparse
 import statistics
@@ -49,14 +51,35 @@ VARIANTS = [  # label, --arch (Table 1 row)
 
 
 def build(arch, a, dictionary):
-    return harness.build_model([
-        "--arch", arch,
-        "--encoder-layers", str(a.layers), "--decoder-layers", str(a.layers),
-        "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
-        "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
-        "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
-        "--dropout", "0.1", "--share-all-embeddings", *a.extra,
-    ], dictionary, a.device, a.seed)
+    return harness.build_model(
+        [
+            "--arch",
+            arch,
+            "--encoder-layers",
+            str(a.layers),
+            "--decoder-layers",
+            str(a.layers),
+            "--encoder-embed-dim",
+            str(a.embed_dim),
+            "--decoder-embed-dim",
+            str(a.embed_dim),
+            "--encoder-ffn-embed-dim",
+            str(a.ffn_dim),
+            "--decoder-ffn-embed-dim",
+            str(a.ffn_dim),
+            "--encoder-attention-heads",
+            str(a.heads),
+            "--decoder-attention-heads",
+            str(a.heads),
+            "--dropout",
+            "0.1",
+            "--share-all-embeddings",
+            *a.extra,
+        ],
+        dictionary,
+        a.device,
+        a.seed,
+    )
 
 
 def batch(dictionary, a, g):
@@ -71,12 +94,14 @@ def batch(dictionary, a, g):
 def train_wps(model, opt, data, steps, device):
     model.train()
     src, lengths, prev, tgt = data
+
     def step():
         opt.zero_grad()
         out, _ = model(src, lengths, prev)
         loss = torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), tgt.view(-1))
         loss.backward()
         opt.step()
+
     step()  # warm-up
     start = clock(device)
     for _ in range(steps):
@@ -87,8 +112,9 @@ def train_wps(model, opt, data, steps, device):
 def gen_tps(model, dictionary, data, a):
     model.eval()
     src, lengths = data[0][: a.gen_batch], data[1][: a.gen_batch]
-    gen = SequenceGenerator([model], dictionary, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len,
-                            min_len=a.gen_len)
+    gen = SequenceGenerator(
+        [model], dictionary, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len, min_len=a.gen_len
+    )
     sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
     with torch.no_grad():
         gen.forward(sample)  # warm-up
@@ -114,14 +140,23 @@ def get_parser():
     p.add_argument("--gen-batch", type=int, default=16)
     p.add_argument("--gen-len", type=int, default=24)
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--gen-repeats", type=int, default=3, help="timed generations per round and variant (median)")
+    p.add_argument(
+        "--gen-repeats",
+        type=int,
+        default=3,
+        help="timed generations per round and variant (median)",
+    )
     harness.add_rounds(p, 3)
     harness.add_threads(p, 0, "torch intra-op threads (0: torch's default)")
-    p.add_argument("--variants", default="", help="comma-separated --arch names (default: all of Table 1)")
+    p.add_argument(
+        "--variants", default="", help="comma-separated --arch names (default: all of Table 1)"
+    )
     p.add_argument("--seed", type=int, default=1)
     harness.add_json(p, "")
     add_device_argument(p)
-    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more model flags, for every variant")
+    p.add_argument(
+        "--extra", nargs=argparse.REMAINDER, default=[], help="more model flags, for every variant"
+    )
     return p
 
 
@@ -140,11 +175,17 @@ def main(argv=None):
 
     def measure(label, arch):
         def one_round(r):
-            speeds = (train_wps(models[arch], opts[arch], data, a.train_steps, a.device),
-                      gen_tps(models[arch], d, data, a))
-            print(f"[round {r + 1}] {label}: train {speeds[0]:.0f} w/s, generate {speeds[1]:.1f} tok/s",
-                  file=sys.stderr, flush=True)
+            speeds = (
+                train_wps(models[arch], opts[arch], data, a.train_steps, a.device),
+                gen_tps(models[arch], d, data, a),
+            )
+            print(
+                f"[round {r + 1}] {label}: train {speeds[0]:.0f} w/s, generate {speeds[1]:.1f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
             return speeds
+
         return one_round
 
     rounds = harness.alternated({arch: measure(label, arch) for label, arch in variants}, a.rounds)
@@ -153,19 +194,52 @@ def main(argv=None):
     base = variants[0][1]
     med = lambda xs: statistics.median(xs)  # noqa: E731
     rows = []
-    print(f"\n{a.layers}+{a.layers} layers, d={a.embed_dim}, ffn={a.ffn_dim}, heads={a.heads}; train batch "
-          f"{a.batch}x{a.tgt_len}, generate {a.gen_batch} sentences x {a.gen_len} tokens beam {a.beam}; "
-          f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}"
-          + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
+    print(
+        f"\n{a.layers}+{a.layers} layers, d={a.embed_dim}, ffn={a.ffn_dim}, heads={a.heads}; train batch "
+        f"{a.batch}x{a.tgt_len}, generate {a.gen_batch} sentences x {a.gen_len} tokens beam {a.beam}; "
+        f"median of {a.rounds} rounds; torch threads {torch.get_num_threads()}"
+        + (f"; {describe(a.device)}" if a.device != "cpu" else "")
+        + "\n"
+    )
     for label, arch in variants:
-        rows.append({"label": label, "arch": arch, "params": params[arch],
-                     "train_wps": med(train[arch]), "train_ratio": med(train[arch]) / med(train[base]),
-                     "gen_tps": med(gen[arch]), "gen_ratio": med(gen[arch]) / med(gen[base]),
-                     "train_all": train[arch], "gen_all": gen[arch]})
-    print(harness.markdown_table(
-        ["Table 1 row", "arch", "params", "train words/s", "ratio", "generate tokens/s", "ratio"],
-        [[r["label"], r["arch"], f"{r['params'] / 1e6:.2f}M", f"{r['train_wps']:.0f}", f"{r['train_ratio']:.2f}",
-          f"{r['gen_tps']:.1f}", f"{r['gen_ratio']:.2f}"] for r in rows]))
+        rows.append(
+            {
+                "label": label,
+                "arch": arch,
+                "params": params[arch],
+                "train_wps": med(train[arch]),
+                "train_ratio": med(train[arch]) / med(train[base]),
+                "gen_tps": med(gen[arch]),
+                "gen_ratio": med(gen[arch]) / med(gen[base]),
+                "train_all": train[arch],
+                "gen_all": gen[arch],
+            }
+        )
+    print(
+        harness.markdown_table(
+            [
+                "Table 1 row",
+                "arch",
+                "params",
+                "train words/s",
+                "ratio",
+                "generate tokens/s",
+                "ratio",
+            ],
+            [
+                [
+                    r["label"],
+                    r["arch"],
+                    f"{r['params'] / 1e6:.2f}M",
+                    f"{r['train_wps']:.0f}",
+                    f"{r['train_ratio']:.2f}",
+                    f"{r['gen_tps']:.1f}",
+                    f"{r['gen_ratio']:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     if a.json:
         harness.write_json(a.json, {"args": vars(a), "rows": rows})
 

@@ -20,8 +20,10 @@ issue 16; CUDA, or on a CPU Triton's interpreter with ``TRITON_INTERPRET=1``: fa
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/deep_att_speed.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.deep_att_speed")
+    raise SystemExit(
+        "benchmarks/deep_att_speed.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.deep_att_speed"
+    )
 
 import os
 
@@ -42,14 +44,55 @@ def dictionary(n):
 
 def models(a, d):
     E, H, n = str(a.embed), str(a.hidden), str(a.layers)
-    deep = build_model(["--arch", "deep_att_ff", "--encoder-layers", n, "--decoder-layers", n,
-                        "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
-                        "--decoder-hidden-size", H, "--dropout", "0.1", "--deep-att-cell-impl", a.cell_impl],
-                       d, a.device)
-    lstm = build_model(["--arch", "lstm", "--encoder-layers", n, "--decoder-layers", n,
-                        "--encoder-bidirectional", "--encoder-embed-dim", E, "--decoder-embed-dim", E,
-                        "--encoder-hidden-size", H, "--decoder-hidden-size", H,
-                        "--decoder-out-embed-dim", E, "--dropout", "0.1"], d, a.device)
+    deep = build_model(
+        [
+            "--arch",
+            "deep_att_ff",
+            "--encoder-layers",
+            n,
+            "--decoder-layers",
+            n,
+            "--encoder-embed-dim",
+            E,
+            "--decoder-embed-dim",
+            E,
+            "--encoder-hidden-size",
+            H,
+            "--decoder-hidden-size",
+            H,
+            "--dropout",
+            "0.1",
+            "--deep-att-cell-impl",
+            a.cell_impl,
+        ],
+        d,
+        a.device,
+    )
+    lstm = build_model(
+        [
+            "--arch",
+            "lstm",
+            "--encoder-layers",
+            n,
+            "--decoder-layers",
+            n,
+            "--encoder-bidirectional",
+            "--encoder-embed-dim",
+            E,
+            "--decoder-embed-dim",
+            E,
+            "--encoder-hidden-size",
+            H,
+            "--decoder-hidden-size",
+            H,
+            "--decoder-out-embed-dim",
+            E,
+            "--dropout",
+            "0.1",
+        ],
+        d,
+        a.device,
+    )
     return {"deep_att_ff": deep, "lstm": lstm}
 
 
@@ -83,8 +126,9 @@ def train_speed(model, d, a):
 @torch.no_grad()
 def generation_speed(model, d, a):
     model.eval()
-    gen = SequenceGenerator([model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.tgt_len,
-                            min_len=a.tgt_len)  # fixed output length: the same work for both
+    gen = SequenceGenerator(
+        [model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.tgt_len, min_len=a.tgt_len
+    )  # fixed output length: the same work for both
     tokens, elapsed = 0, 0.0
     for i in range(a.gen_batches + 1):
         src, lengths, _, _ = batch(d, a, 1000 + i)
@@ -110,8 +154,12 @@ def get_parser():
     p.add_argument("--beam", type=int, default=3)
     harness.add_threads(p, 0, "torch threads (0: torch's default)")
     harness.add_json(p, help="also write the figures to this file")
-    p.add_argument("--cell-impl", choices=["loop", "triton"], default="loop",
-                   help="Deep-Att's --deep-att-cell-impl: the Python loop or the fused Triton cell (CUDA)")
+    p.add_argument(
+        "--cell-impl",
+        choices=["loop", "triton"],
+        default="loop",
+        help="Deep-Att's --deep-att-cell-impl: the Python loop or the fused Triton cell (CUDA)",
+    )
     add_device_argument(p)
     return p
 
@@ -120,8 +168,10 @@ def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
     if a.cell_impl == "triton" and a.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("error: --cell-impl triton runs Triton kernels, which need --device cuda (or "
-                         "TRITON_INTERPRET=1 before triton is imported: the interpreter, far too slow to time)")
+        raise SystemExit(
+            "error: --cell-impl triton runs Triton kernels, which need --device cuda (or "
+            "TRITON_INTERPRET=1 before triton is imported: the interpreter, far too slow to time)"
+        )
     if a.device != "cpu":
         print(describe(a.device), flush=True)
     harness.set_threads(a.threads)
@@ -136,11 +186,19 @@ def main(argv=None):
             "gen_tokens_per_s": generation_speed(model, d, a),
         }
         r = results[name]
-        print(f"{name:12s} params {r['params']:>10,d}  train {r['train_words_per_s']:9.1f} words/s  "
-              f"generate {r['gen_tokens_per_s']:9.1f} tokens/s", flush=True)
+        print(
+            f"{name:12s} params {r['params']:>10,d}  train {r['train_words_per_s']:9.1f} words/s  "
+            f"generate {r['gen_tokens_per_s']:9.1f} tokens/s",
+            flush=True,
+        )
     deep, lstm = results["deep_att_ff"], results["lstm"]
-    results["ratio"] = {k: deep[k] / lstm[k] for k in ("params", "train_words_per_s", "gen_tokens_per_s")}
-    print("ratio deep_att_ff / lstm: " + ", ".join(f"{k} {v:.2f}" for k, v in results["ratio"].items()))
+    results["ratio"] = {
+        k: deep[k] / lstm[k] for k in ("params", "train_words_per_s", "gen_tokens_per_s")
+    }
+    print(
+        "ratio deep_att_ff / lstm: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in results["ratio"].items())
+    )
     results["settings"] = vars(a)
     if a.json:
         harness.write_json(a.json, results, indent=2)

@@ -41,8 +41,10 @@ Prints a markdown table; every number goes to ``WORK_DIR/results.json``.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/depth.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.depth")
+    raise SystemExit(
+        "benchmarks/depth.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.depth"
+    )
 
 import os
 import shutil
@@ -59,23 +61,50 @@ from fairseq_deep import runs
 
 from . import harness
 from .dlcl_speed import machine, saved_bytes  # (autograd's saved bytes, as measured there)
-from .harness import PeakMemory, add_device_argument, clock, describe, device_from_args, generate_flags, train_flags
-
+from .harness import (
+    PeakMemory,
+    add_device_argument,
+    clock,
+    describe,
+    device_from_args,
+    generate_flags,
+    train_flags,
+)
 
 log = harness.logger("depth")
 
 
 def model_flags(a, encoder_layers: int, checkpoint: bool) -> List[str]:
     w, ffn, heads = str(a.width), str(a.ffn), str(a.heads)
-    return ["--encoder-layers", str(encoder_layers), "--decoder-layers", str(a.decoder_layers),
-            "--encoder-embed-dim", w, "--decoder-embed-dim", w, "--encoder-ffn-embed-dim", ffn,
-            "--decoder-ffn-embed-dim", ffn, "--encoder-attention-heads", heads, "--decoder-attention-heads", heads,
-            "--dropout", "0.1", "--share-all-embeddings", *(["--checkpoint-activations"] if checkpoint else [])]
+    return [
+        "--encoder-layers",
+        str(encoder_layers),
+        "--decoder-layers",
+        str(a.decoder_layers),
+        "--encoder-embed-dim",
+        w,
+        "--decoder-embed-dim",
+        w,
+        "--encoder-ffn-embed-dim",
+        ffn,
+        "--decoder-ffn-embed-dim",
+        ffn,
+        "--encoder-attention-heads",
+        heads,
+        "--decoder-attention-heads",
+        heads,
+        "--dropout",
+        "0.1",
+        "--share-all-embeddings",
+        *(["--checkpoint-activations"] if checkpoint else []),
+    ]
 
 
 def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str, float]:
     t0 = clock(a.device)
-    model = harness.build_model(["--arch", arch, *model_flags(a, depth, checkpoint)], dictionary, a.device).train()
+    model = harness.build_model(
+        ["--arch", arch, *model_flags(a, depth, checkpoint)], dictionary, a.device
+    ).train()
     build_s = clock(a.device) - t0
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
@@ -104,7 +133,7 @@ def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str,
     loss, saved = update(count_saved=True)  # warm-up (Admin profiles here); counts saved tensors
     times, cpu_times, losses = [], [], [loss]
     peak = None
-    for i in range(a.updates):
+    for _ in range(a.updates):
         optimizer.zero_grad(set_to_none=True)  # the gradients count in the peak, not in the base
         with PeakMemory(a.device) as mem:
             t0, c0 = clock(a.device), time.process_time()
@@ -115,16 +144,25 @@ def measure(a, arch: str, depth: int, checkpoint: bool, dictionary) -> Dict[str,
         if mem.mib is not None:
             peak = mem.mib if peak is None else max(peak, mem.mib)
     layers = depth + a.decoder_layers
-    row = {"arch": arch, "encoder_layers": depth, "decoder_layers": a.decoder_layers, "checkpoint": checkpoint,
-           "params": sum(p.numel() for p in model.parameters()), "build_s": build_s,
-           "s_per_update": statistics.median(times), "update_s": times,
-           "cpu_s_per_update": statistics.median(cpu_times), "update_cpu_s": cpu_times,
-           "saved_mib": saved / 2 ** 20, "saved_kib_per_layer": saved / 2 ** 10 / layers,
-           "losses": losses, "finite": all(map(lambda x: x == x and abs(x) != float("inf"), losses))}
+    row = {
+        "arch": arch,
+        "encoder_layers": depth,
+        "decoder_layers": a.decoder_layers,
+        "checkpoint": checkpoint,
+        "params": sum(p.numel() for p in model.parameters()),
+        "build_s": build_s,
+        "s_per_update": statistics.median(times),
+        "update_s": times,
+        "cpu_s_per_update": statistics.median(cpu_times),
+        "update_cpu_s": cpu_times,
+        "saved_mib": saved / 2**20,
+        "saved_kib_per_layer": saved / 2**10 / layers,
+        "losses": losses,
+        "finite": all(map(lambda x: x == x and abs(x) != float("inf"), losses)),
+    }
     if peak is not None:
         row["peak_mib"] = peak
-        row["peak_kib_per_layer"] = peak * 2 ** 10 / layers
-    del model, optimizer
+        row["peak_kib_per_layer"] = peak * 2**10 / layers
     return row
 
 
@@ -135,9 +173,13 @@ def in_process(a) -> List[Dict[str, float]]:
     for arch in a.arch:
         for depth in a.depths:
             for checkpoint in modes:
-                log(f"{arch}, {depth}+{a.decoder_layers} layers, checkpointing {'on' if checkpoint else 'off'}")
+                log(
+                    f"{arch}, {depth}+{a.decoder_layers} layers, checkpointing {'on' if checkpoint else 'off'}"
+                )
                 row = measure(a, arch, depth, checkpoint, dictionary)
-                log("  " + ", ".join(f"{k}={v:.4g}" for k, v in row.items() if isinstance(v, float)))
+                log(
+                    "  " + ", ".join(f"{k}={v:.4g}" for k, v in row.items() if isinstance(v, float))
+                )
                 rows.append(row)
     add_slopes(rows)
     return rows
@@ -148,12 +190,19 @@ def add_slopes(rows):
     checkpointing, per layer (what a layer costs, without the embeddings' and output's share)."""
     for key in ("saved_mib", "peak_mib"):
         for r in rows:
-            smaller = [o for o in rows if (o["arch"], o["checkpoint"]) == (r["arch"], r["checkpoint"])
-                       and o["encoder_layers"] < r["encoder_layers"] and key in o and key in r]
+            smaller = [
+                o
+                for o in rows
+                if (o["arch"], o["checkpoint"]) == (r["arch"], r["checkpoint"])
+                and o["encoder_layers"] < r["encoder_layers"]
+                and key in o
+                and key in r
+            ]
             if smaller:
                 o = max(smaller, key=lambda o: o["encoder_layers"])
-                r[key.replace("_mib", "_kib_per_added_layer")] = \
-                    (r[key] - o[key]) * 2 ** 10 / (r["encoder_layers"] - o["encoder_layers"])
+                r[key.replace("_mib", "_kib_per_added_layer")] = (
+                    (r[key] - o[key]) * 2**10 / (r["encoder_layers"] - o["encoder_layers"])
+                )
 
 
 def _kib(r, key) -> str:
@@ -162,19 +211,40 @@ def _kib(r, key) -> str:
 
 def table(a, rows) -> str:
     gpu = any("peak_mib" in r for r in rows)
-    head = ["--arch", "enc.+dec. layers", "checkpointing", "parameters", "build s", "s / update",
-            "CPU s / update",
-            "saved activations MiB", "saved KiB / layer", "saved KiB / added layer"]
+    head = [
+        "--arch",
+        "enc.+dec. layers",
+        "checkpointing",
+        "parameters",
+        "build s",
+        "s / update",
+        "CPU s / update",
+        "saved activations MiB",
+        "saved KiB / layer",
+        "saved KiB / added layer",
+    ]
     if gpu:
         head += ["peak GPU MiB", "peak GPU KiB / layer", "peak GPU KiB / added layer"]
     lines = []
     for r in rows:
-        cells = [f"`{r['arch']}`", f"{r['encoder_layers']}+{r['decoder_layers']}", "on" if r["checkpoint"] else "off",
-                 f"{r['params']:,}", f"{r['build_s']:.1f}", f"{r['s_per_update']:.3f}", f"{r['cpu_s_per_update']:.3f}",
-                 f"{r['saved_mib']:.2f}", f"{r['saved_kib_per_layer']:.1f}", _kib(r, "saved_kib_per_added_layer")]
+        cells = [
+            f"`{r['arch']}`",
+            f"{r['encoder_layers']}+{r['decoder_layers']}",
+            "on" if r["checkpoint"] else "off",
+            f"{r['params']:,}",
+            f"{r['build_s']:.1f}",
+            f"{r['s_per_update']:.3f}",
+            f"{r['cpu_s_per_update']:.3f}",
+            f"{r['saved_mib']:.2f}",
+            f"{r['saved_kib_per_layer']:.1f}",
+            _kib(r, "saved_kib_per_added_layer"),
+        ]
         if gpu:
-            cells += [f"{r['peak_mib']:.2f}" if "peak_mib" in r else "-", _kib(r, "peak_kib_per_layer"),
-                      _kib(r, "peak_kib_per_added_layer")]
+            cells += [
+                f"{r['peak_mib']:.2f}" if "peak_mib" in r else "-",
+                _kib(r, "peak_kib_per_layer"),
+                _kib(r, "peak_kib_per_added_layer"),
+            ]
         if not r["finite"]:
             cells[-1] += " (loss not finite)"
         lines.append(cells)
@@ -202,46 +272,147 @@ def cli(a, env) -> Dict[str, float]:
 
     work = os.path.join(a.work_dir, "cli")
     shutil.rmtree(work, ignore_errors=True)
-    prefixes = write_corpus(os.path.join(work, "raw"), train=a.cli_train, valid=20, test=a.cli_test, seed=1)
+    prefixes = write_corpus(
+        os.path.join(work, "raw"), train=a.cli_train, valid=20, test=a.cli_test, seed=1
+    )
     data = os.path.join(work, "bin")
     python = [sys.executable, "-m"]
-    _run(python + ["fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
-                   "--trainpref", prefixes["train"], "--validpref", prefixes["valid"], "--testpref", prefixes["test"],
-                   "--destdir", data, "--joined-dictionary", "--workers", "1"], os.path.join(work, "preprocess.log"), env)
+    _run(
+        python
+        + [
+            "fairseq_cli.preprocess",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            prefixes["train"],
+            "--validpref",
+            prefixes["valid"],
+            "--testpref",
+            prefixes["test"],
+            "--destdir",
+            data,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        os.path.join(work, "preprocess.log"),
+        env,
+    )
     save = os.path.join(work, "checkpoints")
-    log(f"fairseq-train: transformer_deepnorm, {a.cli_layers}+1 layers, width 8, {a.cli_updates} updates")
-    train_out, train_s = _run(runs.command(
-        runs.TRAIN, data, "--arch", "transformer_deepnorm",
-        "--encoder-layers", str(a.cli_layers), "--decoder-layers", "1", "--encoder-embed-dim", "8",
-        "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
-        "--checkpoint-activations", *train_flags(a.device), "--num-workers", "0", "--optimizer", "adam",
-        "--lr", "1e-3", "--max-tokens", "400", "--max-update", str(a.cli_updates),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--disable-validation",
-        "--save-dir", save, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
-    ), os.path.join(work, "train.log"), env)
-    losses = [float(r["loss"]) for r in runs.parse_log_lines(train_out.splitlines()) if r["kind"] == "train_inner"]
+    log(
+        f"fairseq-train: transformer_deepnorm, {a.cli_layers}+1 layers, width 8, {a.cli_updates} updates"
+    )
+    train_out, train_s = _run(
+        runs.command(
+            runs.TRAIN,
+            data,
+            "--arch",
+            "transformer_deepnorm",
+            "--encoder-layers",
+            str(a.cli_layers),
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "8",
+            "--decoder-embed-dim",
+            "8",
+            "--encoder-ffn-embed-dim",
+            "16",
+            "--decoder-ffn-embed-dim",
+            "16",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            "--share-all-embeddings",
+            "--checkpoint-activations",
+            *train_flags(a.device),
+            "--num-workers",
+            "0",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "400",
+            "--max-update",
+            str(a.cli_updates),
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--disable-validation",
+            "--save-dir",
+            save,
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "1",
+        ),
+        os.path.join(work, "train.log"),
+        env,
+    )
+    losses = [
+        float(r["loss"])
+        for r in runs.parse_log_lines(train_out.splitlines())
+        if r["kind"] == "train_inner"
+    ]
     log("fairseq-generate, beam 2")
-    gen_out, gen_s = _run(runs.command(
-        runs.GENERATE, data, "--path", os.path.join(save, "checkpoint_last.pt"),
-        "--gen-subset", "test", "--beam", "2", "--batch-size", "32", *generate_flags(a.device),
-        "--num-workers", "0", "--max-len-a", "0", "--max-len-b", "10",
-    ), os.path.join(work, "generate.log"), env)
+    gen_out, gen_s = _run(
+        runs.command(
+            runs.GENERATE,
+            data,
+            "--path",
+            os.path.join(save, "checkpoint_last.pt"),
+            "--gen-subset",
+            "test",
+            "--beam",
+            "2",
+            "--batch-size",
+            "32",
+            *generate_flags(a.device),
+            "--num-workers",
+            "0",
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            "10",
+        ),
+        os.path.join(work, "generate.log"),
+        env,
+    )
     translated = runs.parse_translated(gen_out)
-    return {"encoder_layers": a.cli_layers, "updates": a.cli_updates, "train_wall_s": train_s,
-            "train_losses": losses, "generate_wall_s": gen_s,
-            "sentences": translated.sentences if translated else 0, "test_size": a.cli_test}
+    return {
+        "encoder_layers": a.cli_layers,
+        "updates": a.cli_updates,
+        "train_wall_s": train_s,
+        "train_losses": losses,
+        "generate_wall_s": gen_s,
+        "sentences": translated.sentences if translated else 0,
+        "test_size": a.cli_test,
+    }
 
 
 def get_parser():
     p = harness.parser(__doc__, show_defaults=True)
-    p.add_argument("--arch", nargs="+", default=["transformer_deepnorm"],
-                   help="depth-free presets to compare (e.g. transformer_postnorm transformer_prenorm "
-                        "transformer_dlcl transformer_admin)")
+    p.add_argument(
+        "--arch",
+        nargs="+",
+        default=["transformer_deepnorm"],
+        help="depth-free presets to compare (e.g. transformer_postnorm transformer_prenorm "
+        "transformer_dlcl transformer_admin)",
+    )
     p.add_argument("--depths", type=int, nargs="+", default=[6, 100, 1000], help="encoder layers")
     p.add_argument("--decoder-layers", type=int, default=1)
-    p.add_argument("--checkpoint", choices=["both", "off", "on"], default="both",
-                   help="--checkpoint-activations off, on, or both")
+    p.add_argument(
+        "--checkpoint",
+        choices=["both", "off", "on"],
+        default="both",
+        help="--checkpoint-activations off, on, or both",
+    )
     p.add_argument("--width", type=int, default=8)
     p.add_argument("--ffn", type=int, default=16)
     p.add_argument("--heads", type=int, default=2)
@@ -250,16 +421,28 @@ def get_parser():
     p.add_argument("--length", type=int, default=16, help="source and target tokens per sentence")
     p.add_argument("--updates", type=int, default=5, help="timed updates after one warm-up update")
     harness.add_threads(p, help="torch threads (and OMP/MKL threads of --cli runs)")
-    p.add_argument("--cli", action="store_true", help="also fairseq-train and fairseq-generate a deep model")
+    p.add_argument(
+        "--cli", action="store_true", help="also fairseq-train and fairseq-generate a deep model"
+    )
     p.add_argument("--cli-only", action="store_true", help="only the --cli run")
     p.add_argument("--cli-layers", type=int, default=1000)
     p.add_argument("--cli-updates", type=int, default=3)
-    p.add_argument("--cli-train", type=int, default=200, help="synthetic training pairs of the --cli run")
-    p.add_argument("--cli-test", type=int, default=20, help="synthetic test sentences of the --cli run")
-    harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "depth"),
-                         "results.json and the --cli run's data, checkpoints and logs (git-ignored)")
-    add_device_argument(p, note="Memory: saved-activation bytes on both; on cuda also the peak of "
-                                "torch.cuda.max_memory_allocated during an update")
+    p.add_argument(
+        "--cli-train", type=int, default=200, help="synthetic training pairs of the --cli run"
+    )
+    p.add_argument(
+        "--cli-test", type=int, default=20, help="synthetic test sentences of the --cli run"
+    )
+    harness.add_work_dir(
+        p,
+        os.path.join(harness.ROOT, "bench_runs", "depth"),
+        "results.json and the --cli run's data, checkpoints and logs (git-ignored)",
+    )
+    add_device_argument(
+        p,
+        note="Memory: saved-activation bytes on both; on cuda also the peak of "
+        "torch.cuda.max_memory_allocated during an update",
+    )
     return p
 
 
@@ -277,17 +460,32 @@ def main(argv=None):
         sections.append(
             f"### One update against depth: width {a.width}, FFN {a.ffn}, {a.heads} heads, batch "
             f"{a.batch}x{a.length} tokens (both sides), Adam; {describe(a.device)}; median of {a.updates} "
-            f"updates after one warm-up\n\n" + table(a, rows))
+            f"updates after one warm-up\n\n" + table(a, rows)
+        )
     if a.cli or a.cli_only:
         r = cli(a, env)
         report["cli"] = r
         sections.append(
             f"### fairseq-train + fairseq-generate: transformer_deepnorm, {r['encoder_layers']}+1 layers, width 8, "
-            f"--checkpoint-activations\n\n" + harness.markdown_table(
-                [f"fairseq-train, {r['updates']} updates (wall s)", "train loss, first / last",
-                 "fairseq-generate, beam 2 (wall s)", "test sentences translated"],
-                [[f"{r['train_wall_s']:.1f}", f"{r['train_losses'][0]:.3f} / {r['train_losses'][-1]:.3f}",
-                  f"{r['generate_wall_s']:.1f}", f"{r['sentences']} / {r['test_size']}"]], "rrrr"))
+            f"--checkpoint-activations\n\n"
+            + harness.markdown_table(
+                [
+                    f"fairseq-train, {r['updates']} updates (wall s)",
+                    "train loss, first / last",
+                    "fairseq-generate, beam 2 (wall s)",
+                    "test sentences translated",
+                ],
+                [
+                    [
+                        f"{r['train_wall_s']:.1f}",
+                        f"{r['train_losses'][0]:.3f} / {r['train_losses'][-1]:.3f}",
+                        f"{r['generate_wall_s']:.1f}",
+                        f"{r['sentences']} / {r['test_size']}",
+                    ]
+                ],
+                "rrrr",
+            )
+        )
     path = harness.write_json(os.path.join(a.work_dir, "results.json"), report)
     print("\n\n".join(sections))
     print(f"\n(all numbers: {path})")

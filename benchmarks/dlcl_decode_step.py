@@ -13,17 +13,32 @@ before every clock reading (``--threads`` then only sets torch's CPU threads); f
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/dlcl_decode_step.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.dlcl_decode_step")
+    raise SystemExit(
+        "benchmarks/dlcl_decode_step.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.dlcl_decode_step"
+    )
 
 import torch
 
 from . import harness
 from .harness import add_device_argument, describe, device_from_args
 
-WIDTH = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-         "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
-         "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--decoder-layers", "3"]
+WIDTH = [
+    "--encoder-embed-dim",
+    "128",
+    "--decoder-embed-dim",
+    "128",
+    "--encoder-ffn-embed-dim",
+    "256",
+    "--decoder-ffn-embed-dim",
+    "256",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--decoder-layers",
+    "3",
+]
 
 
 def decode(model, src, lengths, prev):
@@ -58,10 +73,15 @@ def main(argv=None):
     def seconds(model):
         return lambda r: harness.timed(lambda: decode(model, *batch), a.device)[1]
 
-    times = harness.alternated({"plain pre-norm": seconds(plain), "transformer_dlcl": seconds(dlcl)}, a.runs)
+    times = harness.alternated(
+        {"plain pre-norm": seconds(plain), "transformer_dlcl": seconds(dlcl)}, a.runs
+    )
     best = {k: min(v) for k, v in times.items()}
-    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.steps} steps x {a.batch} sentences, "
-          f"min of {a.runs} alternated runs" + (f"; {describe(a.device)}" if a.device != "cpu" else ""))
+    print(
+        f"torch {torch.__version__}, {a.threads} thread(s); {a.steps} steps x {a.batch} sentences, "
+        f"min of {a.runs} alternated runs"
+        + (f"; {describe(a.device)}" if a.device != "cpu" else "")
+    )
     for name, t in best.items():
         print(f"  {name}: {t * 1000:.1f} ms")
     print(f"  speed ratio DLCL / plain: {best['plain pre-norm'] / best['transformer_dlcl']:.3f}")

@@ -9,15 +9,17 @@ just fed (its input token, ``prev_output_tokens``), and how often that token is 
 tied (``--share-all-embeddings``) and untied output embeddings.
 
 Part 2 (``--updates N``): fairseq-train of transformer_prenorm and transformer_dlcl side by side,
-same data, seed and schedule (tied embeddings, or ``--untied``), logging every ``--log-interval`` updates; the table gives each one's
-loss at the logged updates and their difference.
+same data, seed and schedule (tied embeddings, or ``--untied``), logging every ``--log-interval``
+updates; the table gives each one's loss at the logged updates and their difference.
 
     python -m benchmarks.dlcl_init_loss --data DATA_BIN --width 512 --updates 200 --warmup 100
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/dlcl_init_loss.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.dlcl_init_loss")
+    raise SystemExit(
+        "benchmarks/dlcl_init_loss.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.dlcl_init_loss"
+    )
 
 import json
 import math
@@ -40,9 +42,20 @@ CASES = [  # (name, arch, extra flags)
 
 def width_flags(width: int):
     heads = str(max(1, width // 64))
-    return ["--encoder-embed-dim", str(width), "--decoder-embed-dim", str(width),
-            "--encoder-ffn-embed-dim", str(4 * width), "--decoder-ffn-embed-dim", str(4 * width),
-            "--encoder-attention-heads", heads, "--decoder-attention-heads", heads]
+    return [
+        "--encoder-embed-dim",
+        str(width),
+        "--decoder-embed-dim",
+        str(width),
+        "--encoder-ffn-embed-dim",
+        str(4 * width),
+        "--decoder-ffn-embed-dim",
+        str(4 * width),
+        "--encoder-attention-heads",
+        heads,
+        "--decoder-attention-heads",
+        heads,
+    ]
 
 
 def at_initialisation(args, device):
@@ -55,9 +68,21 @@ def at_initialisation(args, device):
     for tied in (True, False):
         for name, arch, extra in CASES:
             parser = options.get_training_parser()
-            cfg = options.parse_args_and_arch(parser, [
-                args.data, "--arch", arch, *extra, *width_flags(args.width), "--seed", "1",
-                *(["--share-all-embeddings"] if tied else []), "--user-dir", PLUGIN])
+            cfg = options.parse_args_and_arch(
+                parser,
+                [
+                    args.data,
+                    "--arch",
+                    arch,
+                    *extra,
+                    *width_flags(args.width),
+                    "--seed",
+                    "1",
+                    *(["--share-all-embeddings"] if tied else []),
+                    "--user-dir",
+                    PLUGIN,
+                ],
+            )
             torch.manual_seed(1)
             task = tasks.setup_task(cfg)
             task.load_dataset(args.subset)
@@ -71,10 +96,18 @@ def at_initialisation(args, device):
             real = target.ne(task.target_dictionary.pad())
             nll = -torch.log_softmax(logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)[real]
             fed = logits.gather(-1, prev.unsqueeze(-1)).squeeze(-1)[real]
-            rows.append(dict(model=name, tied=tied, nll_bits=round(nll.mean().item() / math.log(2), 2),
-                             fed_token_logit=round(fed.mean().item(), 2),
-                             logit_std=round(logits.std().item(), 2),
-                             argmax_is_fed_token=round((logits.argmax(-1) == prev)[real].float().mean().item(), 3)))
+            rows.append(
+                dict(
+                    model=name,
+                    tied=tied,
+                    nll_bits=round(nll.mean().item() / math.log(2), 2),
+                    fed_token_logit=round(fed.mean().item(), 2),
+                    logit_std=round(logits.std().item(), 2),
+                    argmax_is_fed_token=round(
+                        (logits.argmax(-1) == prev)[real].float().mean().item(), 3
+                    ),
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -82,33 +115,85 @@ def at_initialisation(args, device):
 def train_losses(args, arch, save_dir):
     from fairseq_deep import runs
 
-    cmd = runs.command(runs.TRAIN, args.data, "--arch", arch,
-           *width_flags(args.width), *([] if args.untied else ["--share-all-embeddings"]), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-           "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
-           "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-           "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", "1",
-           "--log-format", "json", "--log-interval", str(args.log_interval), "--disable-validation", "--no-save",
-           "--save-dir", save_dir, "--num-workers", "0", *train_flags(args.device))
+    cmd = runs.command(
+        runs.TRAIN,
+        args.data,
+        "--arch",
+        arch,
+        *width_flags(args.width),
+        *([] if args.untied else ["--share-all-embeddings"]),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        str(args.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(args.warmup),
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.updates),
+        "--seed",
+        "1",
+        "--log-format",
+        "json",
+        "--log-interval",
+        str(args.log_interval),
+        "--disable-validation",
+        "--no-save",
+        "--save-dir",
+        save_dir,
+        "--num-workers",
+        "0",
+        *train_flags(args.device),
+    )
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"fairseq-train {arch} failed (exit {proc.returncode}): {proc.stdout.strip().splitlines()[-1]}")
-    return {int(r["num_updates"]): float(r["loss"]) for r in runs.parse_log_lines(proc.stdout.splitlines())
-            if r["kind"] == "train_inner"}
+        raise SystemExit(
+            f"fairseq-train {arch} failed (exit {proc.returncode}): {proc.stdout.strip().splitlines()[-1]}"
+        )
+    return {
+        int(r["num_updates"]): float(r["loss"])
+        for r in runs.parse_log_lines(proc.stdout.splitlines())
+        if r["kind"] == "train_inner"
+    }
 
 
 def get_parser():
     p = harness.parser(__doc__)
-    p.add_argument("--data", required=True, help="fairseq-preprocess output (joint dictionary for tied embeddings)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="fairseq-preprocess output (joint dictionary for tied embeddings)",
+    )
     p.add_argument("--subset", default="valid")
-    p.add_argument("--width", type=int, default=512, help="embedding width (ffn 4x, one head per 64)")
+    p.add_argument(
+        "--width", type=int, default=512, help="embedding width (ffn 4x, one head per 64)"
+    )
     p.add_argument("--sentences", type=int, default=48)
-    p.add_argument("--updates", type=int, default=0, help="part 2: train each model this many updates (0: skip)")
+    p.add_argument(
+        "--updates",
+        type=int,
+        default=0,
+        help="part 2: train each model this many updates (0: skip)",
+    )
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=4000)
     p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--untied", action="store_true", help="part 2 with untied output embeddings (default: tied)")
-    p.add_argument("--skip-init", action="store_true", help="leave out part 1 (the loss at initialisation)")
+    p.add_argument(
+        "--untied", action="store_true", help="part 2 with untied output embeddings (default: tied)"
+    )
+    p.add_argument(
+        "--skip-init", action="store_true", help="leave out part 1 (the loss at initialisation)"
+    )
     p.add_argument("--out", default="bench_runs/dlcl_init_loss")
     add_device_argument(p)
     return p
@@ -119,22 +204,56 @@ def main(argv=None):
     device = device_from_args(args)
     os.makedirs(args.out, exist_ok=True)
     result = dict(width=args.width, init=[] if args.skip_init else at_initialisation(args, device))
-    lines = [] if args.skip_init else [
-        f"width {args.width}, {args.sentences} {args.subset} sentences, at initialisation (training mode)", "",
-        harness.markdown_table(
-            ["model", "output embeddings", "loss (nll, bits)", "logit of the fed token", "argmax = fed token"],
-            [[r["model"], "tied" if r["tied"] else "untied", f"{r['nll_bits']:.2f}", f"{r['fed_token_logit']:.1f}",
-              f"{r['argmax_is_fed_token']:.0%}"] for r in result["init"]], "llrrr")]
+    lines = (
+        []
+        if args.skip_init
+        else [
+            f"width {args.width}, {args.sentences} {args.subset} sentences, at initialisation (training mode)",
+            "",
+            harness.markdown_table(
+                [
+                    "model",
+                    "output embeddings",
+                    "loss (nll, bits)",
+                    "logit of the fed token",
+                    "argmax = fed token",
+                ],
+                [
+                    [
+                        r["model"],
+                        "tied" if r["tied"] else "untied",
+                        f"{r['nll_bits']:.2f}",
+                        f"{r['fed_token_logit']:.1f}",
+                        f"{r['argmax_is_fed_token']:.0%}",
+                    ]
+                    for r in result["init"]
+                ],
+                "llrrr",
+            ),
+        ]
+    )
     if args.updates:
-        curves = {arch: train_losses(args, arch, os.path.join(args.out, arch))
-                  for arch in ("transformer_prenorm", "transformer_dlcl")}
+        curves = {
+            arch: train_losses(args, arch, os.path.join(args.out, arch))
+            for arch in ("transformer_prenorm", "transformer_dlcl")
+        }
         result["train"] = curves
         pre, dlcl = curves["transformer_prenorm"], curves["transformer_dlcl"]
-        lines += ["", f"fairseq-train, {'untied' if args.untied else 'tied'} embeddings, lr {args.lr}, warm-up {args.warmup}, "
-                      f"{args.max_tokens} tokens per batch (label-smoothed loss, bits)", "",
-                  harness.markdown_table(["update", "pre-norm", "DLCL", "DLCL - pre-norm"],
-                                         [[u, f"{pre[u]:.2f}", f"{dlcl[u]:.2f}", f"{dlcl[u] - pre[u]:+.2f}"]
-                                          for u in sorted(pre) if u in dlcl], "rrrr")]
+        lines += [
+            "",
+            f"fairseq-train, {'untied' if args.untied else 'tied'} embeddings, lr {args.lr}, warm-up {args.warmup}, "
+            f"{args.max_tokens} tokens per batch (label-smoothed loss, bits)",
+            "",
+            harness.markdown_table(
+                ["update", "pre-norm", "DLCL", "DLCL - pre-norm"],
+                [
+                    [u, f"{pre[u]:.2f}", f"{dlcl[u]:.2f}", f"{dlcl[u] - pre[u]:+.2f}"]
+                    for u in sorted(pre)
+                    if u in dlcl
+                ],
+                "rrrr",
+            ),
+        ]
     harness.write_json(os.path.join(args.out, "results.json"), result)
     print("\n".join(lines))
 

@@ -46,14 +46,16 @@ joint sentencepiece model of ``--spm-vocab`` (8k) pieces, then fairseq-preproces
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/dlcl_speed.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.dlcl_speed")
+    raise SystemExit(
+        "benchmarks/dlcl_speed.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.dlcl_speed"
+    )
 
 import gzip
 import json
 import os
-import shutil
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,7 +69,14 @@ from fairseq_deep import runs
 from fairseq_deep.data.synthetic import write_corpus
 
 from . import harness
-from .harness import PeakMemory, add_device_argument, describe, device_from_args, generate_flags, median_seconds
+from .harness import (
+    PeakMemory,
+    add_device_argument,
+    describe,
+    device_from_args,
+    generate_flags,
+    median_seconds,
+)
 from .harness import train_flags as device_train_flags
 
 # label, --arch.  Everything else on the command line is shared.
@@ -108,11 +117,27 @@ def _prepared(dest: str, stamp: Dict) -> bool:
 
 
 def _preprocess(prefix_dir: str, src: str, tgt: str, dest: str, stamp: Dict):
-    run(fairseq_cmd("preprocess") + [
-        "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", f"{prefix_dir}/train", "--validpref", f"{prefix_dir}/valid",
-        "--testpref", f"{prefix_dir}/test", "--destdir", dest, "--joined-dictionary", "--workers", "1",
-    ], os.path.join(os.path.dirname(dest), "preprocess.log"))
+    run(
+        fairseq_cmd("preprocess")
+        + [
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            f"{prefix_dir}/train",
+            "--validpref",
+            f"{prefix_dir}/valid",
+            "--testpref",
+            f"{prefix_dir}/test",
+            "--destdir",
+            dest,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        os.path.join(os.path.dirname(dest), "preprocess.log"),
+    )
     harness.write_json(os.path.join(dest, "prepared.json"), stamp, indent=None)
 
 
@@ -121,8 +146,13 @@ def prepare_synthetic(work: str, a) -> "tuple[str, str, str]":
     stamp = {"data": "synthetic", "train": a.synthetic_train, "test": a.test_size, "seed": a.seed}
     if not _prepared(dest, stamp):
         log(f"writing the synthetic corpus ({a.synthetic_train} pairs) and binarizing it")
-        prefixes = write_corpus(os.path.join(work, "synthetic", "raw"), train=a.synthetic_train,
-                                valid=200, test=a.test_size, seed=a.seed)
+        prefixes = write_corpus(
+            os.path.join(work, "synthetic", "raw"),
+            train=a.synthetic_train,
+            valid=200,
+            test=a.test_size,
+            seed=a.seed,
+        )
         _preprocess(os.path.dirname(prefixes["train"]), "src", "tgt", dest, stamp)
     return dest, "src", "tgt"
 
@@ -132,15 +162,19 @@ MULTI30K_FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 def prepare_multi30k(work: str, a) -> "tuple[str, str, str]":
     folder, src, tgt = a.multi30k, a.src_lang, a.tgt_lang
-    missing = [f"{name}.{lang}.gz" for name in MULTI30K_FILES.values() for lang in (src, tgt)
-               if not os.path.exists(os.path.join(folder, f"{name}.{lang}.gz"))]
+    missing = [
+        f"{name}.{lang}.gz"
+        for name in MULTI30K_FILES.values()
+        for lang in (src, tgt)
+        if not os.path.exists(os.path.join(folder, f"{name}.{lang}.gz"))
+    ]
     if not os.path.isdir(folder) or missing:
         raise SystemExit(
-            f"--multi30k {folder}: " + ("no such folder" if not os.path.isdir(folder) else
-                                        f"missing {', '.join(missing)}")
+            f"--multi30k {folder}: "
+            + ("no such folder" if not os.path.isdir(folder) else f"missing {', '.join(missing)}")
             + ". Point --multi30k at the raw Multi30K folder (train.en.gz, val.en.gz, "
-              "test_2016_flickr.en.gz and the .de files), e.g. /work/shared/data/multi30k, or leave "
-              "it out to use the synthetic corpus."
+            "test_2016_flickr.en.gz and the .de files), e.g. /work/shared/data/multi30k, or leave "
+            "it out to use the synthetic corpus."
         )
     dest = os.path.join(work, "multi30k", "bin")
     stamp = {"data": os.path.abspath(folder), "src": src, "tgt": tgt, "spm_vocab": a.spm_vocab}
@@ -153,14 +187,19 @@ def prepare_multi30k(work: str, a) -> "tuple[str, str, str]":
     os.makedirs(pieces, exist_ok=True)
     for split, name in MULTI30K_FILES.items():
         for lang in (src, tgt):
-            with gzip.open(os.path.join(folder, f"{name}.{lang}.gz"), "rt", encoding="utf-8") as fin, \
-                    open(os.path.join(raw, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
+            with gzip.open(
+                os.path.join(folder, f"{name}.{lang}.gz"), "rt", encoding="utf-8"
+            ) as fin, open(os.path.join(raw, f"{split}.{lang}"), "w", encoding="utf-8") as fout:
                 fout.writelines(line.strip() + "\n" for line in fin)
     log(f"training a joint sentencepiece model of {a.spm_vocab} pieces")
     model_prefix = os.path.join(work, "multi30k", "spm")
     spm.SentencePieceTrainer.train(
-        input=f"{raw}/train.{src},{raw}/train.{tgt}", model_prefix=model_prefix,
-        vocab_size=a.spm_vocab, character_coverage=1.0, model_type="unigram", num_threads=2,
+        input=f"{raw}/train.{src},{raw}/train.{tgt}",
+        model_prefix=model_prefix,
+        vocab_size=a.spm_vocab,
+        character_coverage=1.0,
+        model_type="unigram",
+        num_threads=2,
         minloglevel=2,
     )
     sp = spm.SentencePieceProcessor(model_file=model_prefix + ".model")
@@ -181,25 +220,69 @@ def prepare_multi30k(work: str, a) -> "tuple[str, str, str]":
 def model_flags(a) -> List[str]:
     """Everything but --arch: identical for both systems."""
     return [
-        "--encoder-layers", str(a.encoder_layers), "--decoder-layers", str(a.decoder_layers),
-        "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
-        "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
-        "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
-        "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings",
-        "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+        "--encoder-layers",
+        str(a.encoder_layers),
+        "--decoder-layers",
+        str(a.decoder_layers),
+        "--encoder-embed-dim",
+        str(a.embed_dim),
+        "--decoder-embed-dim",
+        str(a.embed_dim),
+        "--encoder-ffn-embed-dim",
+        str(a.ffn_dim),
+        "--decoder-ffn-embed-dim",
+        str(a.ffn_dim),
+        "--encoder-attention-heads",
+        str(a.heads),
+        "--decoder-attention-heads",
+        str(a.heads),
+        "--encoder-normalize-before",
+        "--decoder-normalize-before",
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+        "--attention-dropout",
+        "0.1",
+        "--activation-dropout",
+        "0.1",
     ]
 
 
 def train_flags(a, save_dir: str) -> List[str]:
     return [
-        "--task", "translation", *device_train_flags(a.device, a.precision),
-        "--seed", str(a.seed),
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup_updates),
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update),
-        "--log-format", "json", "--log-interval", str(a.log_interval), "--num-workers", "0",
-        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", save_dir,
+        "--task",
+        "translation",
+        *device_train_flags(a.device, a.precision),
+        "--seed",
+        str(a.seed),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        "1e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(a.warmup_updates),
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(a.max_tokens),
+        "--max-update",
+        str(a.max_update),
+        "--log-format",
+        "json",
+        "--log-interval",
+        str(a.log_interval),
+        "--num-workers",
+        "0",
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        save_dir,
     ]
 
 
@@ -220,8 +303,10 @@ def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
             updates += n - prev
         prev = n
     if not updates:
-        raise SystemExit(f"no train_inner interval after update {skip_updates}: raise --max-update "
-                         "or lower --skip-updates / --log-interval")
+        raise SystemExit(
+            f"no train_inner interval after update {skip_updates}: raise --max-update "
+            "or lower --skip-updates / --log-interval"
+        )
     return words / seconds, updates
 
 
@@ -229,27 +314,54 @@ def parse_gpu_peak_gib(out: str, total_gib: float) -> float:
     """Peak GPU memory of a fairseq-train run (GiB) from its ``train_inner`` lines: fairseq logs
     ``gb_free`` = device total - ``torch.cuda.max_memory_allocated()`` of the last update of each
     log interval (rounded to 0.1 GiB); nan when no line has it (a CPU run)."""
-    free = [float(r["gb_free"]) for r in runs.parse_log_lines(out.splitlines())
-            if r["kind"] == "train_inner" and "gb_free" in r]
+    free = [
+        float(r["gb_free"])
+        for r in runs.parse_log_lines(out.splitlines())
+        if r["kind"] == "train_inner" and "gb_free" in r
+    ]
     return total_gib - min(free) if free else float("nan")
 
 
 def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
-    out, rss = run(runs.command(
-        runs.GENERATE, data, "--path", checkpoint, "--gen-subset", "test",
-        *generate_flags(a.device, a.precision),
-        # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
-        # whatever their (barely trained) models would emit
-        "--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len),
-        "--max-len-a", "0", "--max-len-b", str(a.gen_len), "--num-workers", "0", "--quiet",
-    ), log_path, env)
+    out, rss = run(
+        runs.command(
+            runs.GENERATE,
+            data,
+            "--path",
+            checkpoint,
+            "--gen-subset",
+            "test",
+            *generate_flags(a.device, a.precision),
+            # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
+            # whatever their (barely trained) models would emit
+            "--beam",
+            "5",
+            "--batch-size",
+            str(a.gen_batch_size),
+            "--min-len",
+            str(a.gen_len),
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            str(a.gen_len),
+            "--num-workers",
+            "0",
+            "--quiet",
+        ),
+        log_path,
+        env,
+    )
     generated = runs.parse_generate(out)
     m = generated.translated
     if not m:
         raise SystemExit(f"no 'Translated ... tokens/s' line in {log_path}")
     bleu = generated.bleu4
-    return {"gen_tokens_per_s": m.tokens_per_s, "gen_tokens": m.tokens,
-            "gen_seconds": m.seconds, "bleu": float(bleu) if bleu else float("nan")}
+    return {
+        "gen_tokens_per_s": m.tokens_per_s,
+        "gen_tokens": m.tokens,
+        "gen_seconds": m.seconds,
+        "bleu": float(bleu) if bleu else float("nan"),
+    }
 
 
 def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
@@ -262,20 +374,37 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
             os.makedirs(run_dir)
             log(f"repeat {rep + 1}/{a.repeats}: training {label} for {a.max_update} updates")
             t0 = time.time()
-            out, rss_kib = run(runs.command(runs.TRAIN, data, "--arch", arch, *model_flags(a), *train_flags(a, run_dir)),
-                               os.path.join(run_dir, "train.log"), env)
+            out, rss_kib = run(
+                runs.command(
+                    runs.TRAIN, data, "--arch", arch, *model_flags(a), *train_flags(a, run_dir)
+                ),
+                os.path.join(run_dir, "train.log"),
+                env,
+            )
             wps, updates = parse_train_wps(out, a.skip_updates)
-            r = {"train_wps": wps, "timed_updates": updates, "train_max_rss_mib": rss_kib / 1024,
-                 "train_wall_s": time.time() - t0}
+            r = {
+                "train_wps": wps,
+                "timed_updates": updates,
+                "train_max_rss_mib": rss_kib / 1024,
+                "train_wall_s": time.time() - t0,
+            }
             if a.device == "cuda":
-                total = torch.cuda.get_device_properties(0).total_memory / 2 ** 30  # as fairseq's
+                total = torch.cuda.get_device_properties(0).total_memory / 2**30  # as fairseq's
                 r["train_gpu_peak_gib"] = parse_gpu_peak_gib(out, total)
             if not a.no_generate:
                 log(f"repeat {rep + 1}/{a.repeats}: fairseq-generate with {label}")
-                r.update(generate(a, data, os.path.join(run_dir, "checkpoint_last.pt"),
-                                  os.path.join(run_dir, "generate.log"), env))
+                r.update(
+                    generate(
+                        a,
+                        data,
+                        os.path.join(run_dir, "checkpoint_last.pt"),
+                        os.path.join(run_dir, "generate.log"),
+                        env,
+                    )
+                )
             log("  " + ", ".join(f"{k}={v:.4g}" for k, v in r.items()))
             return r
+
         return measure
 
     return harness.alternated({arch: one_run(label, arch) for label, arch in SYSTEMS}, a.repeats)
@@ -332,13 +461,13 @@ def full_model_activations(a, data: str) -> "tuple[Dict[str, float], Dict[str, f
     for _, arch in SYSTEMS:
         model = harness.build_model(["--arch", arch, *model_flags(a)], d, a.device).train()
 
-        def step():
+        def step(model=model):
             torch.manual_seed(0)  # same dropout masks for both
             logits, _ = model(src, lengths, prev)
             return logits.float().log_softmax(-1).mean()
 
         with PeakMemory(a.device) as mem:
-            out[arch] = saved_activation_bytes(step, model.parameters()) / 2 ** 20
+            out[arch] = saved_activation_bytes(step, model.parameters()) / 2**20
         if mem.mib is not None:
             peak[arch] = mem.mib
     return out, peak
@@ -350,7 +479,11 @@ class RestackedDLCL:
     copy per layer, O(L^2) activation memory.  Same values as fairseq_deep's DLCL."""
 
     def combine(self, row, entries):
-        w = self.weights()[row, : len(entries)] if self.softmax else self.weight[row, : len(entries)]
+        w = (
+            self.weights()[row, : len(entries)]
+            if self.softmax
+            else self.weight[row, : len(entries)]
+        )
         stacked = torch.stack(entries, 0)
         out = (stacked * w.view(-1, 1, 1, 1).to(stacked.dtype)).sum(0)
         return out if self.normalize_before else self.norms[row](out)
@@ -368,9 +501,11 @@ def encoder_memory(a) -> List[Dict[str, float]]:
         flags = model_flags(a)
         flags[flags.index("--encoder-layers") + 1] = str(layers)
         flags[flags.index("--decoder-layers") + 1] = "1"
-        variants = [("pre-norm (fairseq)", "transformer", False),
-                    ("DLCL (fairseq_deep)", "transformer_dlcl", False),
-                    ("DLCL, re-stacked (authors' code)", "transformer_dlcl", True)]
+        variants = [
+            ("pre-norm (fairseq)", "transformer", False),
+            ("DLCL (fairseq_deep)", "transformer_dlcl", False),
+            ("DLCL, re-stacked (authors' code)", "transformer_dlcl", True),
+        ]
         row = {"layers": layers}
         for name, arch, restack in variants:
             extra = ["--dlcl-stacks", "encoder"] if arch != "transformer" else []
@@ -378,21 +513,25 @@ def encoder_memory(a) -> List[Dict[str, float]]:
             enc = model.encoder.train()
             if restack:
                 assert isinstance(enc.history, DynamicLinearCombination)
-                enc.history.__class__ = type("RestackedDLCL", (RestackedDLCL, DynamicLinearCombination), {})
+                enc.history.__class__ = type(
+                    "RestackedDLCL", (RestackedDLCL, DynamicLinearCombination), {}
+                )
 
-            def step():
+            def step(enc=enc):
                 torch.manual_seed(0)
                 return enc(src, lengths)["encoder_out"][0].float().pow(2).mean()
 
             with PeakMemory(a.device) as mem:
                 saved = saved_activation_bytes(step, enc.parameters())
             seconds = median_seconds(lambda: step().backward(), a.micro_timing_runs, a.device)
-            row[name] = {"saved_mib": saved / 2 ** 20, "fwd_bwd_ms": 1000 * seconds}
+            row[name] = {"saved_mib": saved / 2**20, "fwd_bwd_ms": 1000 * seconds}
             if mem.mib is not None:
                 row[name]["gpu_peak_mib"] = mem.mib
         rows.append(row)
-        log(f"encoder memory, {layers} layers: " + ", ".join(
-            f"{k}: {v['saved_mib']:.1f} MiB" for k, v in row.items() if k != "layers"))
+        log(
+            f"encoder memory, {layers} layers: "
+            + ", ".join(f"{k}: {v['saved_mib']:.1f} MiB" for k, v in row.items() if k != "layers")
+        )
     return rows
 
 
@@ -408,10 +547,12 @@ def machine(device: str = "cpu") -> str:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         usable = os.cpu_count()
-    return (f"{platform.machine()}, {usable} usable cores (of {os.cpu_count()}), "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads), fairseq "
-            f"{getattr(fairseq, '__version__', '?')}, Python {platform.python_version()}"
-            + (f"; {describe(device)}" if device != "cpu" else ""))
+    return (
+        f"{platform.machine()}, {usable} usable cores (of {os.cpu_count()}), "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), fairseq "
+        f"{getattr(fairseq, '__version__', '?')}, Python {platform.python_version()}"
+        + (f"; {describe(device)}" if device != "cpu" else "")
+    )
 
 
 def _median(values):
@@ -422,32 +563,63 @@ def training_table(a, results, activations, gpu_peak=None) -> str:
     (label_a, arch_a), (label_b, arch_b) = SYSTEMS
     rows = [("training target words/s (fairseq-train `wps`)", "train_wps", "{:.0f}")]
     if a.device == "cuda":
-        rows += [("peak GPU memory of fairseq-train (GiB; fairseq's `gb_free`, 0.1 GiB steps)",
-                  "train_gpu_peak_gib", "{:.1f}"),
-                 ("peak host RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}")]
+        rows += [
+            (
+                "peak GPU memory of fairseq-train (GiB; fairseq's `gb_free`, 0.1 GiB steps)",
+                "train_gpu_peak_gib",
+                "{:.1f}",
+            ),
+            ("peak host RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}"),
+        ]
     else:
         rows += [("peak RSS of fairseq-train (MiB)", "train_max_rss_mib", "{:.0f}")]
     if not a.no_generate:
-        rows += [("fairseq-generate tokens/s (beam 5)", "gen_tokens_per_s", "{:.1f}"),
-                 ("generated tokens", "gen_tokens", "{:.0f}"),
-                 ("BLEU after training (sanity check)", "bleu", "{:.2f}")]
+        rows += [
+            ("fairseq-generate tokens/s (beam 5)", "gen_tokens_per_s", "{:.1f}"),
+            ("generated tokens", "gen_tokens", "{:.0f}"),
+            ("BLEU after training (sanity check)", "bleu", "{:.2f}"),
+        ]
+
+    def spread(arch, key, fmt):
+        """The range over the repeats, after the median."""
+        if a.repeats <= 1:
+            return ""
+        values = [r[key] for r in results[arch]]
+        return f" ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
     lines = []
     for name, key, fmt in rows:
         va = _median([r[key] for r in results[arch_a]])
         vb = _median([r[key] for r in results[arch_b]])
-        spread = lambda arch: (f" ({fmt.format(min(r[key] for r in results[arch]))}-"
-                               f"{fmt.format(max(r[key] for r in results[arch]))})"
-                               if a.repeats > 1 else "")
         ratio = f"{vb / va:.3f}" if va else "n/a"
-        lines.append([name, f"{fmt.format(va)}{spread(arch_a)}", f"{fmt.format(vb)}{spread(arch_b)}", ratio])
+        lines.append(
+            [
+                name,
+                f"{fmt.format(va)}{spread(arch_a, key, fmt)}",
+                f"{fmt.format(vb)}{spread(arch_b, key, fmt)}",
+                ratio,
+            ]
+        )
     if activations:
         va, vb = activations[arch_a], activations[arch_b]
-        lines.append([f"saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} tokens (MiB)",
-                      f"{va:.1f}", f"{vb:.1f}", f"{vb / va:.3f}"])
+        lines.append(
+            [
+                f"saved activations, one training fwd+bwd, {a.act_batch}x{a.act_length} tokens (MiB)",
+                f"{va:.1f}",
+                f"{vb:.1f}",
+                f"{vb / va:.3f}",
+            ]
+        )
     if gpu_peak:
         va, vb = gpu_peak[arch_a], gpu_peak[arch_b]
-        lines.append(["peak GPU memory of that fwd+bwd above the model and batch (MiB)",
-                      f"{va:.1f}", f"{vb:.1f}", f"{vb / va:.3f}"])
+        lines.append(
+            [
+                "peak GPU memory of that fwd+bwd above the model and batch (MiB)",
+                f"{va:.1f}",
+                f"{vb:.1f}",
+                f"{vb / va:.3f}",
+            ]
+        )
     return harness.markdown_table(["measure", label_a, label_b, "ratio B/A"], lines, "lrrr")
 
 
@@ -460,11 +632,16 @@ def memory_table(rows) -> str:
         head += [f"{n}: peak GPU MiB (ratio)" for n in names]
     lines = []
     for r in rows:
-        cells = [f"{r[n]['saved_mib']:.1f} ({r[n]['saved_mib'] / r[base]['saved_mib']:.2f})" for n in names]
+        cells = [
+            f"{r[n]['saved_mib']:.1f} ({r[n]['saved_mib'] / r[base]['saved_mib']:.2f})"
+            for n in names
+        ]
         cells += [f"{r[n]['fwd_bwd_ms']:.0f}" for n in names]
         if gpu:
-            cells += [f"{r[n]['gpu_peak_mib']:.1f} ({r[n]['gpu_peak_mib'] / r[base]['gpu_peak_mib']:.2f})"
-                      for n in names]
+            cells += [
+                f"{r[n]['gpu_peak_mib']:.1f} ({r[n]['gpu_peak_mib'] / r[base]['gpu_peak_mib']:.2f})"
+                for n in names
+            ]
         lines.append([r["layers"], *cells])
     return harness.markdown_table(head, lines, "r" * len(head))
 
@@ -472,16 +649,25 @@ def memory_table(rows) -> str:
 def get_parser():
     p = harness.parser(__doc__, show_defaults=True)
     p.add_argument("--mode", choices=["all", "train", "memory"], default="all")
-    harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "dlcl_speed"),
-                         "data, checkpoints and logs (git-ignored under the repository)")
-    p.add_argument("--multi30k", metavar="DIR", help="raw Multi30K folder instead of the synthetic corpus")
+    harness.add_work_dir(
+        p,
+        os.path.join(harness.ROOT, "bench_runs", "dlcl_speed"),
+        "data, checkpoints and logs (git-ignored under the repository)",
+    )
+    p.add_argument(
+        "--multi30k", metavar="DIR", help="raw Multi30K folder instead of the synthetic corpus"
+    )
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="de")
     p.add_argument("--spm-vocab", type=int, default=8000)
     p.add_argument("--synthetic-train", type=int, default=20000)
     p.add_argument("--test-size", type=int, default=1000, help="synthetic test sentences")
-    p.add_argument("--gen-len", type=int, default=20,
-                   help="tokens of every generated hypothesis (forced with --min-len/--max-len-b)")
+    p.add_argument(
+        "--gen-len",
+        type=int,
+        default=20,
+        help="tokens of every generated hypothesis (forced with --min-len/--max-len-b)",
+    )
     p.add_argument("--encoder-layers", type=int, default=12)
     p.add_argument("--decoder-layers", type=int, default=3)
     p.add_argument("--embed-dim", type=int, default=128)
@@ -497,10 +683,15 @@ def get_parser():
     p.add_argument("--gen-batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
     harness.add_threads(p, help="OMP/MKL threads of every run (default: torch's)")
-    add_device_argument(p, precision=True, note=(
-        "On cuda the training table adds the peak GPU memory of fairseq-train (from fairseq's "
-        "gb_free log field) and the in-process tables the peak of torch.cuda.max_memory_allocated; "
-        "peak RSS is then host memory only"))
+    add_device_argument(
+        p,
+        precision=True,
+        note=(
+            "On cuda the training table adds the peak GPU memory of fairseq-train (from fairseq's "
+            "gb_free log field) and the in-process tables the peak of torch.cuda.max_memory_allocated; "
+            "peak RSS is then host memory only"
+        ),
+    )
     p.add_argument("--act-batch", type=int, default=32, help="sentences of the in-process batch")
     p.add_argument("--act-length", type=int, default=24, help="tokens per sentence of that batch")
     p.add_argument("--micro-layers", type=int, nargs="+", default=[6, 12, 30])
@@ -527,21 +718,31 @@ def main(argv=None):
         report.update(training=results, activations_mib=activations)
         if gpu_peak:
             report["activations_gpu_peak_mib"] = gpu_peak
-        corpus = f"Multi30K {a.src_lang}-{a.tgt_lang} (spm {a.spm_vocab})" if a.multi30k else \
-            f"synthetic ({a.synthetic_train} pairs)"
+        corpus = (
+            f"Multi30K {a.src_lang}-{a.tgt_lang} (spm {a.spm_vocab})"
+            if a.multi30k
+            else f"synthetic ({a.synthetic_train} pairs)"
+        )
         sections.append(
             f"### Training and decoding: {a.encoder_layers}+{a.decoder_layers} layers, d={a.embed_dim}, "
             f"ffn={a.ffn_dim}, {a.heads} heads; {corpus}; {a.max_update} updates of {a.max_tokens} "
             f"max tokens (speed over updates {a.skip_updates + 1}-{a.max_update}); "
             + (f"median of {a.repeats} alternated runs (min-max)" if a.repeats > 1 else "one run")
-            + (f"; {a.device}, fairseq runs in {a.precision}" if (a.device, a.precision) != ("cpu", "fp32") else "")
-            + "\n\n" + training_table(a, results, activations, gpu_peak))
+            + (
+                f"; {a.device}, fairseq runs in {a.precision}"
+                if (a.device, a.precision) != ("cpu", "fp32")
+                else ""
+            )
+            + "\n\n"
+            + training_table(a, results, activations, gpu_peak)
+        )
     if a.mode in ("all", "memory"):
         rows = encoder_memory(a)
         report["encoder_memory"] = rows
         sections.append(
             f"### Encoder saved activations, one forward+backward of {a.act_batch}x{a.act_length} tokens, "
-            f"d={a.embed_dim}, ffn={a.ffn_dim} (ratio to pre-norm)\n\n" + memory_table(rows))
+            f"d={a.embed_dim}, ffn={a.ffn_dim} (ratio to pre-norm)\n\n" + memory_table(rows)
+        )
 
     path = harness.write_json(a.json or os.path.join(a.work_dir, "results.json"), report)
     print("\n\n".join(sections))

@@ -23,13 +23,16 @@ Steps (each kept in ``--work-dir`` and reused when run again with the same optio
 
 Reported: sentences/s and its ratio to fairseq-generate, the best round's (the least disturbed,
 on a shared machine) and the median's, sacreBLEU of the detokenized hypotheses against the raw
-references, and how many hypotheses equal fairseq-generate's.  ``--device cuda`` runs both engines on the GPU (and adds float16).
+references, and how many hypotheses equal fairseq-generate's.  ``--device cuda`` runs both engines
+on the GPU (and adds float16).
 A markdown table goes to stdout, every number to ``WORK_DIR/results.json``.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/export_speed.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.export_speed")
+    raise SystemExit(
+        "benchmarks/export_speed.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.export_speed"
+    )
 
 import datetime
 import gzip
@@ -54,7 +57,9 @@ log = harness.logger("export_speed")
 
 def run(cmd, log_path: str, threads: int) -> str:
     with open(log_path, "w") as f:
-        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=harness.thread_env(threads))
+        code = subprocess.call(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=harness.thread_env(threads)
+        )
     out = open(log_path, encoding="utf-8").read()
     if code != 0:
         raise SystemExit(f"command failed ({code}): {' '.join(cmd)}\n{out[-4000:]}")
@@ -69,14 +74,38 @@ def prepare(a, work: str) -> str:
     for split in ("train", "val", TEST):
         for lang in ("de", "en"):
             if not os.path.exists(os.path.join(a.multi30k, f"{split}.{lang}.gz")):
-                raise SystemExit(f"--multi30k {a.multi30k}: no {split}.{lang}.gz (the raw Multi30K "
-                                 "folder, e.g. /work/shared/data/multi30k)")
+                raise SystemExit(
+                    f"--multi30k {a.multi30k}: no {split}.{lang}.gz (the raw Multi30K "
+                    "folder, e.g. /work/shared/data/multi30k)"
+                )
     dest = os.path.join(work, "prep")
     m = a.multi30k
-    run([sys.executable, "-m", "fairseq_deep.prepare", "-s", "de", "-t", "en",
-         "--trainpref", f"{m}/train", "--validpref", f"{m}/val", "--testpref", f"{m}/{TEST}",
-         "--destdir", dest, "--vocab-size", "8000", "--workers", str(a.threads), "--quiet"],
-        os.path.join(work, "prepare.log"), a.threads)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_deep.prepare",
+            "-s",
+            "de",
+            "-t",
+            "en",
+            "--trainpref",
+            f"{m}/train",
+            "--validpref",
+            f"{m}/val",
+            "--testpref",
+            f"{m}/{TEST}",
+            "--destdir",
+            dest,
+            "--vocab-size",
+            "8000",
+            "--workers",
+            str(a.threads),
+            "--quiet",
+        ],
+        os.path.join(work, "prepare.log"),
+        a.threads,
+    )
     return dest
 
 
@@ -92,30 +121,92 @@ def test_subset(a, work: str, prep: str) -> str:
             with open(os.path.join(raw, f"test.{lang}"), "w", encoding="utf-8") as f:
                 f.writelines(line + "\n" for line in lines)
         data = os.path.join(prep, "data-bin")
-        run([sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "de", "--target-lang", "en",
-             "--testpref", os.path.join(raw, "test"), "--destdir", dest,
-             "--srcdict", f"{data}/dict.de.txt", "--tgtdict", f"{data}/dict.en.txt", "--workers", "1"],
-            os.path.join(work, "preprocess_test.log"), 1)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "fairseq_cli.preprocess",
+                "--source-lang",
+                "de",
+                "--target-lang",
+                "en",
+                "--testpref",
+                os.path.join(raw, "test"),
+                "--destdir",
+                dest,
+                "--srcdict",
+                f"{data}/dict.de.txt",
+                "--tgtdict",
+                f"{data}/dict.en.txt",
+                "--workers",
+                "1",
+            ],
+            os.path.join(work, "preprocess_test.log"),
+            1,
+        )
     return dest
 
 
 def model_flags(a):
     width, ffn = str(a.embed_dim), str(4 * a.embed_dim)
-    return ["--arch", a.arch, "--encoder-layers", str(a.encoder_layers),
-            "--decoder-layers", str(a.decoder_layers), "--encoder-embed-dim", width,
-            "--decoder-embed-dim", width, "--encoder-ffn-embed-dim", ffn, "--decoder-ffn-embed-dim", ffn,
-            "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
-            "--share-all-embeddings", "--dropout", "0.1"]
+    return [
+        "--arch",
+        a.arch,
+        "--encoder-layers",
+        str(a.encoder_layers),
+        "--decoder-layers",
+        str(a.decoder_layers),
+        "--encoder-embed-dim",
+        width,
+        "--decoder-embed-dim",
+        width,
+        "--encoder-ffn-embed-dim",
+        ffn,
+        "--decoder-ffn-embed-dim",
+        ffn,
+        "--encoder-attention-heads",
+        str(a.heads),
+        "--decoder-attention-heads",
+        str(a.heads),
+        "--share-all-embeddings",
+        "--dropout",
+        "0.1",
+    ]
 
 
 def train(a, work: str, data: str) -> str:
     save = os.path.join(work, "train")
-    flags = [*model_flags(a), "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(a.lr),
-             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(a.warmup),
-             "--warmup-init-lr", "1e-07", "--criterion", "label_smoothed_cross_entropy",
-             "--label-smoothing", "0.1", "--max-tokens", str(a.max_tokens),
-             "--stop-time-hours", str(a.minutes / 60), "--max-update", "1000000", "--seed", "1",
-             "--no-epoch-checkpoints", "--disable-validation", "--log-interval", "10"]
+    flags = [
+        *model_flags(a),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        str(a.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(a.warmup),
+        "--warmup-init-lr",
+        "1e-07",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(a.max_tokens),
+        "--stop-time-hours",
+        str(a.minutes / 60),
+        "--max-update",
+        "1000000",
+        "--seed",
+        "1",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--log-interval",
+        "10",
+    ]
     stamp_path = os.path.join(save, "trained.json")
     stamp = {"data": os.path.abspath(data), "flags": flags, "device": a.device}
     checkpoint = os.path.join(save, "checkpoint_last.pt")
@@ -124,23 +215,56 @@ def train(a, work: str, data: str) -> str:
         return checkpoint
     shutil.rmtree(save, ignore_errors=True)
     os.makedirs(save)
-    log(f"training {a.arch} {a.encoder_layers}+{a.decoder_layers}, width {a.embed_dim}, "
-        f"for {a.minutes} minutes")
-    out = run(runs.command(runs.TRAIN, data, "--save-dir", save, *train_flags(a.device), *flags,
-                           "--log-format", "json"), os.path.join(work, "train.log"), a.threads)
-    updates = [r["num_updates"] for r in runs.parse_log_lines(out.splitlines()) if "num_updates" in r]
+    log(
+        f"training {a.arch} {a.encoder_layers}+{a.decoder_layers}, width {a.embed_dim}, "
+        f"for {a.minutes} minutes"
+    )
+    out = run(
+        runs.command(
+            runs.TRAIN,
+            data,
+            "--save-dir",
+            save,
+            *train_flags(a.device),
+            *flags,
+            "--log-format",
+            "json",
+        ),
+        os.path.join(work, "train.log"),
+        a.threads,
+    )
+    updates = [
+        r["num_updates"] for r in runs.parse_log_lines(out.splitlines()) if "num_updates" in r
+    ]
     harness.write_json(stamp_path, stamp, indent=None)
-    harness.write_json(os.path.join(save, "updates.json"), {"updates": int(updates[-1]) if updates else None},
-                       indent=None)
+    harness.write_json(
+        os.path.join(save, "updates.json"),
+        {"updates": int(updates[-1]) if updates else None},
+        indent=None,
+    )
     return checkpoint
 
 
 def export(a, work: str, data: str, checkpoint: str, quantization: str) -> str:
     out = os.path.join(work, f"ct2_{quantization}")
     shutil.rmtree(out, ignore_errors=True)
-    run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", checkpoint, "--data", data,
-         "--out", out, "--quantization", quantization],
-        os.path.join(work, f"export_{quantization}.log"), a.threads)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_deep.export",
+            "--checkpoint",
+            checkpoint,
+            "--data",
+            data,
+            "--out",
+            out,
+            "--quantization",
+            quantization,
+        ],
+        os.path.join(work, f"export_{quantization}.log"),
+        a.threads,
+    )
     return out
 
 
@@ -150,11 +274,29 @@ def detokenize(pieces) -> str:
 
 
 def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
-    out = run(runs.command(runs.GENERATE, data,
-               "--path", checkpoint, "--gen-subset", "test", "--beam", str(a.beam),
-               "--batch-size", str(a.batch), "--max-len-a", "0", "--max-len-b", str(a.max_len),
-               "--post-process", "sentencepiece", *generate_flags(a.device)),
-              os.path.join(work, "generate.log"), a.threads)
+    out = run(
+        runs.command(
+            runs.GENERATE,
+            data,
+            "--path",
+            checkpoint,
+            "--gen-subset",
+            "test",
+            "--beam",
+            str(a.beam),
+            "--batch-size",
+            str(a.batch),
+            "--max-len-a",
+            "0",
+            "--max-len-b",
+            str(a.max_len),
+            "--post-process",
+            "sentencepiece",
+            *generate_flags(a.device),
+        ),
+        os.path.join(work, "generate.log"),
+        a.threads,
+    )
     generated = runs.parse_generate(out)
     found, hyps = generated.translated, generated.detok
     assert found and len(hyps) == n == found.sentences, (len(hyps), n, found)
@@ -166,8 +308,9 @@ def ctranslate2_translate(a, model: str, pieces):
 
     from fairseq_deep.export import fairseq_hypothesis, matching_settings
 
-    translator = ctranslate2.Translator(model, device=a.device, intra_threads=a.threads,
-                                        inter_threads=1)
+    translator = ctranslate2.Translator(
+        model, device=a.device, intra_threads=a.threads, inter_threads=1
+    )
     settings = matching_settings(beam=a.beam, max_len_b=a.max_len)
     start = time.perf_counter()
     results = translator.translate_batch(pieces, max_batch_size=a.batch, **settings)
@@ -179,8 +322,9 @@ def ctranslate2_translate(a, model: str, pieces):
 
 def get_parser():
     p = harness.parser(__doc__, full=True)
-    p.add_argument("--multi30k", default="/work/shared/data/multi30k",
-                   help="the raw Multi30K folder")
+    p.add_argument(
+        "--multi30k", default="/work/shared/data/multi30k", help="the raw Multi30K folder"
+    )
     harness.add_work_dir(p, "bench_runs/export_speed")
     p.add_argument("--arch", default="transformer_deepnorm")
     p.add_argument("--encoder-layers", type=int, default=18)
@@ -193,14 +337,19 @@ def get_parser():
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch", type=int, default=32, help="sentences per batch, both engines")
-    p.add_argument("--max-len", type=int, default=60,
-                   help="at most this many target pieces, both engines")
-    p.add_argument("--test-sentences", type=int, default=1000,
-                   help="the first N sentences of test2016")
+    p.add_argument(
+        "--max-len", type=int, default=60, help="at most this many target pieces, both engines"
+    )
+    p.add_argument(
+        "--test-sentences", type=int, default=1000, help="the first N sentences of test2016"
+    )
     harness.add_threads(p, 2)
     harness.add_rounds(p, 3, flag="--repeats")
-    p.add_argument("--quantizations", help="CTranslate2 weight types, comma-separated (default: "
-                   "float32,int8; on a GPU float32,int8_float16,float16)")
+    p.add_argument(
+        "--quantizations",
+        help="CTranslate2 weight types, comma-separated (default: "
+        "float32,int8; on a GPU float32,int8_float16,float16)",
+    )
     return add_device_argument(p)
 
 
@@ -235,6 +384,7 @@ def main(argv=None):
             hypotheses.setdefault(engine, hyps)
             log(f"round {r + 1}/{a.repeats}: {engine} {len(pieces) / t:.1f} sentences/s")
             return t
+
         return one_round
 
     seconds = harness.alternated({engine: translate(engine) for engine in engines}, a.repeats)
@@ -242,30 +392,60 @@ def main(argv=None):
     base = hypotheses["fairseq-generate"]
     rows = []
     for engine in engines:
-        rows.append({"engine": engine, "seconds": seconds[engine],
-                     "best": len(pieces) / min(seconds[engine]),
-                     "median": len(pieces) / statistics.median(seconds[engine]),
-                     "bleu": sacrebleu.corpus_bleu(hypotheses[engine], [references]).score,
-                     "same_as_fairseq": sum(h == b for h, b in zip(hypotheses[engine], base))})
+        rows.append(
+            {
+                "engine": engine,
+                "seconds": seconds[engine],
+                "best": len(pieces) / min(seconds[engine]),
+                "median": len(pieces) / statistics.median(seconds[engine]),
+                "bleu": sacrebleu.corpus_bleu(hypotheses[engine], [references]).score,
+                "same_as_fairseq": sum(h == b for h, b in zip(hypotheses[engine], base)),
+            }
+        )
     for row in rows:
         row["ratio_best"] = row["best"] / rows[0]["best"]
         row["ratio_median"] = row["median"] / rows[0]["median"]
     updates = json.load(open(os.path.join(work, "train", "updates.json")))["updates"]
-    results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "args": vars(a), "updates": updates, "rows": rows, "sentences": len(pieces)}
+    results = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "args": vars(a),
+        "updates": updates,
+        "rows": rows,
+        "sentences": len(pieces),
+    }
     harness.write_json(os.path.join(work, "results.json"), results)
 
-    print(f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, "
-          f"{updates} updates ({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, "
-          f"beam {a.beam}, batch {a.batch}, at most {a.max_len} pieces, {a.threads} threads, "
-          f"{a.device}, {a.repeats} alternated rounds: the best (the median)")
+    print(
+        f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, "
+        f"{updates} updates ({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, "
+        f"beam {a.beam}, batch {a.batch}, at most {a.max_len} pieces, {a.threads} threads, "
+        f"{a.device}, {a.repeats} alternated rounds: the best (the median)"
+    )
     print()
-    print(harness.markdown_table(
-        ["engine", "sentences/s", "vs fairseq-generate", "BLEU", "hypotheses as fairseq-generate's"],
-        [[row["engine"], f"{row['best']:.1f} ({row['median']:.1f})",
-          f"{row['ratio_best']:.2f}x ({row['ratio_median']:.2f}x)", f"{row['bleu']:.2f}",
-          f"{row['same_as_fairseq']}/{len(pieces)}"] for row in rows], "lrrrr"))
+    print(
+        harness.markdown_table(
+            [
+                "engine",
+                "sentences/s",
+                "vs fairseq-generate",
+                "BLEU",
+                "hypotheses as fairseq-generate's",
+            ],
+            [
+                [
+                    row["engine"],
+                    f"{row['best']:.1f} ({row['median']:.1f})",
+                    f"{row['ratio_best']:.2f}x ({row['ratio_median']:.2f}x)",
+                    f"{row['bleu']:.2f}",
+                    f"{row['same_as_fairseq']}/{len(pieces)}",
+                ]
+                for row in rows
+            ],
+            "lrrrr",
+        )
+    )
 
 
 if __name__ == "__main__":

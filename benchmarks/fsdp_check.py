@@ -23,8 +23,10 @@ every update: the largest is kept).  FSDP needs CUDA (fairscale creates CUDA str
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/fsdp_check.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.fsdp_check")
+    raise SystemExit(
+        "benchmarks/fsdp_check.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.fsdp_check"
+    )
 
 import argparse
 import glob
@@ -44,18 +46,47 @@ ROOT = harness.ROOT
 PLUGIN = os.path.join(ROOT, "fairseq_deep")
 
 _NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
-_W256 = ["--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
-         "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+_W256 = [
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "1024",
+    "--decoder-ffn-embed-dim",
+    "1024",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+]
 
 #: the issue's models: DLCL 30+6 and TA 16+6 at their presets' width (512), DeepNorm 100+100 at
 #: width 256, Admin (its profile is written in the first forward), and one recurrent family
 MODELS: Dict[str, List[str]] = {
     "dlcl_30_6": ["--arch", "transformer_dlcl_30l", *_NO_DROPOUT],
     "ta_16_6": ["--arch", "transformer_ta_16l", *_NO_DROPOUT],
-    "deepnorm_100_100": ["--arch", "transformer_deepnorm", "--encoder-layers", "100", "--decoder-layers", "100",
-                         *_W256, *_NO_DROPOUT],
+    "deepnorm_100_100": [
+        "--arch",
+        "transformer_deepnorm",
+        "--encoder-layers",
+        "100",
+        "--decoder-layers",
+        "100",
+        *_W256,
+        *_NO_DROPOUT,
+    ],
     "admin_18_18": ["--arch", "transformer_admin_18l", *_W256, *_NO_DROPOUT],
-    "rnmt_plus": ["--arch", "rnmt_plus", "--encoder-layers", "4", "--decoder-layers", "4", "--dropout", "0"],
+    "rnmt_plus": [
+        "--arch",
+        "rnmt_plus",
+        "--encoder-layers",
+        "4",
+        "--decoder-layers",
+        "4",
+        "--dropout",
+        "0",
+    ],
 }
 
 #: mode -> (flags, the mode whose losses it must equal)
@@ -63,12 +94,16 @@ MODES: Dict[str, tuple] = {
     "c10d_fp32": (["--ddp-backend", "c10d"], None),
     "fsdp_fp32": (["--ddp-backend", "fully_sharded"], "c10d_fp32"),
     "fsdp_fp32_ckpt": (["--ddp-backend", "fully_sharded", "--checkpoint-activations"], "c10d_fp32"),
-    "fsdp_fp32_ckpt_offload": (["--ddp-backend", "fully_sharded", "--checkpoint-activations", "--cpu-offload"],
-                               "c10d_fp32"),
+    "fsdp_fp32_ckpt_offload": (
+        ["--ddp-backend", "fully_sharded", "--checkpoint-activations", "--cpu-offload"],
+        "c10d_fp32",
+    ),
     "c10d_fp16": (["--ddp-backend", "c10d", "--fp16"], None),
     "fsdp_fp16": (["--ddp-backend", "fully_sharded", "--fp16"], "c10d_fp16"),
-    "fsdp_fp16_ckpt_offload": (["--ddp-backend", "fully_sharded", "--fp16", "--checkpoint-activations",
-                                "--cpu-offload"], "c10d_fp16"),
+    "fsdp_fp16_ckpt_offload": (
+        ["--ddp-backend", "fully_sharded", "--fp16", "--checkpoint-activations", "--cpu-offload"],
+        "c10d_fp16",
+    ),
     # c10d's --bf16 keeps bfloat16 weights (float32 master copies for the update); FSDP's keeps
     # float32 parameters and computes in bfloat16: both are compared with float32 (an H200 run:
     # c10d bf16 0.25 from it at update 5, FSDP bf16 0.004)
@@ -78,17 +113,47 @@ MODES: Dict[str, tuple] = {
 
 #: the plan of one GPU window: (model, modes), most informative first
 PLAN = [
-    ("dlcl_30_6", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload", "c10d_bf16",
-                   "fsdp_bf16"]),
-    ("deepnorm_100_100", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"]),
-    ("ta_16_6", ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"]),
+    (
+        "dlcl_30_6",
+        [
+            "c10d_fp32",
+            "fsdp_fp32",
+            "fsdp_fp32_ckpt",
+            "c10d_fp16",
+            "fsdp_fp16_ckpt_offload",
+            "c10d_bf16",
+            "fsdp_bf16",
+        ],
+    ),
+    (
+        "deepnorm_100_100",
+        ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"],
+    ),
+    (
+        "ta_16_6",
+        ["c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt", "c10d_fp16", "fsdp_fp16_ckpt_offload"],
+    ),
     ("admin_18_18", ["c10d_fp16", "fsdp_fp16"]),
     ("rnmt_plus", ["c10d_fp32", "fsdp_fp32", "c10d_fp16", "fsdp_fp16"]),
 ]
 
-_DEEPNORM_512 = ["--arch", "transformer_deepnorm", "--encoder-embed-dim", "512", "--decoder-embed-dim", "512",
-                 "--encoder-ffn-embed-dim", "2048", "--decoder-ffn-embed-dim", "2048",
-                 "--encoder-attention-heads", "8", "--decoder-attention-heads", "8", *_NO_DROPOUT]
+_DEEPNORM_512 = [
+    "--arch",
+    "transformer_deepnorm",
+    "--encoder-embed-dim",
+    "512",
+    "--decoder-embed-dim",
+    "512",
+    "--encoder-ffn-embed-dim",
+    "2048",
+    "--decoder-ffn-embed-dim",
+    "2048",
+    "--encoder-attention-heads",
+    "8",
+    "--decoder-attention-heads",
+    "8",
+    *_NO_DROPOUT,
+]
 
 PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
 LOADED = re.compile(r"[Ll]oaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
@@ -118,25 +183,74 @@ def train_main(argv: List[str]) -> int:
         status = e.code if isinstance(e.code, int) else 1
     finally:
         cuda = torch.cuda.is_available()
-        peak = max(peaks + [torch.cuda.max_memory_allocated() if cuda else 0]) / 2 ** 30
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-        print(RESULT + json.dumps({"peak_gpu_gb": round(peak, 3), "peak_rss_gb": round(rss, 3)}), flush=True)
+        peak = max(peaks + [torch.cuda.max_memory_allocated() if cuda else 0]) / 2**30
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(
+            RESULT + json.dumps({"peak_gpu_gb": round(peak, 3), "peak_rss_gb": round(rss, 3)}),
+            flush=True,
+        )
     return status
 
 
-def train_command(data: str, save_dir: str, model_flags: List[str], mode_flags: List[str], updates: int,
-                  max_tokens: int) -> List[str]:
-    return [sys.executable, "-m", "benchmarks.fsdp_check", "train", "--", data, "--user-dir", PLUGIN,
-            *model_flags, *mode_flags, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", "0.1", "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
-            "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation", "--log-format", "json",
-            "--log-interval", "1", "--num-workers", "0", *_DEVICE_FLAGS, *_EXTRA_MODEL_FLAGS]
+def train_command(
+    data: str,
+    save_dir: str,
+    model_flags: List[str],
+    mode_flags: List[str],
+    updates: int,
+    max_tokens: int,
+) -> List[str]:
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.fsdp_check",
+        "train",
+        "--",
+        data,
+        "--user-dir",
+        PLUGIN,
+        *model_flags,
+        *mode_flags,
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        "5e-4",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "100",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(max_tokens),
+        "--max-update",
+        str(updates),
+        "--seed",
+        "1",
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        *_DEVICE_FLAGS,
+        *_EXTRA_MODEL_FLAGS,
+    ]
 
 
 def parse_log(text: str) -> Dict:
     """Losses by update, the logged parameter count, the update a resumed run started from, peaks."""
-    from fairseq_deep.runs import parse_record  # (here: the `train` subcommand leaves the plugin to --user-dir)
+    from fairseq_deep.runs import (
+        parse_record,
+    )  # (here: the `train` subcommand leaves the plugin to --user-dir)
 
     losses, out = {}, {}
     for line in text.splitlines():
@@ -161,8 +275,14 @@ def run(cmd: List[str], log_path: str, timeout: float, env=None) -> Dict:
     start = time.monotonic()
     with open(log_path, "w") as log:
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=max(timeout, 1), env=env,
-                                  cwd=ROOT)
+            proc = subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=max(timeout, 1),
+                env=env,
+                cwd=ROOT,
+            )
             status = proc.returncode
         except subprocess.TimeoutExpired:
             status = "timeout"
@@ -177,14 +297,34 @@ def run(cmd: List[str], log_path: str, timeout: float, env=None) -> Dict:
 def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
     from fairseq_deep import runs
 
-    cmd = runs.command(runs.GENERATE, data, "--path", checkpoint,
-           "--gen-subset", "test", "--beam", "4", "--max-tokens", "8192", "--distributed-world-size", "10", "--distributed-rank", "0",
-           "--remove-bpe", "sentencepiece")
+    cmd = runs.command(
+        runs.GENERATE,
+        data,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        "4",
+        "--max-tokens",
+        "8192",
+        "--distributed-world-size",
+        "10",
+        "--distributed-rank",
+        "0",
+        "--remove-bpe",
+        "sentencepiece",
+    )
     out = run(cmd, log_path, timeout)
     generated = runs.read_generate(log_path)
     hyps, bleu = len(generated.tokens), generated.bleu4
-    return {"status": out["status"], "hypotheses": hyps, "bleu": float(bleu) if bleu else None,
-            "seconds": out["seconds"], **({"tail": out["tail"]} if "tail" in out else {})}
+    return {
+        "status": out["status"],
+        "hypotheses": hyps,
+        "bleu": float(bleu) if bleu else None,
+        "seconds": out["seconds"],
+        **({"tail": out["tail"]} if "tail" in out else {}),
+    }
 
 
 def max_diff(a: Dict[int, float], b: Dict[int, float]) -> Optional[float]:
@@ -197,7 +337,11 @@ def train_one(a, model: str, mode: str, deadline: float) -> Dict:
     os.makedirs(save, exist_ok=True)
     cmd = train_command(a.data, save, MODELS[model], MODES[mode][0], a.updates, a.max_tokens)
     env = dict(os.environ, OMP_NUM_THREADS="4" if "offload" in mode else "2")
-    return dict(model=model, mode=mode, **run(cmd, os.path.join(save, "train.log"), deadline - time.monotonic(), env))
+    return dict(
+        model=model,
+        mode=mode,
+        **run(cmd, os.path.join(save, "train.log"), deadline - time.monotonic(), env),
+    )
 
 
 def generate_and_resume(a, row: Dict, deadline: float):
@@ -206,12 +350,19 @@ def generate_and_resume(a, row: Dict, deadline: float):
     ckpt = os.path.join(save, "checkpoint_last.pt")
     if row["status"] != 0 or not os.path.exists(ckpt) or deadline - time.monotonic() < 30:
         return
-    row["generate"] = generate(a.data, ckpt, os.path.join(save, "generate.log"), min(120, deadline - time.monotonic()))
-    cmd = train_command(a.data, save, MODELS[row["model"]], MODES[row["mode"]][0], a.updates + 10, a.max_tokens)
+    row["generate"] = generate(
+        a.data, ckpt, os.path.join(save, "generate.log"), min(120, deadline - time.monotonic())
+    )
+    cmd = train_command(
+        a.data, save, MODELS[row["model"]], MODES[row["mode"]][0], a.updates + 10, a.max_tokens
+    )
     resumed = run(cmd, os.path.join(save, "resume.log"), min(180, deadline - time.monotonic()))
-    row["resume"] = {"status": resumed["status"], "from": resumed.get("resumed_from"),
-                     "last_update": max(resumed["losses"], default=None),
-                     **({"tail": resumed["tail"]} if "tail" in resumed else {})}
+    row["resume"] = {
+        "status": resumed["status"],
+        "from": resumed.get("resumed_from"),
+        "last_update": max(resumed["losses"], default=None),
+        **({"tail": resumed["tail"]} if "tail" in resumed else {}),
+    }
 
 
 def compare(rows: Dict[str, Dict]):
@@ -226,9 +377,21 @@ def compare(rows: Dict[str, Dict]):
 def depth_one(a, depth: int, mode: str, deadline: float) -> Dict:
     save = os.path.join(a.work, "depth", f"{depth}_{mode}")
     os.makedirs(save, exist_ok=True)
-    flags = [*_DEEPNORM_512, "--encoder-layers", str(depth), "--decoder-layers", str(depth), "--no-save"]
+    flags = [
+        *_DEEPNORM_512,
+        "--encoder-layers",
+        str(depth),
+        "--decoder-layers",
+        str(depth),
+        "--no-save",
+    ]
     cmd = train_command(a.data, save, flags, MODES[mode][0], a.depth_updates, 4096)
-    out = run(cmd, os.path.join(save, "train.log"), deadline - time.monotonic(), dict(os.environ, OMP_NUM_THREADS="8"))
+    out = run(
+        cmd,
+        os.path.join(save, "train.log"),
+        deadline - time.monotonic(),
+        dict(os.environ, OMP_NUM_THREADS="8"),
+    )
     out.pop("losses", None)
     return dict(depth=depth, mode=mode, **out)
 
@@ -240,15 +403,49 @@ def _cell(value, fmt="{}"):
 def table(rows: List[Dict]) -> str:
     lines = []
     for r in rows:
-        params = _cell(r.get("params"), "{:,}") + ("" if r.get("params_equal", True) else " (differs)")
+        params = _cell(r.get("params"), "{:,}") + (
+            "" if r.get("params_equal", True) else " (differs)"
+        )
         gen, res = r.get("generate"), r.get("resume")
-        gen = "" if not gen else f"{gen['hypotheses']} hyps, BLEU {gen['bleu']}, status {gen['status']}"
-        res = "" if not res else f"from {res['from']} to {res['last_update']}, status {res['status']}"
-        lines.append([r["model"], r["mode"], r["status"], params, _cell(r.get("max_loss_diff"), "{:.2e}"),
-                      _cell(r.get("loss_scale")), _cell(r.get("peak_gpu_gb")), _cell(r.get("peak_rss_gb")),
-                      r["seconds"], gen, res])
-    return harness.markdown_table(["model", "mode", "status", "params", "max loss diff", "loss scale", "peak GPU GB",
-                                   "peak RSS GB", "s", "generate", "resume"], lines)
+        gen = (
+            ""
+            if not gen
+            else f"{gen['hypotheses']} hyps, BLEU {gen['bleu']}, status {gen['status']}"
+        )
+        res = (
+            "" if not res else f"from {res['from']} to {res['last_update']}, status {res['status']}"
+        )
+        lines.append(
+            [
+                r["model"],
+                r["mode"],
+                r["status"],
+                params,
+                _cell(r.get("max_loss_diff"), "{:.2e}"),
+                _cell(r.get("loss_scale")),
+                _cell(r.get("peak_gpu_gb")),
+                _cell(r.get("peak_rss_gb")),
+                r["seconds"],
+                gen,
+                res,
+            ]
+        )
+    return harness.markdown_table(
+        [
+            "model",
+            "mode",
+            "status",
+            "params",
+            "max loss diff",
+            "loss scale",
+            "peak GPU GB",
+            "peak RSS GB",
+            "s",
+            "generate",
+            "resume",
+        ],
+        lines,
+    )
 
 
 def get_parser():
@@ -256,19 +453,30 @@ def get_parser():
     p.add_argument("--data", required=True, help="binarized data (fairseq-preprocess)")
     p.add_argument("--work", default="/tmp/fsdp_check", help="checkpoints and logs")
     harness.add_json(p, help="write every row here")
-    p.add_argument("--models", nargs="+", choices=list(MODELS), help="only these models (of the plan)")
+    p.add_argument(
+        "--models", nargs="+", choices=list(MODELS), help="only these models (of the plan)"
+    )
     p.add_argument("--modes", nargs="+", choices=list(MODES), help="only these modes (of the plan)")
     p.add_argument("--only", nargs="+", metavar="MODEL:MODE", help="these runs instead of the plan")
     p.add_argument("--updates", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--jobs", type=int, default=6, help="training runs at once")
     p.add_argument("--budget", type=float, default=420, help="seconds for everything")
-    p.add_argument("--depths", type=int, nargs="*", default=[64, 128], help="DeepNorm N+N (width 512) to probe")
+    p.add_argument(
+        "--depths", type=int, nargs="*", default=[64, 128], help="DeepNorm N+N (width 512) to probe"
+    )
     p.add_argument("--depth-updates", type=int, default=3)
-    p.add_argument("--model-flags", nargs=argparse.REMAINDER, default=[],
-                   help="appended to every model's flags (e.g. tiny sizes for a check of the script itself)")
-    harness.add_device_argument(p, note="fully sharded training needs CUDA (fairscale's FSDP creates CUDA "
-                                 "streams): on cpu only the c10d runs train, a check of the script itself")
+    p.add_argument(
+        "--model-flags",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="appended to every model's flags (e.g. tiny sizes for a check of the script itself)",
+    )
+    harness.add_device_argument(
+        p,
+        note="fully sharded training needs CUDA (fairscale's FSDP creates CUDA "
+        "streams): on cpu only the c10d runs train, a check of the script itself",
+    )
     return p
 
 
@@ -282,18 +490,30 @@ def main(argv=None):
     _EXTRA_MODEL_FLAGS[:] = a.model_flags
     a.data, a.work = os.path.abspath(a.data), os.path.abspath(a.work)
     deadline = time.monotonic() + a.budget
-    plan = [(model, [m for m in modes if not a.modes or m in a.modes]) for model, modes in PLAN
-            if not a.models or model in a.models]
+    plan = [
+        (model, [m for m in modes if not a.modes or m in a.modes])
+        for model, modes in PLAN
+        if not a.models or model in a.models
+    ]
     if a.only:
         pairs = [x.split(":") for x in a.only]
-        bad = [x for x, (model, mode) in zip(a.only, pairs) if model not in MODELS or mode not in MODES]
+        bad = [
+            x for x, (model, mode) in zip(a.only, pairs) if model not in MODELS or mode not in MODES
+        ]
         if bad:
-            raise SystemExit(f"fsdp_check.py: no such MODEL:MODE {', '.join(bad)} (models {', '.join(MODELS)}; "
-                             f"modes {', '.join(MODES)})")
-        plan = [(model, [mode for mo, mode in pairs if mo == model]) for model in dict.fromkeys(mo for mo, _ in pairs)]
+            raise SystemExit(
+                f"fsdp_check.py: no such MODEL:MODE {', '.join(bad)} (models {', '.join(MODELS)}; "
+                f"modes {', '.join(MODES)})"
+            )
+        plan = [
+            (model, [mode for mo, mode in pairs if mo == model])
+            for model in dict.fromkeys(mo for mo, _ in pairs)
+        ]
     if a.device == "cpu":
-        print("fsdp_check.py: --device cpu: the c10d runs only (fully sharded training needs CUDA; "
-              "tests/test_fully_sharded.py checks the wrapping on CPU)")
+        print(
+            "fsdp_check.py: --device cpu: the c10d runs only (fully sharded training needs CUDA; "
+            "tests/test_fully_sharded.py checks the wrapping on CPU)"
+        )
         plan = [(model, [m for m in modes if m.startswith("c10d")]) for model, modes in plan]
         a.depths = []
     rows: List[Dict] = []
@@ -304,18 +524,27 @@ def main(argv=None):
             harness.write_json(a.json, {"runs": rows, "depths": depth_rows})
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        runs = {(model, mode): pool.submit(train_one, a, model, mode, deadline) for model, modes in plan for mode in modes}
+        runs = {
+            (model, mode): pool.submit(train_one, a, model, mode, deadline)
+            for model, modes in plan
+            for mode in modes
+        }
         followups = []
         for model, modes in plan:
             by_mode = {mode: runs[(model, mode)].result() for mode in modes}
             compare(by_mode)
             rows += by_mode.values()
-            first_fsdp = next((r for m, r in by_mode.items() if m.startswith("fsdp") and r["status"] == 0), None)
+            first_fsdp = next(
+                (r for m, r in by_mode.items() if m.startswith("fsdp") and r["status"] == 0), None
+            )
             if first_fsdp is not None:
                 followups.append(pool.submit(generate_and_resume, a, first_fsdp, deadline))
             save()
-        depths = [pool.submit(depth_one, a, d, mode, deadline) for d in a.depths
-                  for mode in ("c10d_fp16", "fsdp_fp16_ckpt_offload")]
+        depths = [
+            pool.submit(depth_one, a, d, mode, deadline)
+            for d in a.depths
+            for mode in ("c10d_fp16", "fsdp_fp16_ckpt_offload")
+        ]
         depth_rows += [f.result() for f in depths]
         for f in followups:
             f.result()
@@ -324,9 +553,11 @@ def main(argv=None):
     save()
     print(table(rows))
     for r in depth_rows:
-        print(f"DeepNorm {r['depth']}+{r['depth']} width 512 {r['mode']}: status {r['status']}, "
-              f"peak GPU {r.get('peak_gpu_gb')} GB, peak RSS {r.get('peak_rss_gb')} GB, params {r.get('params')}, "
-              f"{r['seconds']} s")
+        print(
+            f"DeepNorm {r['depth']}+{r['depth']} width 512 {r['mode']}: status {r['status']}, "
+            f"peak GPU {r.get('peak_gpu_gb')} GB, peak RSS {r.get('peak_rss_gb')} GB, params {r.get('params')}, "
+            f"{r['seconds']} s"
+        )
     return 0
 
 

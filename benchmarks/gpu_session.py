@@ -37,8 +37,10 @@ and delete each run's checkpoints once it is decoded; fully sharded training
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/gpu_session.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.gpu_session")
+    raise SystemExit(
+        "benchmarks/gpu_session.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.gpu_session"
+    )
 
 import glob
 import io
@@ -103,55 +105,290 @@ COLLAPSE_MEMORY_GB, MATRIX_MEMORY_GB = 40, 34
 #: the study: the central comparison of each paper, one seed, 4.5 minutes per system at width 256
 #: (16 systems at once; the baselines postnorm_6, baseline_6, transformer, noff_2x2 and baseline
 #: come with their groups)
-STUDY_GROUPS = ["wang:postnorm_20,prenorm_20,dlcl_20,dlcl_postnorm_20", "bapna:baseline_16,ta_16",
-                "chen:rnmt_plus", "zhou:ff_5x3,noff_5x3", "dou:hierarchical,mla2"]
+STUDY_GROUPS = [
+    "wang:postnorm_20,prenorm_20,dlcl_20,dlcl_postnorm_20",
+    "bapna:baseline_16,ta_16",
+    "chen:rnmt_plus",
+    "zhou:ff_5x3,noff_5x3",
+    "dou:hierarchical,mla2",
+]
 
 #: Everything a GPU window measures, most valuable first (issue 31's order): the -m gpu tests, the
 #: 1,000-update fp16 runs and fully sharded training beside each other; then the speed ratios one
 #: at a time (the issue's targets); then the 40-update precision matrix and the study, which take a
 #: window of their own.  The timeouts of the timed steps are each step's own need.
 STEPS: List[Step] = [
-    Step("gpu_tests", 31, ["{py}", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *_gpu_test_files()],
-         240, concurrent=True),
-    Step("collapse_1000", 31, _bench(
-        "precision_matrix", "--data", "{data}", "--scale", "paper", "--updates", "1000", "--log-interval", "50",
-        "--precisions", "fp16", "fp32", "amp", "--families", *COLLAPSE_FAMILIES, "--max-tokens", "2048",
-        "--jobs", "6", "--memory-gb", str(COLLAPSE_MEMORY_GB), "--decode-shards", "10", "--beam", "4",
-        "--run-timeout", "260", "--work-dir", "{work}"), 280, concurrent=True),
-    Step("fsdp_check", 31, _bench("fsdp_check", "--data", "{data}", "--work", "{work}/runs", "--json",
-                                  "{work}/fsdp.json", "--jobs", "4", "--budget", "260"), 280, concurrent=True),
+    Step(
+        "gpu_tests",
+        31,
+        ["{py}", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *_gpu_test_files()],
+        240,
+        concurrent=True,
+    ),
+    Step(
+        "collapse_1000",
+        31,
+        _bench(
+            "precision_matrix",
+            "--data",
+            "{data}",
+            "--scale",
+            "paper",
+            "--updates",
+            "1000",
+            "--log-interval",
+            "50",
+            "--precisions",
+            "fp16",
+            "fp32",
+            "amp",
+            "--families",
+            *COLLAPSE_FAMILIES,
+            "--max-tokens",
+            "2048",
+            "--jobs",
+            "6",
+            "--memory-gb",
+            str(COLLAPSE_MEMORY_GB),
+            "--decode-shards",
+            "10",
+            "--beam",
+            "4",
+            "--run-timeout",
+            "260",
+            "--work-dir",
+            "{work}",
+        ),
+        280,
+        concurrent=True,
+    ),
+    Step(
+        "fsdp_check",
+        31,
+        _bench(
+            "fsdp_check",
+            "--data",
+            "{data}",
+            "--work",
+            "{work}/runs",
+            "--json",
+            "{work}/fsdp.json",
+            "--jobs",
+            "4",
+            "--budget",
+            "260",
+        ),
+        280,
+        concurrent=True,
+    ),
     # timed, alone: in the order of the issue's targets.  dlcl_speed got 140 s for 60 updates
-    Step("ln_lstm_kernel", 31, _bench("ln_lstm_kernel", "--device", "cuda", "--json", "{work}/ln_lstm_kernel.json"),
-         65),
-    Step("ff_lstm_kernel", 31, _bench("ln_lstm_kernel", "--device", "cuda", "--cell", "ff",
-                                      "--json", "{work}/ff_lstm_kernel.json"), 40),
-    Step("rnmt_speed", 31, _bench("rnmt_speed", "--device", "cuda", "--hidden", "512", "--encoder-layers", "6",
-                                  "--decoder-layers", "6", "--batch", "64", "--rounds", "3", "--repeats", "2"), 85),
-    Step("deep_att_speed", 31, _bench("deep_att_speed", "--device", "cuda", "--json", "{work}/deep_att.json"), 45),
-    Step("aggregation_speed", 31, _bench(
-        "aggregation_speed", "--device", "cuda", "--embed-dim", "512", "--ffn-dim", "2048", "--heads", "8",
-        "--batch", "64", "--gen-batch", "64", "--rounds", "3", "--json", "{work}/aggregation.json"), 55),
+    Step(
+        "ln_lstm_kernel",
+        31,
+        _bench("ln_lstm_kernel", "--device", "cuda", "--json", "{work}/ln_lstm_kernel.json"),
+        65,
+    ),
+    Step(
+        "ff_lstm_kernel",
+        31,
+        _bench(
+            "ln_lstm_kernel",
+            "--device",
+            "cuda",
+            "--cell",
+            "ff",
+            "--json",
+            "{work}/ff_lstm_kernel.json",
+        ),
+        40,
+    ),
+    Step(
+        "rnmt_speed",
+        31,
+        _bench(
+            "rnmt_speed",
+            "--device",
+            "cuda",
+            "--hidden",
+            "512",
+            "--encoder-layers",
+            "6",
+            "--decoder-layers",
+            "6",
+            "--batch",
+            "64",
+            "--rounds",
+            "3",
+            "--repeats",
+            "2",
+        ),
+        85,
+    ),
+    Step(
+        "deep_att_speed",
+        31,
+        _bench("deep_att_speed", "--device", "cuda", "--json", "{work}/deep_att.json"),
+        45,
+    ),
+    Step(
+        "aggregation_speed",
+        31,
+        _bench(
+            "aggregation_speed",
+            "--device",
+            "cuda",
+            "--embed-dim",
+            "512",
+            "--ffn-dim",
+            "2048",
+            "--heads",
+            "8",
+            "--batch",
+            "64",
+            "--gen-batch",
+            "64",
+            "--rounds",
+            "3",
+            "--json",
+            "{work}/aggregation.json",
+        ),
+        55,
+    ),
     # what a decoding step costs on CUDA: the launch- and compute-bound floors of the targets above
-    Step("step_cost", 31, _bench("step_cost", "--device", "cuda", "--phase", "decode", "--gen-batch", "64",
-                                 "--repeats", "3", "--json", "{work}/step_cost.json"), 90),
-    Step("deep_att_speed_triton", 31, _bench("deep_att_speed", "--device", "cuda", "--cell-impl", "triton",
-                                             "--json", "{work}/deep_att_triton.json"), 45),
-    Step("dlcl_speed", 31, _bench(
-        "dlcl_speed", "--device", "cuda", "--precision", "fp16", "--mode", "train", "--embed-dim", "512",
-        "--ffn-dim", "2048", "--heads", "8", "--max-tokens", "8192", "--max-update", "60",
-        "--skip-updates", "20", "--log-interval", "10", "--repeats", "2", "--synthetic-train", "10000",
-        "--work-dir", "{work}"), 140),
+    Step(
+        "step_cost",
+        31,
+        _bench(
+            "step_cost",
+            "--device",
+            "cuda",
+            "--phase",
+            "decode",
+            "--gen-batch",
+            "64",
+            "--repeats",
+            "3",
+            "--json",
+            "{work}/step_cost.json",
+        ),
+        90,
+    ),
+    Step(
+        "deep_att_speed_triton",
+        31,
+        _bench(
+            "deep_att_speed",
+            "--device",
+            "cuda",
+            "--cell-impl",
+            "triton",
+            "--json",
+            "{work}/deep_att_triton.json",
+        ),
+        45,
+    ),
+    Step(
+        "dlcl_speed",
+        31,
+        _bench(
+            "dlcl_speed",
+            "--device",
+            "cuda",
+            "--precision",
+            "fp16",
+            "--mode",
+            "train",
+            "--embed-dim",
+            "512",
+            "--ffn-dim",
+            "2048",
+            "--heads",
+            "8",
+            "--max-tokens",
+            "8192",
+            "--max-update",
+            "60",
+            "--skip-updates",
+            "20",
+            "--log-interval",
+            "10",
+            "--repeats",
+            "2",
+            "--synthetic-train",
+            "10000",
+            "--work-dir",
+            "{work}",
+        ),
+        140,
+    ),
     # a window of their own
-    Step("matrix_40", 31, _bench(
-        "precision_matrix", "--data", "{data}", "--scale", "paper", "--updates", "40",
-        "--precisions", "fp16", "amp", "bf16", "memory_efficient_fp16", "--jobs", "8",
-        "--memory-gb", str(MATRIX_MEMORY_GB), "--decode-shards", "10", "--beam", "4",
-        "--run-timeout", "120", "--work-dir", "{work}"), 470, concurrent=True, own_window=True),
-    Step("study", 31, ["{py}", "-m", "fairseq_deep.study", "--data", "{data}", "--spm", "{spm}", "--ref", "{ref}",
-                       "--out", "{work}", *[w for g in STUDY_GROUPS for w in ("--group", g)],
-                       "--depths", "6,16,20", "--width", "256", "--minutes", "4.5", "--seeds", "1",
-                       "--jobs", "16", "--train-args=--fp16", "--progress-every", "60"], 480, concurrent=True,
-         own_window=True),
+    Step(
+        "matrix_40",
+        31,
+        _bench(
+            "precision_matrix",
+            "--data",
+            "{data}",
+            "--scale",
+            "paper",
+            "--updates",
+            "40",
+            "--precisions",
+            "fp16",
+            "amp",
+            "bf16",
+            "memory_efficient_fp16",
+            "--jobs",
+            "8",
+            "--memory-gb",
+            str(MATRIX_MEMORY_GB),
+            "--decode-shards",
+            "10",
+            "--beam",
+            "4",
+            "--run-timeout",
+            "120",
+            "--work-dir",
+            "{work}",
+        ),
+        470,
+        concurrent=True,
+        own_window=True,
+    ),
+    Step(
+        "study",
+        31,
+        [
+            "{py}",
+            "-m",
+            "fairseq_deep.study",
+            "--data",
+            "{data}",
+            "--spm",
+            "{spm}",
+            "--ref",
+            "{ref}",
+            "--out",
+            "{work}",
+            *[w for g in STUDY_GROUPS for w in ("--group", g)],
+            "--depths",
+            "6,16,20",
+            "--width",
+            "256",
+            "--minutes",
+            "4.5",
+            "--seeds",
+            "1",
+            "--jobs",
+            "16",
+            "--train-args=--fp16",
+            "--progress-every",
+            "60",
+        ],
+        480,
+        concurrent=True,
+        own_window=True,
+    ),
 ]
 
 LEDGER = os.path.join(HERE, "gpu_ledger.json")
@@ -169,14 +406,25 @@ def expand(argv: List[str], values: Dict[str, str]) -> List[str]:
 class Phase:
     """Runs the steps of one phase within ``budget`` seconds; see the module docstring."""
 
-    def __init__(self, name: str, steps: List[Step], out: str, work: str, values: Dict[str, str],
-                 budget: float, reserve: float = 25.0, min_step: float = 30.0,
-                 concurrent_budget: Optional[float] = None):
+    def __init__(
+        self,
+        name: str,
+        steps: List[Step],
+        out: str,
+        work: str,
+        values: Dict[str, str],
+        budget: float,
+        reserve: float = 25.0,
+        min_step: float = 30.0,
+        concurrent_budget: Optional[float] = None,
+    ):
         self.name, self.steps, self.values = name, steps, values
         self.out, self.work = os.path.join(out, name), os.path.join(work, name)
         self.deadline = time.monotonic() + budget - reserve
         #: the concurrent steps end by then (the timed ones get the rest)
-        self.concurrent_deadline = min(self.deadline, time.monotonic() + (concurrent_budget or budget))
+        self.concurrent_deadline = min(
+            self.deadline, time.monotonic() + (concurrent_budget or budget)
+        )
         self.min_step = min_step
         self.rows: List[Dict] = []
         self.running: List[tuple] = []  # (row, Popen, own deadline)
@@ -192,10 +440,13 @@ class Phase:
         os.makedirs(work, exist_ok=True)
         argv = expand(step.argv, dict(self.values, work=work))
         row.update(argv=argv, timeout=min(step.timeout, left), start=time.monotonic())
-        log = open(os.path.join(work, f"{step.name}.log"), "w")  # into the tarball, not the output folder
+        log = open(
+            os.path.join(work, f"{step.name}.log"), "w"
+        )  # into the tarball, not the output folder
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         log.close()
         print(f"[{self.name}] {step.name}: started (timeout {row['timeout']:.0f} s)", flush=True)
         return row, proc, row["start"] + row["timeout"]
@@ -212,7 +463,9 @@ class Phase:
                     pass
                 proc.wait()
         row["seconds"] = time.monotonic() - row["start"]
-        row["status"] = f"{stopped} after {row['seconds']:.0f} s" if stopped else f"exit {proc.returncode}"
+        row["status"] = (
+            f"{stopped} after {row['seconds']:.0f} s" if stopped else f"exit {proc.returncode}"
+        )
         print(f"[{self.name}] {row['step'].name}: {row['status']}", flush=True)
 
     def _wait(self, items: list):
@@ -230,7 +483,9 @@ class Phase:
     def run(self):
         os.makedirs(self.out, exist_ok=True)
         try:
-            for step in sorted(self.steps, key=lambda st: not st.concurrent):  # concurrent ones first
+            for step in sorted(
+                self.steps, key=lambda st: not st.concurrent
+            ):  # concurrent ones first
                 if not step.concurrent and self.running:
                     self._wait(self.running)  # a timed step runs alone
                     self.running = []
@@ -250,17 +505,36 @@ class Phase:
     def report(self):
         table = harness.markdown_table(
             ["step", "issue", "status", "seconds", "command"],
-            [[r["step"].name, r["step"].issue, r["status"], f"{r['seconds']:.0f}",
-              "`" + " ".join(shlex.quote(a) for a in r.get("argv", [])) + "`"] for r in self.rows])
+            [
+                [
+                    r["step"].name,
+                    r["step"].issue,
+                    r["status"],
+                    f"{r['seconds']:.0f}",
+                    "`" + " ".join(shlex.quote(a) for a in r.get("argv", [])) + "`",
+                ]
+                for r in self.rows
+            ],
+        )
         lines = [f"# Phase {self.name}", "", *table.splitlines()]
         with open(os.path.join(self.out, "summary.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
-        harness.write_json(os.path.join(self.out, "summary.json"),
-                           [{"step": r["step"].name, "status": r["status"], "seconds": round(r["seconds"], 1)}
-                            for r in self.rows])
-        with tarfile.open(os.path.join(os.path.dirname(self.out), f"{self.name}.tar.gz"), "w:gz") as tar:
+        harness.write_json(
+            os.path.join(self.out, "summary.json"),
+            [
+                {"step": r["step"].name, "status": r["status"], "seconds": round(r["seconds"], 1)}
+                for r in self.rows
+            ],
+        )
+        with tarfile.open(
+            os.path.join(os.path.dirname(self.out), f"{self.name}.tar.gz"), "w:gz"
+        ) as tar:
             for path in sorted(glob.glob(os.path.join(self.work, "**", "*"), recursive=True)):
-                if os.path.isfile(path) and not path.endswith(SKIPPED_SUFFIXES) and "checkpoint" not in path:
+                if (
+                    os.path.isfile(path)
+                    and not path.endswith(SKIPPED_SUFFIXES)
+                    and "checkpoint" not in path
+                ):
                     _add_cut(tar, path, os.path.relpath(path, os.path.dirname(self.work)))
         print("\n".join(lines), flush=True)
 
@@ -285,33 +559,64 @@ def stage(a):
     os.makedirs(wheels, exist_ok=True)
     found = glob.glob(os.path.join(a.wheels, "*.whl"))
     if not found:
-        raise SystemExit(f"gpu_session.py stage: no wheels in {a.wheels} (see ../shared/gpu/README.md)")
+        raise SystemExit(
+            f"gpu_session.py stage: no wheels in {a.wheels} (see ../shared/gpu/README.md)"
+        )
     for w in found:
         shutil.copy(w, wheels)
     data = os.path.join(a.gpu_dir, "m30k")
     if not os.path.isfile(os.path.join(data, "spm.model")):
         src, tgt = a.pair.split("-")
         m = a.multi30k
-        done = subprocess.run([sys.executable, "-m", "fairseq_deep.prepare", "-s", src, "-t", tgt, "--trainpref",
-                               f"{m}/train", "--validpref", f"{m}/val", "--testpref", f"{m}/{a.test}", "--destdir",
-                               data, "--vocab-size", str(a.vocab_size)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fairseq_deep.prepare",
+                "-s",
+                src,
+                "-t",
+                tgt,
+                "--trainpref",
+                f"{m}/train",
+                "--validpref",
+                f"{m}/val",
+                "--testpref",
+                f"{m}/{a.test}",
+                "--destdir",
+                data,
+                "--vocab-size",
+                str(a.vocab_size),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
-            raise SystemExit(f"gpu_session.py stage: fairseq_deep.prepare failed:\n{done.stderr[-3000:]}")
+            raise SystemExit(
+                f"gpu_session.py stage: fairseq_deep.prepare failed:\n{done.stderr[-3000:]}"
+            )
         shutil.copy(os.path.join(m, f"{a.test}.{tgt}.gz"), os.path.join(data, "ref.gz"))
     shutil.rmtree(os.path.join(data, "spm"), ignore_errors=True)  # the pieces: data-bin has them
-    size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(a.gpu_dir, "**", "*"), recursive=True)
-               if os.path.isfile(p))
-    if size > 60 * 2 ** 20:
-        raise SystemExit(f"{a.gpu_dir} holds {size / 2 ** 20:.0f} MiB: the device tool carries 64 MiB at most")
-    print(f"{a.gpu_dir}: {size / 2 ** 20:.1f} MiB. The device call (carry [\".gpu\"], timeout_s 560):")
+    size = sum(
+        os.path.getsize(p)
+        for p in glob.glob(os.path.join(a.gpu_dir, "**", "*"), recursive=True)
+        if os.path.isfile(p)
+    )
+    if size > 60 * 2**20:
+        raise SystemExit(
+            f"{a.gpu_dir} holds {size / 2**20:.0f} MiB: the device tool carries 64 MiB at most"
+        )
+    print(f'{a.gpu_dir}: {size / 2**20:.1f} MiB. The device call (carry [".gpu"], timeout_s 560):')
     print(f"  {DEVICE_COMMAND}")
 
 
 #: the device tool's command: the wheels (fairseq, fairscale and their pure-Python needs), then a window
 #: (the checkout first on PYTHONPATH: fairscale's wheel brings a top-level package named benchmarks too)
-DEVICE_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl"
-                  " && export PYTHONPATH=$PWD:/tmp/site && nvidia-smi -L && python3 -m benchmarks.gpu_session run "
-                  "--out $OUT")
+DEVICE_COMMAND = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl"
+    " && export PYTHONPATH=$PWD:/tmp/site && nvidia-smi -L && python3 -m benchmarks.gpu_session run "
+    "--out $OUT"
+)
 
 
 def read_ledger(path: str = LEDGER) -> Dict[str, Dict]:
@@ -342,13 +647,20 @@ def record(a):
     for row in rows:
         if row["status"].startswith("skipped"):
             continue
-        ledger[row["step"]] = {"date": a.date, "commit": a.commit, "device": a.device, "status": row["status"],
-                               "seconds": row["seconds"]}
+        ledger[row["step"]] = {
+            "date": a.date,
+            "commit": a.commit,
+            "device": a.device,
+            "status": row["status"],
+            "seconds": row["seconds"],
+        }
     with open(a.ledger, "w") as f:
         json.dump(ledger, f, indent=1, sort_keys=True)
         f.write("\n")
-    print(f"{a.ledger}: {sum(measured(v) for v in ledger.values())} of {len(STEPS)} steps measured; next: "
-          + (", ".join(s.name for s in pending(ledger)) or "nothing"))
+    print(
+        f"{a.ledger}: {sum(measured(v) for v in ledger.values())} of {len(STEPS)} steps measured; next: "
+        + (", ".join(s.name for s in pending(ledger)) or "nothing")
+    )
 
 
 def _interrupt(signum, frame):
@@ -366,21 +678,32 @@ def get_parser():
     s.add_argument("--test", default="test_2016_flickr")
     s.add_argument("--vocab-size", type=int, default=8000)
     r = sub.add_parser("run", help="run a window (on the GPU machine)")
-    r.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench_runs", "gpu_out")))
-    r.add_argument("--work", default="/tmp/gpu_session", help="checkpoints and logs (not brought back)")
+    r.add_argument(
+        "--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench_runs", "gpu_out"))
+    )
+    r.add_argument(
+        "--work", default="/tmp/gpu_session", help="checkpoints and logs (not brought back)"
+    )
     r.add_argument("--data", default=os.path.join(GPU_DIR, "m30k", "data-bin"))
     r.add_argument("--spm", default=os.path.join(GPU_DIR, "m30k", "spm.model"))
     r.add_argument("--ref", default=os.path.join(GPU_DIR, "m30k", "ref.gz"))
     r.add_argument("--budget", type=float, default=500, help="seconds for the whole window")
-    r.add_argument("--concurrent-budget", type=float, default=280,
-                   help="seconds for the concurrent steps; the timed ones get the rest")
-    r.add_argument("--steps", help="comma-separated step names: run these (default: what the ledger lacks)")
+    r.add_argument(
+        "--concurrent-budget",
+        type=float,
+        default=280,
+        help="seconds for the concurrent steps; the timed ones get the rest",
+    )
+    r.add_argument(
+        "--steps", help="comma-separated step names: run these (default: what the ledger lacks)"
+    )
     r.add_argument("--all", action="store_true", help="every step, whatever the ledger holds")
     r.add_argument("--ledger", default=LEDGER)
     r.add_argument("--list", action="store_true", help="list the steps and stop")
     r.add_argument("--dry-run", action="store_true", help="print the commands and stop")
-    sub.add_parser("plan", help="what the next window runs (the steps the ledger lacks)").add_argument(
-        "--ledger", default=LEDGER)
+    sub.add_parser(
+        "plan", help="what the next window runs (the steps the ledger lacks)"
+    ).add_argument("--ledger", default=LEDGER)
     c = sub.add_parser("record", help="a window's summary.json into the ledger")
     c.add_argument("summary")
     c.add_argument("--commit", required=True, help="the commit the window ran")
@@ -400,7 +723,11 @@ def main(argv=None):
         ledger = read_ledger(a.ledger)
         for step in STEPS:
             entry = ledger.get(step.name)
-            done = f"measured {entry['date']} at {entry['commit']} on {entry['device']}" if measured(entry) else "to run"
+            done = (
+                f"measured {entry['date']} at {entry['commit']} on {entry['device']}"
+                if measured(entry)
+                else "to run"
+            )
             kind = "own window" if step.own_window else "concurrent" if step.concurrent else "timed"
             print(f"{step.name:22} {kind:10} {step.timeout:4d} s  {done}")
         return 0
@@ -410,17 +737,31 @@ def main(argv=None):
         wanted = a.steps.split(",")
         unknown = set(wanted) - {s.name for s in STEPS}
         if unknown:
-            raise SystemExit(f"gpu_session.py: no step {', '.join(sorted(unknown))}; the steps are "
-                             + ", ".join(s.name for s in STEPS))
+            raise SystemExit(
+                f"gpu_session.py: no step {', '.join(sorted(unknown))}; the steps are "
+                + ", ".join(s.name for s in STEPS)
+            )
         steps = [s for s in STEPS if s.name in wanted]
     for step in steps if (a.list or a.dry_run) else []:
         line = f"{step.name} (issue {step.issue}, {step.timeout} s{', concurrent' if step.concurrent else ''})"
-        print(line if a.list else line + ":\n  " + " ".join(
-            shlex.quote(x) for x in expand(step.argv, dict(values, work=os.path.join(a.work, "window", step.name)))))
+        print(
+            line
+            if a.list
+            else line
+            + ":\n  "
+            + " ".join(
+                shlex.quote(x)
+                for x in expand(
+                    step.argv, dict(values, work=os.path.join(a.work, "window", step.name))
+                )
+            )
+        )
     if a.list or a.dry_run:
         return 0
     signal.signal(signal.SIGTERM, _interrupt)
-    Phase("window", steps, a.out, a.work, values, a.budget, concurrent_budget=a.concurrent_budget).run()
+    Phase(
+        "window", steps, a.out, a.work, values, a.budget, concurrent_budget=a.concurrent_budget
+    ).run()
     return 0
 
 

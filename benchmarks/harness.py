@@ -72,21 +72,28 @@ CUDA_ONLY_PRECISIONS = {"amp": "fairseq's --amp is CUDA autocast; on CPU it trai
 # ---------------------------------------------------------------------------------------------
 
 
-class _RawDescriptionAndDefaults(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+class _RawDescriptionAndDefaults(
+    argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter
+):
     pass
 
 
-def parser(doc: str, full: bool = False, show_defaults: bool = False,
-           epilog: Optional[str] = None) -> argparse.ArgumentParser:
+def parser(
+    doc: str, full: bool = False, show_defaults: bool = False, epilog: Optional[str] = None
+) -> argparse.ArgumentParser:
     """A script's argument parser: the first paragraph of its docstring ``doc`` as the description
     (``full``: the whole docstring, as written); ``epilog``: text after the options, as written;
     ``show_defaults``: each option's default after its help."""
     raw = full or epilog is not None
-    formatter = {(False, False): argparse.HelpFormatter, (True, False): argparse.RawDescriptionHelpFormatter,
-                 (False, True): argparse.ArgumentDefaultsHelpFormatter,
-                 (True, True): _RawDescriptionAndDefaults}[raw, show_defaults]
-    return argparse.ArgumentParser(description=doc if full else doc.split("\n\n")[0], epilog=epilog,
-                                   formatter_class=formatter)
+    formatter = {
+        (False, False): argparse.HelpFormatter,
+        (True, False): argparse.RawDescriptionHelpFormatter,
+        (False, True): argparse.ArgumentDefaultsHelpFormatter,
+        (True, True): _RawDescriptionAndDefaults,
+    }[raw, show_defaults]
+    return argparse.ArgumentParser(
+        description=doc if full else doc.split("\n\n")[0], epilog=epilog, formatter_class=formatter
+    )
 
 
 def default_device() -> str:
@@ -97,16 +104,22 @@ def add_device_argument(parser, precision: bool = False, note: str = ""):
     """Add ``--device`` (and ``--precision`` when ``precision``) to an argparse parser; ``note``:
     what the script measures differently, or not at all, on one of the devices."""
     parser.add_argument(
-        "--device", choices=DEVICES, default=default_device(),
+        "--device",
+        choices=DEVICES,
+        default=default_device(),
         help="where models run: fairseq runs get --cpu on cpu; in-process models and batches go to "
-             "the device, timings synchronize CUDA before reading the clock (default: cuda when "
-             "torch sees a CUDA device, else cpu; here: %(default)s)" + (". " + note if note else ""))
+        "the device, timings synchronize CUDA before reading the clock (default: cuda when "
+        "torch sees a CUDA device, else cpu; here: %(default)s)" + (". " + note if note else ""),
+    )
     if precision:
         parser.add_argument(
-            "--precision", choices=list(PRECISIONS), default="fp32",
+            "--precision",
+            choices=list(PRECISIONS),
+            default="fp32",
             help="fairseq's precision flag for the fairseq-train and fairseq-generate runs "
-                 "(fp16: --fp16, amp: --amp, bf16: --bf16; amp is CUDA only, and decodes with "
-                 "--fp16); in-process measurements stay float32 (default: %(default)s)")
+            "(fp16: --fp16, amp: --amp, bf16: --bf16; amp is CUDA only, and decodes with "
+            "--fp16); in-process measurements stay float32 (default: %(default)s)",
+        )
     return parser
 
 
@@ -160,12 +173,16 @@ def thread_env(threads: Optional[int], env: Optional[Mapping[str, str]] = None) 
 def device_from_args(args) -> torch.device:
     """The ``torch.device`` of ``args.device``; stops with one line where it cannot run here."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device cuda, but torch {torch.__version__} sees no CUDA device "
-                         "(torch.cuda.is_available() is False); run on a GPU machine or pass --device cpu")
+        raise SystemExit(
+            f"error: --device cuda, but torch {torch.__version__} sees no CUDA device "
+            "(torch.cuda.is_available() is False); run on a GPU machine or pass --device cpu"
+        )
     precision = getattr(args, "precision", "fp32")
     if args.device == "cpu" and precision in CUDA_ONLY_PRECISIONS:
-        raise SystemExit(f"error: --precision {precision} needs --device cuda "
-                         f"({CUDA_ONLY_PRECISIONS[precision]}); use fp32, fp16 or bf16 on CPU")
+        raise SystemExit(
+            f"error: --precision {precision} needs --device cuda "
+            f"({CUDA_ONLY_PRECISIONS[precision]}); use fp32, fp16 or bf16 on CPU"
+        )
     return torch.device(args.device)
 
 
@@ -173,7 +190,9 @@ def train_flags(device: str, precision: str = "fp32"):
     """Device and precision flags of a fairseq-train run: ``--cpu`` on CPU; on CUDA
     ``--distributed-world-size 1`` (one GPU, as the in-process measurements use; fairseq would
     otherwise train data-parallel on every visible GPU)."""
-    return (["--cpu"] if device == "cpu" else ["--distributed-world-size", "1"]) + PRECISIONS[precision][0]
+    return (["--cpu"] if device == "cpu" else ["--distributed-world-size", "1"]) + PRECISIONS[
+        precision
+    ][0]
 
 
 def generate_flags(device: str, precision: str = "fp32"):
@@ -219,7 +238,9 @@ def median_seconds(fn: Callable, repeats: int, device) -> float:
     return statistics.median(timed(fn, device)[1] for _ in range(repeats))
 
 
-def alternated(measures: Mapping[str, Callable[[int], object]], rounds: int, shuffle=None) -> Dict[str, List]:
+def alternated(
+    measures: Mapping[str, Callable[[int], object]], rounds: int, shuffle=None
+) -> Dict[str, List]:
     """Each measure's results over ``rounds`` rounds, in which every measure is called once, in
     turn (A B C, A B C, ...: a slow moment of a shared machine hits all alike), with the round's
     index.  ``shuffle`` (a ``random.Random``) shuffles the order of every round instead, so that no
@@ -234,8 +255,9 @@ def alternated(measures: Mapping[str, Callable[[int], object]], rounds: int, shu
     return results
 
 
-def interleaved_seconds(fns: Mapping[str, Callable], rounds: int, repeats: int, device,
-                        warmup: int = 0) -> Dict[str, float]:
+def interleaved_seconds(
+    fns: Mapping[str, Callable], rounds: int, repeats: int, device, warmup: int = 0
+) -> Dict[str, float]:
     """{name: seconds per call}: ``warmup`` calls of every fn in turn (TorchScript profiling runs,
     Triton compilation, cuDNN plans, the allocator), then ``rounds`` alternated rounds, each timing
     ``repeats`` calls of every fn (their median); the median over the rounds."""
@@ -243,8 +265,10 @@ def interleaved_seconds(fns: Mapping[str, Callable], rounds: int, repeats: int, 
         for fn in fns.values():
             fn()
     clock(device)  # waits for the warm-up's kernels
-    times = alternated({name: (lambda r, fn=fn: median_seconds(fn, repeats, device)) for name, fn in fns.items()},
-                       rounds)
+    times = alternated(
+        {name: (lambda r, fn=fn: median_seconds(fn, repeats, device)) for name, fn in fns.items()},
+        rounds,
+    )
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -268,7 +292,7 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.mib = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2 ** 20
+            self.mib = (torch.cuda.max_memory_allocated(self.device) - self._base) / 2**20
         return False
 
 
@@ -300,8 +324,10 @@ def write_json(path: str, obj, indent: int = 1, **kwargs) -> str:
 
 def logger(name: str) -> Callable[[str], None]:
     """``log(msg)``: a progress line ``[name] msg`` on stderr (stdout keeps the tables)."""
+
     def log(msg: str):
         print(f"[{name}] {msg}", file=sys.stderr, flush=True)
+
     return log
 
 
@@ -326,9 +352,10 @@ def build_model(argv: Sequence[str], dictionary, device="cpu", seed: int = 1):
     on both sides, torch's seed ``seed`` before the build; on ``device``."""
     from fairseq import options, tasks
 
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       ["unused", "--task", "translation", *parse_flags(torch.device(device).type),
-                                        *argv])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["unused", "--task", "translation", *parse_flags(torch.device(device).type), *argv],
+    )
     task = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(seed)
     return task.build_model(args).to(device)

@@ -27,8 +27,10 @@ fairseq log in ``log``); a system whose log already holds ``--updates`` updates 
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/learning_curves.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.learning_curves")
+    raise SystemExit(
+        "benchmarks/learning_curves.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.learning_curves"
+    )
 
 import datetime
 import os
@@ -40,38 +42,105 @@ from fairseq_deep import runs
 from . import harness
 from .harness import add_device_argument, device_from_args, train_flags
 
-DEEP_ATT_PAPER = ["--optimizer", "deep_att", "--deep-att-update-rule", "adam", "--lr", "4e-5",
-                  "--deep-att-lr-recurrent", "5e-4", "--l2-strength", "2", "--lr-scheduler", "fixed"]
+DEEP_ATT_PAPER = [
+    "--optimizer",
+    "deep_att",
+    "--deep-att-update-rule",
+    "adam",
+    "--lr",
+    "4e-5",
+    "--deep-att-lr-recurrent",
+    "5e-4",
+    "--l2-strength",
+    "2",
+    "--lr-scheduler",
+    "fixed",
+]
 
 
 def transformer(w):
     heads = str(max(2, w // 64))
-    return ["--encoder-embed-dim", str(w), "--decoder-embed-dim", str(w), "--encoder-ffn-embed-dim", str(4 * w),
-            "--decoder-ffn-embed-dim", str(4 * w), "--encoder-attention-heads", heads,
-            "--decoder-attention-heads", heads, "--dropout", "0.1"]
+    return [
+        "--encoder-embed-dim",
+        str(w),
+        "--decoder-embed-dim",
+        str(w),
+        "--encoder-ffn-embed-dim",
+        str(4 * w),
+        "--decoder-ffn-embed-dim",
+        str(4 * w),
+        "--encoder-attention-heads",
+        heads,
+        "--decoder-attention-heads",
+        heads,
+        "--dropout",
+        "0.1",
+    ]
 
 
 def rnn(w, embed=None):
     e = str(embed or w)
-    return ["--encoder-embed-dim", e, "--decoder-embed-dim", e, "--encoder-hidden-size", str(w),
-            "--decoder-hidden-size", str(w)]
+    return [
+        "--encoder-embed-dim",
+        e,
+        "--decoder-embed-dim",
+        e,
+        "--encoder-hidden-size",
+        str(w),
+        "--decoder-hidden-size",
+        str(w),
+    ]
 
 
 def families(w, lr, warmup=100):
     """{family: [(name, arch, flags, lr or None = --lr)]}"""
     two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
     # what fairseq-deep-study --recipe paper passes RNMT+ (issue 25): Chen et al.'s Adam, Eq. 1 to 3.2 x lr
-    eq1 = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-6", "--lr", f"{3.2 * lr:.6g}",
-           "--lr-scheduler", "rnmt_plus", "--rnmt-replicas", "32", "--rnmt-base-lr", f"{3.2 * lr / 32:.6g}",
-           "--warmup-updates", str(max(1, round(warmup / 32)))]
+    eq1 = [
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.999)",
+        "--adam-eps",
+        "1e-6",
+        "--lr",
+        f"{3.2 * lr:.6g}",
+        "--lr-scheduler",
+        "rnmt_plus",
+        "--rnmt-replicas",
+        "32",
+        "--rnmt-base-lr",
+        f"{3.2 * lr / 32:.6g}",
+        "--warmup-updates",
+        str(max(1, round(warmup / 32))),
+    ]
     return {
         "rnmt": [
-            ("lstm_2x2", "lstm", rnn(w) + two + ["--decoder-out-embed-dim", str(w), "--encoder-bidirectional"], None),
+            (
+                "lstm_2x2",
+                "lstm",
+                rnn(w) + two + ["--decoder-out-embed-dim", str(w), "--encoder-bidirectional"],
+                None,
+            ),
             ("rnmt_plus_2x2", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], None),
-            ("rnmt_plus_2x2_lr3x", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"], 3 * lr),
-            ("rnmt_plus_2x2_eq1", "rnmt_plus", rnn(w) + two + ["--attention-dropout", "0.1"] + eq1, None),
-            ("rnmt_plus_2x2_eq1_dropout0.3", "rnmt_plus",
-             rnn(w) + two + ["--dropout", "0.3", "--attention-dropout", "0.3"] + eq1, None),
+            (
+                "rnmt_plus_2x2_lr3x",
+                "rnmt_plus",
+                rnn(w) + two + ["--attention-dropout", "0.1"],
+                3 * lr,
+            ),
+            (
+                "rnmt_plus_2x2_eq1",
+                "rnmt_plus",
+                rnn(w) + two + ["--attention-dropout", "0.1"] + eq1,
+                None,
+            ),
+            (
+                "rnmt_plus_2x2_eq1_dropout0.3",
+                "rnmt_plus",
+                rnn(w) + two + ["--dropout", "0.3", "--attention-dropout", "0.3"] + eq1,
+                None,
+            ),
             ("transformer_prenorm", "transformer_prenorm", transformer(w), None),
         ],
         "dou": [
@@ -82,22 +151,67 @@ def families(w, lr, warmup=100):
         "zhou": [
             ("noff_2x2", "deep_att_noff_2x2", rnn(w, max(1, w // 2)), None),
             ("ff_2x2", "deep_att_ff_2x2", rnn(w, max(1, w // 2)), None),
-            ("ff_2x2_paper_optimizer", "deep_att_ff_2x2", rnn(w, max(1, w // 2)) + DEEP_ATT_PAPER, None),
+            (
+                "ff_2x2_paper_optimizer",
+                "deep_att_ff_2x2",
+                rnn(w, max(1, w // 2)) + DEEP_ATT_PAPER,
+                None,
+            ),
         ],
     }
 
 
 def command(args, name, arch, flags, lr):
-    shared = [] if "--optimizer" in flags else [
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(lr or args.lr),
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"]
+    shared = (
+        []
+        if "--optimizer" in flags
+        else [
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--lr",
+            str(lr or args.lr),
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            str(args.warmup),
+            "--warmup-init-lr",
+            "1e-07",
+        ]
+    )
     out = os.path.join(args.out, name)
-    return runs.command(runs.TRAIN, args.data, "--arch", arch,
-            *flags, *shared, "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--seed", str(args.seed),
-            "--validate-interval-updates", str(args.valid_interval), "--validate-interval", "100000",
-            "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "25",
-            "--skip-invalid-size-inputs-valid-test", *train_flags(args.device))
+    return runs.command(
+        runs.TRAIN,
+        args.data,
+        "--arch",
+        arch,
+        *flags,
+        *shared,
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.updates),
+        "--seed",
+        str(args.seed),
+        "--validate-interval-updates",
+        str(args.valid_interval),
+        "--validate-interval",
+        "100000",
+        "--save-dir",
+        out,
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "25",
+        "--skip-invalid-size-inputs-valid-test",
+        *train_flags(args.device),
+    )
 
 
 def curve(log_path):
@@ -112,7 +226,9 @@ def curve(log_path):
         record = runs.parse_record(line)
         if record is not None and record["kind"] == "valid":
             t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-            points.append((int(record["num_updates"]), float(record["loss"]), (t - start).total_seconds()))
+            points.append(
+                (int(record["num_updates"]), float(record["loss"]), (t - start).total_seconds())
+            )
     return points
 
 
@@ -141,7 +257,9 @@ def main(argv=None):
         raise SystemExit("error: --data DATA_BIN is required")
     keep = set(filter(None, args.systems.split(",")))
     table = families(args.width, args.lr, args.warmup)
-    rows = [(f, *s) for f in (args.family or ["rnmt"]) for s in table[f] if not keep or s[0] in keep]
+    rows = [
+        (f, *s) for f in (args.family or ["rnmt"]) for s in table[f] if not keep or s[0] in keep
+    ]
     pending, running = list(rows), []
     while pending or running:
         running = [(r, p) for r, p in running if p.poll() is None]
@@ -153,14 +271,26 @@ def main(argv=None):
                 continue
             os.makedirs(os.path.dirname(log), exist_ok=True)
             print("running", name, flush=True)
-            running.append((name, subprocess.Popen(command(args, name, arch, flags, lr), stdout=open(log, "w"),
-                                                   stderr=subprocess.STDOUT)))
+            running.append(
+                (
+                    name,
+                    subprocess.Popen(
+                        command(args, name, arch, flags, lr),
+                        stdout=open(log, "w"),
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
         time.sleep(2)
     for fam in args.family or ["rnmt"]:
         print(f"\n{fam}: valid loss (bits) at updates (seconds)\n")
         for _, name, *_ in [r for r in rows if r[0] == fam]:
             pts = curve(os.path.join(args.out, name, "log"))
-            print(harness.markdown_row([name, " | ".join(f"{u}: {loss:.2f} ({sec:.0f}s)" for u, loss, sec in pts)]))
+            print(
+                harness.markdown_row(
+                    [name, " | ".join(f"{u}: {loss:.2f} ({sec:.0f}s)" for u, loss, sec in pts)]
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,14 @@ architecture at width 16 with 2-3 layers.  ``--families`` picks some of them.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/precision_matrix.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.precision_matrix")
+    raise SystemExit(
+        "benchmarks/precision_matrix.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.precision_matrix"
+    )
 
 import argparse
-import contextlib
 import concurrent.futures
+import contextlib
 import glob
 import json
 import os
@@ -48,55 +50,169 @@ from . import harness
 from .harness import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags
 
 _TRANSFORMER_TINY = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--encoder-layers", "3", "--decoder-layers", "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "2",
 ]
 _RNMT_TINY = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
-    "--decoder-hidden-size", "32", "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "32",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
 ]
 _HYBRID_TINY = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--encoder-hidden-size", "8", "--decoder-hidden-size", "16", "--encoder-layers", "2",
-    "--decoder-layers", "2", "--rnmt-encoder-layers", "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--encoder-hidden-size",
+    "8",
+    "--decoder-hidden-size",
+    "16",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--rnmt-encoder-layers",
+    "2",
 ]
 _DEEP_ATT_TINY = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
-    "--decoder-hidden-size", "16", "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "16",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
 ]
-_DIVERSITY = ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1"]
-_RNMT_TRAINING = ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "20",
-                  "--criterion", "sentence_cross_entropy"]
+_DIVERSITY = [
+    "--criterion",
+    "label_smoothed_cross_entropy_with_diversity",
+    "--label-smoothing",
+    "0.1",
+]
+_RNMT_TRAINING = [
+    "--task",
+    "translation_deep",
+    "--adaptive-clip",
+    "--adaptive-clip-warmup",
+    "20",
+    "--criterion",
+    "sentence_cross_entropy",
+]
 
 # name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags of both,
 #        training flags of both)
 FAMILIES = {
     "transformer_dlcl": ("transformer_dlcl_30l", "transformer_dlcl", _TRANSFORMER_TINY, [], []),
-    "transformer_dlcl_postnorm": ("transformer_dlcl_postnorm_30l", "transformer_dlcl_postnorm",
-                                  _TRANSFORMER_TINY, [], []),
-    "transformer_prenorm": ("transformer_prenorm_30l", "transformer_prenorm", _TRANSFORMER_TINY, [], []),
+    "transformer_dlcl_postnorm": (
+        "transformer_dlcl_postnorm_30l",
+        "transformer_dlcl_postnorm",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
+    "transformer_prenorm": (
+        "transformer_prenorm_30l",
+        "transformer_prenorm",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
     "transformer_ta": ("transformer_ta_16l", "transformer_ta", _TRANSFORMER_TINY, [], []),
-    "transformer_hier_agg+div": ("transformer_hier_agg", "transformer_hier_agg", _TRANSFORMER_TINY, [],
-                                 _DIVERSITY),
+    "transformer_hier_agg+div": (
+        "transformer_hier_agg",
+        "transformer_hier_agg",
+        _TRANSFORMER_TINY,
+        [],
+        _DIVERSITY,
+    ),
     "transformer_dense": ("transformer_dense", "transformer_dense", _TRANSFORMER_TINY, [], []),
     "transformer_mla3": ("transformer_mla3", "transformer_mla3", _TRANSFORMER_TINY, [], []),
     "rnmt_plus+clip+sent_ce": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, [], _RNMT_TRAINING),
     "rnmt_plus_ta": ("rnmt_plus_512_ta", "rnmt_plus", _RNMT_TINY, ["--rnmt-transparent"], []),
     "rnmt_plus_dlcl": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, ["--dlcl-stacks", "both"], []),
-    "hybrid_transformer_rnmt": ("hybrid_transformer_rnmt", "hybrid_transformer_rnmt", _HYBRID_TINY, [], []),
-    "hybrid_rnmt_transformer": ("hybrid_rnmt_transformer", "hybrid_rnmt_transformer", _HYBRID_TINY, [], []),
+    "hybrid_transformer_rnmt": (
+        "hybrid_transformer_rnmt",
+        "hybrid_transformer_rnmt",
+        _HYBRID_TINY,
+        [],
+        [],
+    ),
+    "hybrid_rnmt_transformer": (
+        "hybrid_rnmt_transformer",
+        "hybrid_rnmt_transformer",
+        _HYBRID_TINY,
+        [],
+        [],
+    ),
     "hybrid_cascaded": ("hybrid_cascaded", "hybrid_cascaded", _HYBRID_TINY, [], []),
     "hybrid_multicolumn": ("hybrid_multicolumn", "hybrid_multicolumn", _HYBRID_TINY, [], []),
-    "deep_att_ff+deep_att_optim": ("deep_att_ff_5x3", "deep_att_ff", _DEEP_ATT_TINY, [],
-                                   ["--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"]),
+    "deep_att_ff+deep_att_optim": (
+        "deep_att_ff_5x3",
+        "deep_att_ff",
+        _DEEP_ATT_TINY,
+        [],
+        ["--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"],
+    ),
     "deep_ed_ff": ("deep_ed_ff", "deep_ed_ff", _DEEP_ATT_TINY, [], []),
     # issue 17: the residual and initialisation schemes (tiny: 6 + 6 layers)
-    "transformer_deepnorm": ("transformer_deepnorm_18l", "transformer_deepnorm", _TRANSFORMER_TINY, [], []),
+    "transformer_deepnorm": (
+        "transformer_deepnorm_18l",
+        "transformer_deepnorm",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
     "transformer_admin": ("transformer_admin_18l", "transformer_admin", _TRANSFORMER_TINY, [], []),
-    "transformer_dsinit": ("transformer_dsinit_12l", "transformer_dsinit", _TRANSFORMER_TINY, [], []),
-    "transformer_rezero": ("transformer_rezero_18l", "transformer_rezero", _TRANSFORMER_TINY, [], []),
+    "transformer_dsinit": (
+        "transformer_dsinit_12l",
+        "transformer_dsinit",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
+    "transformer_rezero": (
+        "transformer_rezero_18l",
+        "transformer_rezero",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
 }
 
 
@@ -105,18 +221,27 @@ FAMILIES = {
 # --arch on the meta device), the sum of width x layers of its Transformer layers and of hidden size
 # x layers x directions of its recurrent ones (Deep-Att: every F-F layer of both columns).
 PAPER_MEMORY = {
-    "transformer_dlcl": (132.1, 36 * 512, 0), "transformer_dlcl_postnorm": (132.1, 36 * 512, 0),
-    "transformer_prenorm": (132.1, 36 * 512, 0), "transformer_ta": (88.0, 22 * 512, 0),
+    "transformer_dlcl": (132.1, 36 * 512, 0),
+    "transformer_dlcl_postnorm": (132.1, 36 * 512, 0),
+    "transformer_prenorm": (132.1, 36 * 512, 0),
+    "transformer_ta": (88.0, 22 * 512, 0),
     # the aggregating models keep every layer's output for their aggregation nodes: 1.5x
-    "transformer_hier_agg+div": (79.5, 18 * 512, 0), "transformer_dense": (56.4, 18 * 512, 0),
+    "transformer_hier_agg+div": (79.5, 18 * 512, 0),
+    "transformer_dense": (56.4, 18 * 512, 0),
     "transformer_mla3": (85.3, 18 * 512, 0),
-    "rnmt_plus+clip+sent_ce": (78.6, 0, 20 * 512), "rnmt_plus_ta": (78.6, 0, 20 * 512),
+    "rnmt_plus+clip+sent_ce": (78.6, 0, 20 * 512),
+    "rnmt_plus_ta": (78.6, 0, 20 * 512),
     "rnmt_plus_dlcl": (78.6, 0, 20 * 512),
-    "hybrid_transformer_rnmt": (262.6, 6 * 1024, 8 * 1024), "hybrid_rnmt_transformer": (320.5, 6 * 1024, 12 * 1024),
-    "hybrid_cascaded": (365.4, 4 * 1024, 20 * 1024), "hybrid_multicolumn": (417.7, 6 * 1024, 20 * 1024),
-    "deep_att_ff+deep_att_optim": (65.0, 0, 13 * 512), "deep_ed_ff": (115.8, 0, 25 * 512),
-    "transformer_deepnorm": (144.7, 36 * 512, 0), "transformer_admin": (144.8, 36 * 512, 0),
-    "transformer_dsinit": (100.6, 24 * 512, 0), "transformer_rezero": (144.6, 36 * 512, 0),
+    "hybrid_transformer_rnmt": (262.6, 6 * 1024, 8 * 1024),
+    "hybrid_rnmt_transformer": (320.5, 6 * 1024, 12 * 1024),
+    "hybrid_cascaded": (365.4, 4 * 1024, 20 * 1024),
+    "hybrid_multicolumn": (417.7, 6 * 1024, 20 * 1024),
+    "deep_att_ff+deep_att_optim": (65.0, 0, 13 * 512),
+    "deep_ed_ff": (115.8, 0, 25 * 512),
+    "transformer_deepnorm": (144.7, 36 * 512, 0),
+    "transformer_admin": (144.8, 36 * 512, 0),
+    "transformer_dsinit": (100.6, 24 * 512, 0),
+    "transformer_rezero": (144.6, 36 * 512, 0),
 }
 #: bytes per token and unit of width x layers kept for the backward: a Transformer layer ~34 values of
 #: width per token in 16-bit (Korthikanti et al. 2022) plus the decoder's cross-attention: 48; the
@@ -132,31 +257,63 @@ def estimate_gb(family: str, max_tokens: int, vocab: int = 8000) -> float:
     safe side: docs/precision.md lists it per family; ``gb_free`` in the runs' logs measures it."""
     params_m, transformer, recurrent = PAPER_MEMORY[family]
     activations = max_tokens * (transformer * TRANSFORMER_BYTES + recurrent * RECURRENT_BYTES) * 1.5
-    return round(1.5 + params_m * 1e6 * 20 / 1e9 + activations / 1e9 + max_tokens * vocab * 12 / 1e9, 1)
+    return round(
+        1.5 + params_m * 1e6 * 20 / 1e9 + activations / 1e9 + max_tokens * vocab * 12 / 1e9, 1
+    )
 
 
 def data_languages(data):
     """(source, target, test set size) of a fairseq-preprocess folder."""
     idx = sorted(glob.glob(os.path.join(data, "test.*-*.*.idx")))
     if not idx:
-        raise SystemExit(f"{data}: no binarized test set (test.SRC-TGT.SRC.idx); run fairseq-preprocess "
-                         "with --testpref")
+        raise SystemExit(
+            f"{data}: no binarized test set (test.SRC-TGT.SRC.idx); run fairseq-preprocess "
+            "with --testpref"
+        )
     pair, lang = os.path.basename(idx[0]).split(".")[1:3]
     src, tgt = pair.split("-")
     from fairseq.data import indexed_dataset
 
-    return src, tgt, len(indexed_dataset.MMapIndexedDataset(os.path.join(data, f"test.{pair}.{src}")))
+    return (
+        src,
+        tgt,
+        len(indexed_dataset.MMapIndexedDataset(os.path.join(data, f"test.{pair}.{src}"))),
+    )
 
 
 def train_command(args, family, precision, save_dir):
     paper_arch, tiny_arch, tiny_flags, model_flags, flags = FAMILIES[family]
     arch, sizes = (paper_arch, []) if args.scale == "paper" else (tiny_arch, tiny_flags)
-    cmd = runs.command(runs.TRAIN, args.data, "--arch", arch,
-           *sizes, "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates),
-           "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
-           "--dropout", "0.1", "--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--log-format", "json",
-           "--log-interval", str(args.log_interval), "--disable-validation",
-           *train_flags(args.device, precision))
+    cmd = runs.command(
+        runs.TRAIN,
+        args.data,
+        "--arch",
+        arch,
+        *sizes,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.updates),
+        "--lr",
+        str(args.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(args.warmup),
+        "--dropout",
+        "0.1",
+        "--seed",
+        "1",
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "json",
+        "--log-interval",
+        str(args.log_interval),
+        "--disable-validation",
+        *train_flags(args.device, precision),
+    )
     if "--optimizer" not in flags:
         cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
     if "--criterion" not in flags:
@@ -165,10 +322,21 @@ def train_command(args, family, precision, save_dir):
 
 
 def generate_command(args, precision, checkpoint):
-    cmd = runs.command(runs.GENERATE, args.data,
-           "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
-           "--batch-size", str(args.batch_size))
-    if args.decode_shards > 1:  # fairseq-generate shards the batches by the distributed world: shard 0 of N
+    cmd = runs.command(
+        runs.GENERATE,
+        args.data,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        str(args.beam),
+        "--batch-size",
+        str(args.batch_size),
+    )
+    if (
+        args.decode_shards > 1
+    ):  # fairseq-generate shards the batches by the distributed world: shard 0 of N
         cmd += ["--distributed-world-size", str(args.decode_shards), "--distributed-rank", "0"]
     return cmd + generate_flags(args.device, precision)
 
@@ -186,7 +354,9 @@ def remove_checkpoints(out: str):
 
 
 def last_error(text):
-    lines = [ln for ln in text.splitlines() if re.match(r"^\w*(Error|Exception)\b|^\w+\.\w*Error", ln)]
+    lines = [
+        ln for ln in text.splitlines() if re.match(r"^\w*(Error|Exception)\b|^\w+\.\w*Error", ln)
+    ]
     return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "")[:200]
 
 
@@ -202,14 +372,20 @@ def _scale_stats(row, stats, text):
 def _run_logged(cmd, log_path, env, timeout, interleaved=False):
     """Run ``cmd``; its output goes to ``log_path`` too.  (returncode or None on timeout, output:
     stdout then stderr, or ``interleaved``, the two as one stream in the order they were written)."""
-    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if interleaved else {"capture_output": True}
+    streams = (
+        {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        if interleaved
+        else {"capture_output": True}
+    )
     try:
         proc = subprocess.run(cmd, text=True, env=env, timeout=timeout, **streams)
         code, text = proc.returncode, proc.stdout + (proc.stderr or "")
     except subprocess.TimeoutExpired as stop:
         code = None
-        text = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-                       for b in (stop.stdout, stop.stderr))
+        text = "".join(
+            b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            for b in (stop.stdout, stop.stderr)
+        )
     with open(log_path, "w") as f:
         f.write(text)
     return code, text
@@ -218,19 +394,21 @@ def _run_logged(cmd, log_path, env, timeout, interleaved=False):
 #: --one-process: fairseq-train's and then fairseq-generate's ``cli_main`` in one Python (the
 #: second only once the first returned), this line printed between their outputs
 _GENERATE_STARTS = "=== precision_matrix: fairseq-generate ==="
-_DRIVER = "\n".join([
-    "import json, logging, sys",
-    # fairseq_cli.train's own logging set-up (its module's would come too late: importing fairseq logs)
-    "logging.basicConfig(format='%(asctime)s | %(levelname)s | %(name)s | %(message)s',"
-    " datefmt='%Y-%m-%d %H:%M:%S', level=logging.INFO, stream=sys.stdout)",
-    "from fairseq_cli import generate, train",
-    "train_argv, generate_argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])",
-    "sys.argv = ['fairseq-train'] + train_argv",
-    "train.cli_main()",
-    f"print({_GENERATE_STARTS!r}, flush=True)",
-    "sys.argv = ['fairseq-generate'] + generate_argv",
-    "generate.cli_main()",
-])
+_DRIVER = "\n".join(
+    [
+        "import json, logging, sys",
+        # fairseq_cli.train's own logging set-up (its module's would come too late: importing fairseq logs)
+        "logging.basicConfig(format='%(asctime)s | %(levelname)s | %(name)s | %(message)s',"
+        " datefmt='%Y-%m-%d %H:%M:%S', level=logging.INFO, stream=sys.stdout)",
+        "from fairseq_cli import generate, train",
+        "train_argv, generate_argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])",
+        "sys.argv = ['fairseq-train'] + train_argv",
+        "train.cli_main()",
+        f"print({_GENERATE_STARTS!r}, flush=True)",
+        "sys.argv = ['fairseq-generate'] + generate_argv",
+        "generate.cli_main()",
+    ]
+)
 
 
 def _arguments(cmd):
@@ -243,8 +421,16 @@ def _train_and_generate(train_cmd, generate_cmd, out, env, timeout):
     """Both commands in one process (about 5 s of start-up saved per run: what a CPU test of 20
     families spends most of its time on); ((code, text) of training, (code, text) of decoding or
     None where training failed), each also in its log as separate runs write them."""
-    cmd = [sys.executable, "-c", _DRIVER, json.dumps(_arguments(train_cmd)), json.dumps(_arguments(generate_cmd))]
-    code, text = _run_logged(cmd, os.path.join(out, "train_and_generate.log"), env, timeout, interleaved=True)
+    cmd = [
+        sys.executable,
+        "-c",
+        _DRIVER,
+        json.dumps(_arguments(train_cmd)),
+        json.dumps(_arguments(generate_cmd)),
+    ]
+    code, text = _run_logged(
+        cmd, os.path.join(out, "train_and_generate.log"), env, timeout, interleaved=True
+    )
     trained, marker, decoded = text.partition(_GENERATE_STARTS + "\n")
     if not marker:  # training stopped (or timed out) before decoding began
         return (code, trained), None
@@ -265,12 +451,20 @@ def run_one(args, family, precision, n_test):
     checkpoint = os.path.join(out, "checkpoint_last.pt")
     decoding = None
     if args.one_process:
-        (code, text), decoding = _train_and_generate(train_command(args, family, precision, out),
-                                                     generate_command(args, precision, checkpoint), out, env,
-                                                     args.run_timeout or None)
+        (code, text), decoding = _train_and_generate(
+            train_command(args, family, precision, out),
+            generate_command(args, precision, checkpoint),
+            out,
+            env,
+            args.run_timeout or None,
+        )
     else:
-        code, text = _run_logged(train_command(args, family, precision, out), os.path.join(out, "train.log"), env,
-                                 args.run_timeout or None)
+        code, text = _run_logged(
+            train_command(args, family, precision, out),
+            os.path.join(out, "train.log"),
+            env,
+            args.run_timeout or None,
+        )
         row["train_s"] = round(time.time() - t0, 1)
     stats = [r for r in runs.parse_log_lines(text.splitlines()) if r["kind"] == "train_inner"]
     row["trained"] = code == 0
@@ -282,7 +476,9 @@ def run_one(args, family, precision, n_test):
     if gb_free:
         row["gb_free_min"] = min(gb_free)  # fairseq's own reading of the free GPU memory
     if code is None:
-        row["error"] = f"stopped by --run-timeout {args.run_timeout:g} s at update {row.get('updates', 0)}"
+        row["error"] = (
+            f"stopped by --run-timeout {args.run_timeout:g} s at update {row.get('updates', 0)}"
+        )
         if not args.keep_checkpoints:
             remove_checkpoints(out)
         return row
@@ -292,8 +488,12 @@ def run_one(args, family, precision, n_test):
             remove_checkpoints(out)
         return row
     if decoding is None:
-        code, text = _run_logged(generate_command(args, precision, checkpoint), os.path.join(out, "generate.log"),
-                                 env, args.run_timeout or None)
+        code, text = _run_logged(
+            generate_command(args, precision, checkpoint),
+            os.path.join(out, "generate.log"),
+            env,
+            args.run_timeout or None,
+        )
     else:
         code, text = decoding
     if not args.keep_checkpoints:
@@ -306,7 +506,9 @@ def run_one(args, family, precision, n_test):
     if args.decode_shards > 1:
         row["note"] = f"shard 0 of {args.decode_shards} of the {n_test} test sentences"
     if code != 0:
-        row["error"] = "generate: " + ("stopped by --run-timeout" if code is None else last_error(text))
+        row["error"] = "generate: " + (
+            "stopped by --run-timeout" if code is None else last_error(text)
+        )
     return row
 
 
@@ -322,15 +524,25 @@ def run_matrix(args):
         row = run_one(args, jobs[i][0], jobs[i][1], n_test)
         with lock:
             rows[i] = row
-            harness.write_json(os.path.join(args.work_dir, "results.json"),
-                               {"scale": args.scale, "device": args.device, "updates": args.updates,
-                                "rows": [r for r in rows if r is not None]})
+            harness.write_json(
+                os.path.join(args.work_dir, "results.json"),
+                {
+                    "scale": args.scale,
+                    "device": args.device,
+                    "updates": args.updates,
+                    "rows": [r for r in rows if r is not None],
+                },
+            )
             print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
 
     memory = MemoryCap(args.memory_gb)
 
     def capped(i):
-        need = estimate_gb(jobs[i][0], args.max_tokens) if args.scale == "paper" and args.memory_gb else 0.0
+        need = (
+            estimate_gb(jobs[i][0], args.max_tokens)
+            if args.scale == "paper" and args.memory_gb
+            else 0.0
+        )
         with memory.hold(need):
             one(i)
 
@@ -372,19 +584,48 @@ def table(rows):
         loss = f"{r['last_loss']:.3f}" if "last_loss" in r else "-"
         scale = f"{r['loss_scale']:g} / {r['min_scale']:g}" if "loss_scale" in r else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append([r["precision"], r["family"], trained, r.get("updates", "-"), loss, scale, r.get("overflows", "-"),
-                      decoded, note])
-    return harness.markdown_table(["precision", "family", "trained", "updates", "last loss", "loss scale (last / min)",
-                                   "overflows", "decoded", "note"], lines)
+        lines.append(
+            [
+                r["precision"],
+                r["family"],
+                trained,
+                r.get("updates", "-"),
+                loss,
+                scale,
+                r.get("overflows", "-"),
+                decoded,
+                note,
+            ]
+        )
+    return harness.markdown_table(
+        [
+            "precision",
+            "family",
+            "trained",
+            "updates",
+            "last loss",
+            "loss scale (last / min)",
+            "overflows",
+            "decoded",
+            "note",
+        ],
+        lines,
+    )
 
 
 def get_parser():
     p = harness.parser(__doc__)
-    p.add_argument("--data", required=True, help="fairseq-preprocess output folder with train and test")
+    p.add_argument(
+        "--data", required=True, help="fairseq-preprocess output folder with train and test"
+    )
     harness.add_work_dir(p, os.path.join("bench_runs", "precision_matrix"))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    p.add_argument("--precisions", nargs="+", default=["fp16", "memory_efficient_fp16", "amp", "bf16"],
-                   choices=list(PRECISIONS))
+    p.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp16", "memory_efficient_fp16", "amp", "bf16"],
+        choices=list(PRECISIONS),
+    )
     p.add_argument("--scale", choices=["paper", "tiny"], default="paper")
     add_device_argument(p, note="amp is skipped on cpu (fairseq's --amp is CUDA autocast)")
     p.add_argument("--updates", type=int, default=40)
@@ -395,22 +636,44 @@ def get_parser():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (at most; see --memory-gb)")
-    p.add_argument("--memory-gb", type=float, default=0,
-                   help="--scale paper: start a run only while the estimated GPU memory of the runs going on "
-                        "(estimate_gb) stays within this many GB (0: no cap)")
-    p.add_argument("--decode-shards", type=int, default=1,
-                   help="decode only fairseq-generate's first of N shards of the test batches "
-                        "(--distributed-world-size N --distributed-rank 0, one process): about 1/N of the sentences")
-    p.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep each run's checkpoints (default: deleted once it is decoded or has failed)")
-    p.add_argument("--run-timeout", type=float, default=0,
-                   help="seconds each fairseq-train (and each fairseq-generate) may run; a run stopped "
-                        "by it is reported with the update it reached (0: no limit)")
-    p.add_argument("--one-process", action="store_true",
-                   help="train and decode each run in one Python process (saves a start-up of fairseq per run; "
-                        "results.json then has no train_s; --run-timeout caps both together)")
-    p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
-                   help="everything after this goes to every fairseq-train as it is")
+    p.add_argument(
+        "--memory-gb",
+        type=float,
+        default=0,
+        help="--scale paper: start a run only while the estimated GPU memory of the runs going on "
+        "(estimate_gb) stays within this many GB (0: no cap)",
+    )
+    p.add_argument(
+        "--decode-shards",
+        type=int,
+        default=1,
+        help="decode only fairseq-generate's first of N shards of the test batches "
+        "(--distributed-world-size N --distributed-rank 0, one process): about 1/N of the sentences",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each run's checkpoints (default: deleted once it is decoded or has failed)",
+    )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=0,
+        help="seconds each fairseq-train (and each fairseq-generate) may run; a run stopped "
+        "by it is reported with the update it reached (0: no limit)",
+    )
+    p.add_argument(
+        "--one-process",
+        action="store_true",
+        help="train and decode each run in one Python process (saves a start-up of fairseq per run; "
+        "results.json then has no train_s; --run-timeout caps both together)",
+    )
+    p.add_argument(
+        "--train-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="everything after this goes to every fairseq-train as it is",
+    )
     return p
 
 
@@ -424,11 +687,19 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     rows = run_matrix(args)
-    print(f"{args.scale} scale, {args.device}, {args.updates} updates of {args.max_tokens} tokens, "
-          f"data {args.data}\n")
+    print(
+        f"{args.scale} scale, {args.device}, {args.updates} updates of {args.max_tokens} tokens, "
+        f"data {args.data}\n"
+    )
     print(table(rows))
-    return 0 if all(r.get("trained") in (True, None) and r.get("decoded", 0) == r.get("test_size", 0)
-                    for r in rows) else 1
+    return (
+        0
+        if all(
+            r.get("trained") in (True, None) and r.get("decoded", 0) == r.get("test_size", 0)
+            for r in rows
+        )
+        else 1
+    )
 
 
 if __name__ == "__main__":

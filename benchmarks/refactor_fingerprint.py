@@ -17,8 +17,10 @@ CPU, one thread, about a minute.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/refactor_fingerprint.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.refactor_fingerprint")
+    raise SystemExit(
+        "benchmarks/refactor_fingerprint.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.refactor_fingerprint"
+    )
 
 import argparse
 import importlib.util
@@ -34,11 +36,15 @@ def _use_package_dir(path: str):
     """Import fairseq_deep from ``path`` (its ``fairseq_deep/`` folder) instead of the checkout's or
     the installed (editable) copy: the package is loaded from there under its own name, so that
     every later import of it and of its modules finds that copy."""
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()
-                        and "Editable" not in type(f).__name__]
+    sys.meta_path[:] = [
+        f
+        for f in sys.meta_path
+        if "editable" not in type(f).__module__.lower() and "Editable" not in type(f).__name__
+    ]
     folder = os.path.join(os.path.abspath(path), "fairseq_deep")
-    spec = importlib.util.spec_from_file_location("fairseq_deep", os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
+    spec = importlib.util.spec_from_file_location(
+        "fairseq_deep", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+    )
     package = importlib.util.module_from_spec(spec)
     sys.modules["fairseq_deep"] = package
     spec.loader.exec_module(package)
@@ -47,9 +53,15 @@ def _use_package_dir(path: str):
 def presets():
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-    ours = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_deep"))
-    starts = [{}, {"dropout": 0.1}, {"decoder_embed_dim": 512, "encoder_embed_dim": 512},
-              {"hybrid_decoder": "transformer"}]
+    ours = sorted(
+        a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("fairseq_deep")
+    )
+    starts = [
+        {},
+        {"dropout": 0.1},
+        {"decoder_embed_dim": 512, "encoder_embed_dim": 512},
+        {"hybrid_decoder": "transformer"},
+    ]
     out = {}
     for arch in ours:
         for i, start in enumerate(starts):
@@ -57,7 +69,9 @@ def presets():
             try:
                 ARCH_CONFIG_REGISTRY[arch](ns)
                 out[f"{arch}/{i}"] = {k: repr(v) for k, v in sorted(vars(ns).items())}
-            except Exception as e:  # a preset refusing a start (a fixed option) is part of the print
+            except (
+                Exception
+            ) as e:  # a preset refusing a start (a fixed option) is part of the print
                 out[f"{arch}/{i}"] = f"{type(e).__name__}: {e}"
     return out
 
@@ -66,21 +80,59 @@ def models(device):
     import torch
 
     helpers = harness.tests_helpers()
-    TINY, TINY_RNMT, build_model, random_batch = (helpers.TINY, helpers.TINY_RNMT, helpers.build_model,
-                                                  helpers.random_batch)
+    TINY, TINY_RNMT, build_model, random_batch = (
+        helpers.TINY,
+        helpers.TINY_RNMT,
+        helpers.build_model,
+        helpers.random_batch,
+    )
 
-    hybrid = TINY + ["--encoder-hidden-size", "16", "--decoder-hidden-size", "16", "--rnmt-encoder-layers", "2",
-                     "--encoder-layers", "2", "--decoder-layers", "2"]
-    cases = [("transformer_dlcl", []), ("transformer_postnorm", []), ("transformer_ta", []),
-             ("transformer_ta_nores", []), ("transformer_hier_agg", []), ("transformer_mla2", []),
-             ("rnmt_plus", []), ("rnmt_plus", ["--dlcl-stacks", "both"]), ("rnmt_plus_512_ta", TINY_RNMT),
-             ("rnmt_plus", ["--rnmt-transparent"]), ("deep_att", []), ("deep_ed_ff", []), ("deep_att_noff_2x2", []),
-             ("transformer_admin", []), ("transformer_deepnorm", []), ("transformer_rezero", []),
-             ("transformer_postnorm", ["--ds-init"])]
-    cases += [(h, hybrid) for h in ("hybrid_transformer_rnmt", "hybrid_rnmt_transformer", "hybrid_cascaded",
-                                    "hybrid_multicolumn")]
-    cases.append(("hybrid_multicolumn", hybrid + ["--hybrid-columns", "rnmt,transformer,rnmt",
-                                                  "--hybrid-rnmt-dropout", "0.2"]))
+    hybrid = TINY + [
+        "--encoder-hidden-size",
+        "16",
+        "--decoder-hidden-size",
+        "16",
+        "--rnmt-encoder-layers",
+        "2",
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+    ]
+    cases = [
+        ("transformer_dlcl", []),
+        ("transformer_postnorm", []),
+        ("transformer_ta", []),
+        ("transformer_ta_nores", []),
+        ("transformer_hier_agg", []),
+        ("transformer_mla2", []),
+        ("rnmt_plus", []),
+        ("rnmt_plus", ["--dlcl-stacks", "both"]),
+        ("rnmt_plus_512_ta", TINY_RNMT),
+        ("rnmt_plus", ["--rnmt-transparent"]),
+        ("deep_att", []),
+        ("deep_ed_ff", []),
+        ("deep_att_noff_2x2", []),
+        ("transformer_admin", []),
+        ("transformer_deepnorm", []),
+        ("transformer_rezero", []),
+        ("transformer_postnorm", ["--ds-init"]),
+    ]
+    cases += [
+        (h, hybrid)
+        for h in (
+            "hybrid_transformer_rnmt",
+            "hybrid_rnmt_transformer",
+            "hybrid_cascaded",
+            "hybrid_multicolumn",
+        )
+    ]
+    cases.append(
+        (
+            "hybrid_multicolumn",
+            hybrid + ["--hybrid-columns", "rnmt,transformer,rnmt", "--hybrid-rnmt-dropout", "0.2"],
+        )
+    )
     out = {}
     for arch, extra in cases:
         model, task = build_model(arch, extra)
@@ -91,8 +143,11 @@ def models(device):
         y = model(src, lengths, prev)[0]
         y.float().pow(2).sum().backward()
         grad = sum(p.grad.double().abs().sum() for p in model.parameters() if p.grad is not None)
-        out[f"{arch} {' '.join(extra)}".strip()] = [y.double().sum().item(), grad.item(),
-                                                    sum(p.numel() for p in model.parameters())]
+        out[f"{arch} {' '.join(extra)}".strip()] = [
+            y.double().sum().item(),
+            grad.item(),
+            sum(p.numel() for p in model.parameters()),
+        ]
     return out
 
 
@@ -111,10 +166,17 @@ def main(argv=None):
     device = device_from_args(args)
     if args.compare:
         a, b = (json.load(open(p)) for p in args.compare)
-        differ = [f"{part} {key}" for part in ("presets", "models") for key in sorted(set(a[part]) | set(b[part]))
-                  if a[part].get(key) != b[part].get(key)]
-        print("\n".join(differ) if differ else f"identical: {len(a['presets'])} preset namespaces, "
-              f"{len(a['models'])} models")
+        differ = [
+            f"{part} {key}"
+            for part in ("presets", "models")
+            for key in sorted(set(a[part]) | set(b[part]))
+            if a[part].get(key) != b[part].get(key)
+        ]
+        print(
+            "\n".join(differ)
+            if differ
+            else f"identical: {len(a['presets'])} preset namespaces, {len(a['models'])} models"
+        )
         sys.exit(1 if differ else 0)
     if not args.out:
         parser.error("give OUT.json, or --compare A B")

@@ -19,8 +19,10 @@ float32 on either device.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/rnmt_speed.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.rnmt_speed")
+    raise SystemExit(
+        "benchmarks/rnmt_speed.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.rnmt_speed"
+    )
 
 import torch
 
@@ -47,6 +49,7 @@ def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="c
         def f():
             m.zero_grad(set_to_none=True)
             m(x)[0].sum().backward()
+
         return f
 
     ta, tb = interleaved(run(ours), run(ref), rounds, repeats, device)
@@ -56,25 +59,64 @@ def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="c
 
 def model_flags(hidden, enc_layers, dec_layers):
     h = str(hidden)
-    rnmt = ["--encoder-embed-dim", h, "--decoder-embed-dim", h, "--encoder-hidden-size", h,
-            "--decoder-hidden-size", h, "--encoder-layers", str(enc_layers), "--decoder-layers", str(dec_layers),
-            "--dropout", "0.1"]
-    lstm = ["--encoder-embed-dim", h, "--decoder-embed-dim", h, "--encoder-hidden-size", h,
-            "--decoder-hidden-size", h, "--decoder-out-embed-dim", h, "--encoder-layers", str(enc_layers),
-            "--decoder-layers", str(dec_layers), "--encoder-bidirectional", "--dropout", "0.1",
-            "--adaptive-softmax-cutoff", "0"]
+    rnmt = [
+        "--encoder-embed-dim",
+        h,
+        "--decoder-embed-dim",
+        h,
+        "--encoder-hidden-size",
+        h,
+        "--decoder-hidden-size",
+        h,
+        "--encoder-layers",
+        str(enc_layers),
+        "--decoder-layers",
+        str(dec_layers),
+        "--dropout",
+        "0.1",
+    ]
+    lstm = [
+        "--encoder-embed-dim",
+        h,
+        "--decoder-embed-dim",
+        h,
+        "--encoder-hidden-size",
+        h,
+        "--decoder-hidden-size",
+        h,
+        "--decoder-out-embed-dim",
+        h,
+        "--encoder-layers",
+        str(enc_layers),
+        "--decoder-layers",
+        str(dec_layers),
+        "--encoder-bidirectional",
+        "--dropout",
+        "0.1",
+        "--adaptive-softmax-cutoff",
+        "0",
+    ]
     return rnmt, lstm
 
 
-def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, repeats, device="cpu"):
+def bench_models(
+    hidden, enc_layers, dec_layers, batch, length, vocab, rounds, repeats, device="cpu"
+):
     from fairseq.sequence_generator import SequenceGenerator
 
     helpers = harness.tests_helpers()
     d = harness.dictionary(vocab)
     rnmt_flags, lstm_flags = model_flags(hidden, enc_layers, dec_layers)
-    models = {name: harness.build_model(["--arch", arch, *flags], d, device, seed=0) for name, arch, flags in
-              (("rnmt_plus", "rnmt_plus", rnmt_flags), ("lstm", "lstm", lstm_flags))}
-    src, lengths, prev = helpers.random_batch(d, bsz=batch, src_len=length, tgt_len=length, pad_last=False)
+    models = {
+        name: harness.build_model(["--arch", arch, *flags], d, device, seed=0)
+        for name, arch, flags in (
+            ("rnmt_plus", "rnmt_plus", rnmt_flags),
+            ("lstm", "lstm", lstm_flags),
+        )
+    }
+    src, lengths, prev = helpers.random_batch(
+        d, bsz=batch, src_len=length, tgt_len=length, pad_last=False
+    )
     target = torch.cat([prev[:, 1:], torch.full((batch, 1), d.eos())], 1)
     src, lengths, prev, target = (t.to(device) for t in (src, lengths, prev, target))
 
@@ -85,12 +127,17 @@ def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, r
         def f():
             opt.zero_grad(set_to_none=True)
             logits = model(src, lengths, prev)[0]
-            torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), target.reshape(-1)).backward()
+            torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)), target.reshape(-1)
+            ).backward()
             opt.step()
+
         return f
 
     def gen_fn(model, counter):
-        gen = SequenceGenerator([model], d, beam_size=4, max_len_a=0, max_len_b=length, min_len=length)
+        gen = SequenceGenerator(
+            [model], d, beam_size=4, max_len_a=0, max_len_b=length, min_len=length
+        )
         sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
 
         def f():
@@ -98,12 +145,20 @@ def bench_models(hidden, enc_layers, dec_layers, batch, length, vocab, rounds, r
             with torch.no_grad():
                 hyps = gen.generate([model], sample)
             counter[0] = sum(len(h[0]["tokens"]) for h in hyps)
+
         return f
 
-    tr = interleaved(train_fn(models["rnmt_plus"]), train_fn(models["lstm"]), rounds, repeats, device)
+    tr = interleaved(
+        train_fn(models["rnmt_plus"]), train_fn(models["lstm"]), rounds, repeats, device
+    )
     counts = [[0], [0]]
-    ge = interleaved(gen_fn(models["rnmt_plus"], counts[0]), gen_fn(models["lstm"], counts[1]), rounds, repeats,
-                     device)
+    ge = interleaved(
+        gen_fn(models["rnmt_plus"], counts[0]),
+        gen_fn(models["lstm"], counts[1]),
+        rounds,
+        repeats,
+        device,
+    )
     words = batch * length
     params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     return (words / tr[0], words / tr[1]), (counts[0][0] / ge[0], counts[1][0] / ge[1]), params
@@ -135,20 +190,48 @@ def main(argv=None):
     rows = []
     for bi in (False, True):
         ours, ref = bench_layer(a.hidden, a.batch, a.length, bi, a.rounds, a.repeats, a.device)
-        rows.append((f"LSTM layer fwd+bwd, {'bi' if bi else 'uni'}directional, H={a.hidden} (tokens/s)",
-                     "LayerNormLSTM", ours, "torch.nn.LSTM", ref))
-    tr, ge, params = bench_models(a.hidden, a.encoder_layers, a.decoder_layers, a.batch, a.length, a.vocab,
-                                  a.rounds, a.repeats, a.device)
+        rows.append(
+            (
+                f"LSTM layer fwd+bwd, {'bi' if bi else 'uni'}directional, H={a.hidden} (tokens/s)",
+                "LayerNormLSTM",
+                ours,
+                "torch.nn.LSTM",
+                ref,
+            )
+        )
+    tr, ge, params = bench_models(
+        a.hidden,
+        a.encoder_layers,
+        a.decoder_layers,
+        a.batch,
+        a.length,
+        a.vocab,
+        a.rounds,
+        a.repeats,
+        a.device,
+    )
     size = f"{a.encoder_layers}+{a.decoder_layers} layers, H={a.hidden}"
     rows.append((f"training, {size} (target words/s)", "rnmt_plus", tr[0], "fairseq lstm", tr[1]))
-    rows.append((f"generation, beam 4, {size} (tokens/s)", "rnmt_plus", ge[0], "fairseq lstm", ge[1]))
+    rows.append(
+        (f"generation, beam 4, {size} (tokens/s)", "rnmt_plus", ge[0], "fairseq lstm", ge[1])
+    )
 
-    print(f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, length {a.length}, "
-          f"params rnmt_plus {params['rnmt_plus'] / 1e6:.1f}M / lstm {params['lstm'] / 1e6:.1f}M"
-          + (f"; {describe(a.device)}" if a.device != "cpu" else "") + "\n")
-    print(harness.markdown_table(["measurement", "ours", "ours", "reference", "reference", "ratio"],
-                                 [[what, na, f"{va:,.0f}", nb, f"{vb:,.0f}", f"{va / vb:.2f}x"]
-                                  for what, na, va, nb, vb in rows], "llrlrr"))
+    print(
+        f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, length {a.length}, "
+        f"params rnmt_plus {params['rnmt_plus'] / 1e6:.1f}M / lstm {params['lstm'] / 1e6:.1f}M"
+        + (f"; {describe(a.device)}" if a.device != "cpu" else "")
+        + "\n"
+    )
+    print(
+        harness.markdown_table(
+            ["measurement", "ours", "ours", "reference", "reference", "ratio"],
+            [
+                [what, na, f"{va:,.0f}", nb, f"{vb:,.0f}", f"{va / vb:.2f}x"]
+                for what, na, va, nb, vb in rows
+            ],
+            "llrlrr",
+        )
+    )
 
 
 if __name__ == "__main__":

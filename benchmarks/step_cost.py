@@ -36,8 +36,10 @@ needs the device it claims.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/step_cost.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.step_cost")
+    raise SystemExit(
+        "benchmarks/step_cost.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.step_cost"
+    )
 
 import collections
 import statistics
@@ -45,10 +47,10 @@ import sys
 from typing import Callable, Dict, List, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
 
@@ -58,15 +60,16 @@ from .deep_att_speed import dictionary  # a vocabulary of N entries, as deep_att
 from .harness import add_device_argument, describe, device_from_args
 
 #: operators that launch nothing: views, metadata, allocations without a fill
-NO_KERNEL = frozenset("""
+NO_KERNEL = frozenset(
+    """
     view _unsafe_view reshape _reshape_alias transpose t permute slice select unsqueeze squeeze expand
     expand_as view_as split split_with_sizes unsafe_split chunk unbind alias as_strided detach narrow
     movedim lift_fresh empty new_empty empty_like empty_strided _local_scalar_dense sym_size sym_stride
     sym_numel sym_storage_offset is_same_size diagonal real imag _to_copy_noop
-""".split())
+""".split()
+)
 #: operators that make the host wait for the device
 SYNCS = frozenset("_local_scalar_dense nonzero masked_select is_nonzero".split())
-
 
 
 def _rnn_flops(forward_multiple: int):
@@ -77,22 +80,31 @@ def _rnn_flops(forward_multiple: int):
 
     def flops(*args, out_shape=None, **kwargs) -> int:
         inputs, weights = args[0], args[1]
-        if not isinstance(weights, torch.Size):  # cuDNN: a list of every layer's and direction's weights
+        if not isinstance(
+            weights, torch.Size
+        ):  # cuDNN: a list of every layer's and direction's weights
             matrices = [w for w in weights if len(w) == 2]
         else:  # oneDNN, one layer and direction: W_ih, W_hh, b_ih, b_hh
             matrices = [args[1], args[2]]
-        rows = inputs[0] if len(inputs) == 2 else inputs[0] * inputs[1]  # packed (N x I) or T x B x I
+        rows = (
+            inputs[0] if len(inputs) == 2 else inputs[0] * inputs[1]
+        )  # packed (N x I) or T x B x I
         return forward_multiple * 2 * rows * sum(m[0] * m[1] for m in matrices)
 
     return flops
 
 
 #: FLOP formulas of the ops torch's counter leaves at zero (what a fused nn.LSTM calls)
-EXTRA_FLOPS = {op: _rnn_flops(multiple) for op, multiple in (
-    (getattr(torch.ops.aten, "mkldnn_rnn_layer", None), 1),
-    (getattr(torch.ops.aten, "mkldnn_rnn_layer_backward", None), 2),
-    (getattr(torch.ops.aten, "_cudnn_rnn", None), 1),
-    (getattr(torch.ops.aten, "_cudnn_rnn_backward", None), 2)) if op is not None}
+EXTRA_FLOPS = {
+    op: _rnn_flops(multiple)
+    for op, multiple in (
+        (getattr(torch.ops.aten, "mkldnn_rnn_layer", None), 1),
+        (getattr(torch.ops.aten, "mkldnn_rnn_layer_backward", None), 2),
+        (getattr(torch.ops.aten, "_cudnn_rnn", None), 1),
+        (getattr(torch.ops.aten, "_cudnn_rnn_backward", None), 2),
+    )
+    if op is not None
+}
 
 
 def flop_counter() -> FlopCounterMode:
@@ -106,7 +118,10 @@ TRAIN_SECTIONS = ("forward", "backward")
 def _triton_launchers() -> list:
     """The classes whose ``run`` launches a Triton kernel: compiled, and the CPU interpreter's."""
     classes = []
-    for module, name in (("triton.runtime.jit", "JITFunction"), ("triton.runtime.interpreter", "InterpretedFunction")):
+    for module, name in (
+        ("triton.runtime.jit", "JITFunction"),
+        ("triton.runtime.interpreter", "InterpretedFunction"),
+    ):
         try:
             classes.append(getattr(__import__(module, fromlist=[name]), name))
         except (ImportError, AttributeError):
@@ -124,7 +139,9 @@ class OpCounter(TorchDispatchMode):
         self.section = section
         self.ops: Dict[str, collections.Counter] = {s: collections.Counter() for s in sections}
         self._patched = []
-        self._launching = 0  # inside a Triton launch: its own ATen calls are no kernels of the model
+        self._launching = (
+            0  # inside a Triton launch: its own ATen calls are no kernels of the model
+        )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self._launching:  # Triton's CPU interpreter moves a kernel's tensors with ATen calls
@@ -151,13 +168,16 @@ class OpCounter(TorchDispatchMode):
                 return run(kernel, *args, **kwargs)
             finally:
                 self._launching -= 1
+
         return launch
 
     def totals(self, section: str) -> Dict[str, int]:
         c = self.ops[section]
-        return {"ops": sum(c.values()),
-                "kernels": sum(n for name, n in c.items() if name not in NO_KERNEL),
-                "syncs": sum(n for name, n in c.items() if name in SYNCS)}
+        return {
+            "ops": sum(c.values()),
+            "kernels": sum(n for name, n in c.items() if name not in NO_KERNEL),
+            "syncs": sum(n for name, n in c.items() if name in SYNCS),
+        }
 
 
 class DecodeSections:
@@ -167,8 +187,11 @@ class DecodeSections:
     def __init__(self, model):
         self.counter, self.flop_mode, self.steps = None, None, 0
         self.flops = dict.fromkeys(DECODE_SECTIONS, 0)
-        for section, owner, name in (("encoder", model.encoder, "forward"), ("decoder", model.decoder, "forward"),
-                                     ("reorder", model.decoder, "reorder_incremental_state_scripting")):
+        for section, owner, name in (
+            ("encoder", model.encoder, "forward"),
+            ("decoder", model.decoder, "forward"),
+            ("reorder", model.decoder, "reorder_incremental_state_scripting"),
+        ):
             setattr(owner, name, self._wrap(section, getattr(owner, name)))
 
     def _wrap(self, section, fn):
@@ -186,6 +209,7 @@ class DecodeSections:
                     self.flops[section] += self.flop_mode.get_total_flops() - before
                 if self.counter is not None:
                     self.counter.section = outer
+
         return wrapped
 
     def count(self, run: Callable) -> OpCounter:
@@ -212,27 +236,74 @@ class DecodeSections:
 
 def transformer_argv(arch: str, a) -> List[str]:
     L, E, F, H = (str(v) for v in (a.layers, a.embed_dim, a.ffn_dim, a.heads))
-    return ["--arch", arch, "--dropout", "0.1", "--encoder-layers", L, "--decoder-layers", L,
-            "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-ffn-embed-dim", F,
-            "--decoder-ffn-embed-dim", F, "--encoder-attention-heads", H, "--decoder-attention-heads", H,
-            "--share-all-embeddings"]
+    return [
+        "--arch",
+        arch,
+        "--dropout",
+        "0.1",
+        "--encoder-layers",
+        L,
+        "--decoder-layers",
+        L,
+        "--encoder-embed-dim",
+        E,
+        "--decoder-embed-dim",
+        E,
+        "--encoder-ffn-embed-dim",
+        F,
+        "--decoder-ffn-embed-dim",
+        F,
+        "--encoder-attention-heads",
+        H,
+        "--decoder-attention-heads",
+        H,
+        "--share-all-embeddings",
+    ]
 
 
 def recurrent_argv(arch: str, a) -> List[str]:
     L, E, H = str(a.layers), str(a.embed_dim), str(a.hidden)
-    argv = ["--arch", arch, "--dropout", "0.1", "--encoder-layers", L, "--decoder-layers", L,
-            "--encoder-embed-dim", E, "--decoder-embed-dim", E, "--encoder-hidden-size", H,
-            "--decoder-hidden-size", H]
+    argv = [
+        "--arch",
+        arch,
+        "--dropout",
+        "0.1",
+        "--encoder-layers",
+        L,
+        "--decoder-layers",
+        L,
+        "--encoder-embed-dim",
+        E,
+        "--decoder-embed-dim",
+        E,
+        "--encoder-hidden-size",
+        H,
+        "--decoder-hidden-size",
+        H,
+    ]
     if arch == "lstm":  # fairseq's: bidirectional encoder, attention, output width E
-        argv += ["--encoder-bidirectional", "--decoder-out-embed-dim", E, "--adaptive-softmax-cutoff", "0"]
+        argv += [
+            "--encoder-bidirectional",
+            "--decoder-out-embed-dim",
+            E,
+            "--adaptive-softmax-cutoff",
+            "0",
+        ]
     return argv
 
 
 #: group: (reference --arch, [(label, --arch)], argv builder)
 GROUPS = {
-    "aggregation": ("transformer_agg_baseline", AGGREGATION_VARIANTS, transformer_argv),  # Dou et al.'s Table 1
-    "recurrent": ("lstm", [("fairseq lstm", "lstm"), ("RNMT+", "rnmt_plus"), ("Deep-Att F-F", "deep_att_ff")],
-                  recurrent_argv),
+    "aggregation": (
+        "transformer_agg_baseline",
+        AGGREGATION_VARIANTS,
+        transformer_argv,
+    ),  # Dou et al.'s Table 1
+    "recurrent": (
+        "lstm",
+        [("fairseq lstm", "lstm"), ("RNMT+", "rnmt_plus"), ("Deep-Att F-F", "deep_att_ff")],
+        recurrent_argv,
+    ),
 }
 
 
@@ -242,10 +313,16 @@ def decode_counted(model, d: Dictionary, a):
     g = torch.Generator().manual_seed(a.seed)
     src = torch.randint(d.nspecial, len(d), (a.gen_batch, a.src_len), generator=g)
     src[:, -1] = d.eos()
-    sample = {"net_input": {"src_tokens": src.to(a.device),
-                            "src_lengths": torch.full((a.gen_batch,), a.src_len).to(a.device)}}
+    sample = {
+        "net_input": {
+            "src_tokens": src.to(a.device),
+            "src_lengths": torch.full((a.gen_batch,), a.src_len).to(a.device),
+        }
+    }
     model.eval()
-    gen = SequenceGenerator([model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len, min_len=a.gen_len)
+    gen = SequenceGenerator(
+        [model], d, beam_size=a.beam, max_len_a=0, max_len_b=a.gen_len, min_len=a.gen_len
+    )
     sections = DecodeSections(model)
 
     def generate() -> int:
@@ -256,13 +333,22 @@ def decode_counted(model, d: Dictionary, a):
     counter = sections.count(generate)
     steps = sections.steps
     flops = sections.count_flops(generate)
-    per_step = {s: {k: v / steps for k, v in counter.totals(s).items()} for s in DECODE_SECTIONS if s != "encoder"}
-    row = {"steps": steps, "encoder": counter.totals("encoder"), "per_step": per_step,
-           "step_kernels": sum(per_step[s]["kernels"] for s in per_step),
-           "step_syncs": sum(per_step[s]["syncs"] for s in per_step),
-           "step_mflop": sum(flops[s] for s in per_step) / steps / 1e6,
-           "decoder_mflop": flops["decoder"] / steps / 1e6, "encoder_mflop": flops["encoder"] / 1e6,
-           "decoder_ops": dict(counter.ops["decoder"])}
+    per_step = {
+        s: {k: v / steps for k, v in counter.totals(s).items()}
+        for s in DECODE_SECTIONS
+        if s != "encoder"
+    }
+    row = {
+        "steps": steps,
+        "encoder": counter.totals("encoder"),
+        "per_step": per_step,
+        "step_kernels": sum(per_step[s]["kernels"] for s in per_step),
+        "step_syncs": sum(per_step[s]["syncs"] for s in per_step),
+        "step_mflop": sum(flops[s] for s in per_step) / steps / 1e6,
+        "decoder_mflop": flops["decoder"] / steps / 1e6,
+        "encoder_mflop": flops["encoder"] / 1e6,
+        "decoder_ops": dict(counter.ops["decoder"]),
+    }
     return row, generate
 
 
@@ -302,9 +388,15 @@ def train_counted(model, d: Dictionary, a):
         backward = mode.get_total_flops() - forward
     model.zero_grad(set_to_none=True)
     fwd, bwd = counter.totals("forward"), counter.totals("backward")
-    row = {"forward": fwd, "backward": bwd, "step_kernels": fwd["kernels"] + bwd["kernels"],
-           "step_syncs": fwd["syncs"] + bwd["syncs"], "step_mflop": (forward + backward) / 1e6,
-           "forward_mflop": forward / 1e6, "backward_mflop": backward / 1e6}
+    row = {
+        "forward": fwd,
+        "backward": bwd,
+        "step_kernels": fwd["kernels"] + bwd["kernels"],
+        "step_syncs": fwd["syncs"] + bwd["syncs"],
+        "step_mflop": (forward + backward) / 1e6,
+        "forward_mflop": forward / 1e6,
+        "backward_mflop": backward / 1e6,
+    }
     return row, step
 
 
@@ -320,14 +412,26 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
     for label, arch in systems:
         model = harness.build_model(argv_of(arch, a), d, a.device, a.seed)
         row, run = PHASES[phase](model, d, a)
-        row.update(label=label, arch=arch, group=name, phase=phase, seconds=[],
-                   params=sum(p.numel() for p in model.parameters()))
+        row.update(
+            label=label,
+            arch=arch,
+            group=name,
+            phase=phase,
+            seconds=[],
+            params=sum(p.numel() for p in model.parameters()),
+        )
         rows.append(row)
         runs.append(run)
-        print(f"[step_cost] {phase} {label}: {row['step_kernels']:.0f} kernels, {row['step_syncs']:.1f} syncs, "
-              f"{row['step_mflop']:.1f} MFLOP a step", file=sys.stderr, flush=True)
-    timings = harness.alternated({i: (lambda r, run=run: harness.timed(run, a.device)) for i, run in enumerate(runs)},
-                                 a.repeats)
+        print(
+            f"[step_cost] {phase} {label}: {row['step_kernels']:.0f} kernels, {row['step_syncs']:.1f} syncs, "
+            f"{row['step_mflop']:.1f} MFLOP a step",
+            file=sys.stderr,
+            flush=True,
+        )
+    timings = harness.alternated(
+        {i: (lambda r, run=run: harness.timed(run, a.device)) for i, run in enumerate(runs)},
+        a.repeats,
+    )
     for i, row in enumerate(rows):
         row["seconds"] = [seconds for _, seconds in timings[i]]
         row["tokens"] = timings[i][-1][0]
@@ -343,35 +447,74 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
 
 def _decode_cells(r) -> List[str]:
     step = r["per_step"]
-    return [f"{step['decoder']['kernels']:.0f}", f"{step['reorder']['kernels']:.0f}",
-            f"{step['generator']['kernels']:.0f}", f"{r['step_syncs']:.1f}", f"{r['step_mflop']:.1f}"]
+    return [
+        f"{step['decoder']['kernels']:.0f}",
+        f"{step['reorder']['kernels']:.0f}",
+        f"{step['generator']['kernels']:.0f}",
+        f"{r['step_syncs']:.1f}",
+        f"{r['step_mflop']:.1f}",
+    ]
 
 
 def _train_cells(r) -> List[str]:
-    return [str(r["forward"]["kernels"]), str(r["backward"]["kernels"]), str(r["step_syncs"]),
-            f"{r['forward_mflop'] / 1e3:.2f}", f"{r['backward_mflop'] / 1e3:.2f}"]
+    return [
+        str(r["forward"]["kernels"]),
+        str(r["backward"]["kernels"]),
+        str(r["step_syncs"]),
+        f"{r['forward_mflop'] / 1e3:.2f}",
+        f"{r['backward_mflop'] / 1e3:.2f}",
+    ]
 
 
-COLUMNS = {"decode": (["decoder kernels", "reorder kernels", "generator kernels", "syncs", "MFLOP"], _decode_cells),
-           "train": (["forward kernels", "backward kernels", "syncs", "GFLOP forward", "GFLOP backward"], _train_cells)}
+COLUMNS = {
+    "decode": (
+        ["decoder kernels", "reorder kernels", "generator kernels", "syncs", "MFLOP"],
+        _decode_cells,
+    ),
+    "train": (
+        ["forward kernels", "backward kernels", "syncs", "GFLOP forward", "GFLOP backward"],
+        _train_cells,
+    ),
+}
 
 
 def table(rows: List[Dict[str, object]]) -> str:
     """A markdown table of one group's rows (one phase)."""
     names, cells = COLUMNS[rows[0]["phase"]]
-    names = ["system", "`--arch`", "params", *names, "ratio if launch-bound", "ratio if compute-bound",
-             "measured ratio"]
+    names = [
+        "system",
+        "`--arch`",
+        "params",
+        *names,
+        "ratio if launch-bound",
+        "ratio if compute-bound",
+        "measured ratio",
+    ]
     return harness.markdown_table(
-        names, [[r["label"], r["arch"], f"{r['params'] / 1e6:.2f}M", *cells(r), f"{r['ratio_launch_bound']:.2f}",
-                 f"{r['ratio_compute_bound']:.2f}", f"{r['ratio_measured']:.2f}"] for r in rows],
-        "ll" + "r" * (len(names) - 2))
+        names,
+        [
+            [
+                r["label"],
+                r["arch"],
+                f"{r['params'] / 1e6:.2f}M",
+                *cells(r),
+                f"{r['ratio_launch_bound']:.2f}",
+                f"{r['ratio_compute_bound']:.2f}",
+                f"{r['ratio_measured']:.2f}",
+            ]
+            for r in rows
+        ],
+        "ll" + "r" * (len(names) - 2),
+    )
 
 
 def get_parser():
     p = harness.parser(__doc__)
     p.add_argument("--phase", choices=[*PHASES, "all"], default="all")
     p.add_argument("--group", choices=[*GROUPS, "all"], default="all")
-    p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers of every system")
+    p.add_argument(
+        "--layers", type=int, default=6, help="encoder and decoder layers of every system"
+    )
     p.add_argument("--embed-dim", type=int, default=512)
     p.add_argument("--ffn-dim", type=int, default=2048, help="Transformers' FFN width")
     p.add_argument("--heads", type=int, default=8, help="Transformers' attention heads")
@@ -382,12 +525,16 @@ def get_parser():
     p.add_argument("--gen-len", type=int, default=24, help="forced output length (min = max)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--train-batch", type=int, default=32, help="sentences of the training batch")
-    p.add_argument("--train-len", type=int, default=24, help="source and target length of the training batch")
+    p.add_argument(
+        "--train-len", type=int, default=24, help="source and target length of the training batch"
+    )
     harness.add_rounds(p, 5, flag="--repeats", help="timed rounds, the systems alternated (median)")
     harness.add_threads(p, 0, "torch intra-op threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=1)
     harness.add_json(p, "")
-    add_device_argument(p, note="The counts are the same on either device; the measured ratio is the device's.")
+    add_device_argument(
+        p, note="The counts are the same on either device; the measured ratio is the device's."
+    )
     return p
 
 
@@ -396,19 +543,28 @@ def main(argv=None):
     device_from_args(a)
     harness.set_threads(a.threads)
     results = {}
-    for phase in (PHASES if a.phase == "all" else [a.phase]):
-        for name in (GROUPS if a.group == "all" else [a.group]):
+    for phase in PHASES if a.phase == "all" else [a.phase]:
+        for name in GROUPS if a.group == "all" else [a.group]:
             rows = results.setdefault(phase, {})[name] = run_group(name, a, phase)
-            width = (f"d={a.embed_dim}, ffn {a.ffn_dim}, {a.heads} heads" if name == "aggregation"
-                     else f"embed {a.embed_dim}, cells {a.hidden}")
-            what = (f"{a.gen_batch} sentences x beam {a.beam}, {rows[0]['steps']} steps; per decoding step"
-                    if phase == "decode" else
-                    f"a batch of {a.train_batch} x {a.train_len} tokens; per training step (forward + backward)")
-            print(f"\n### {phase}, {name}: {a.layers}+{a.layers} layers, {width}, vocab {a.vocab}; {what}; "
-                  f"{describe(a.device)}, torch threads {torch.get_num_threads()}\n")
+            width = (
+                f"d={a.embed_dim}, ffn {a.ffn_dim}, {a.heads} heads"
+                if name == "aggregation"
+                else f"embed {a.embed_dim}, cells {a.hidden}"
+            )
+            what = (
+                f"{a.gen_batch} sentences x beam {a.beam}, {rows[0]['steps']} steps; per decoding step"
+                if phase == "decode"
+                else f"a batch of {a.train_batch} x {a.train_len} tokens; per training step (forward + backward)"
+            )
+            print(
+                f"\n### {phase}, {name}: {a.layers}+{a.layers} layers, {width}, vocab {a.vocab}; {what}; "
+                f"{describe(a.device)}, torch threads {torch.get_num_threads()}\n"
+            )
             print(table(rows), flush=True)
             if a.json:  # after every group: a run cut short keeps what it measured
-                harness.write_json(a.json, {"args": {k: str(v) for k, v in vars(a).items()}, "results": results})
+                harness.write_json(
+                    a.json, {"args": {k: str(v) for k, v in vars(a).items()}, "results": results}
+                )
     return results
 
 

@@ -35,8 +35,10 @@ a few thousand updates of a 32-wide model; the schedule keeps its form and its p
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
-    raise SystemExit("benchmarks/ta_depth.py is a module of the benchmarks package: run it from the "
-                     "repository root as python -m benchmarks.ta_depth")
+    raise SystemExit(
+        "benchmarks/ta_depth.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.ta_depth"
+    )
 
 import argparse
 import json
@@ -54,7 +56,6 @@ from .dlcl_speed import prepare_multi30k, prepare_synthetic, run
 from .harness import add_device_argument, describe, device_from_args, generate_flags, parse_flags
 from .harness import train_flags as device_train_flags
 
-
 SYSTEMS = {
     "postnorm": ("post-norm Transformer (baseline)", "transformer_ta_baseline", []),
     "ta": ("post-norm + transparent attention", "transformer_ta", ["--log-ta-weights", "last"]),
@@ -70,36 +71,102 @@ log = harness.logger("ta_depth")
 def model_flags(a, system: str) -> List[str]:
     layers = 6 if system == "postnorm_6l" else a.encoder_layers
     return [
-        "--encoder-layers", str(layers), "--decoder-layers", str(a.decoder_layers),
-        "--encoder-embed-dim", str(a.embed_dim), "--decoder-embed-dim", str(a.embed_dim),
-        "--encoder-ffn-embed-dim", str(a.ffn_dim), "--decoder-ffn-embed-dim", str(a.ffn_dim),
-        "--encoder-attention-heads", str(a.heads), "--decoder-attention-heads", str(a.heads),
-        "--dropout", str(a.dropout), "--attention-dropout", str(a.dropout),
-        "--activation-dropout", str(a.dropout), "--share-all-embeddings",
+        "--encoder-layers",
+        str(layers),
+        "--decoder-layers",
+        str(a.decoder_layers),
+        "--encoder-embed-dim",
+        str(a.embed_dim),
+        "--decoder-embed-dim",
+        str(a.embed_dim),
+        "--encoder-ffn-embed-dim",
+        str(a.ffn_dim),
+        "--decoder-ffn-embed-dim",
+        str(a.ffn_dim),
+        "--encoder-attention-heads",
+        str(a.heads),
+        "--decoder-attention-heads",
+        str(a.heads),
+        "--dropout",
+        str(a.dropout),
+        "--attention-dropout",
+        str(a.dropout),
+        "--activation-dropout",
+        str(a.dropout),
+        "--share-all-embeddings",
     ]
 
 
 def train_flags(a, save_dir: str) -> List[str]:
     r0 = a.peak_lr * math.sqrt(a.embed_dim * a.warmup)
     return [
-        "--task", "translation_deep", "--log-grad-norm-ratio",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-9",
-        "--lr-scheduler", "noam", "--noam-r0", f"{r0:.6g}", "--noam-d-model", str(a.embed_dim),
-        "--warmup-updates", str(a.warmup), "--criterion", "label_smoothed_cross_entropy",
-        "--label-smoothing", "0.1", "--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update),
-        "--log-interval", str(a.log_interval), "--log-format", "json", "--seed", str(a.seed),
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
-        "--validate-interval-updates", str(max(a.max_update // 4, 1)),
-        "--save-interval-updates", str(a.max_update), "--keep-best-checkpoints", "0",
-        *device_train_flags(a.device, a.precision), "--num-workers", "0",
+        "--task",
+        "translation_deep",
+        "--log-grad-norm-ratio",
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--adam-eps",
+        "1e-9",
+        "--lr-scheduler",
+        "noam",
+        "--noam-r0",
+        f"{r0:.6g}",
+        "--noam-d-model",
+        str(a.embed_dim),
+        "--warmup-updates",
+        str(a.warmup),
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(a.max_tokens),
+        "--max-update",
+        str(a.max_update),
+        "--log-interval",
+        str(a.log_interval),
+        "--log-format",
+        "json",
+        "--seed",
+        str(a.seed),
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--no-last-checkpoints",
+        "--validate-interval-updates",
+        str(max(a.max_update // 4, 1)),
+        "--save-interval-updates",
+        str(a.max_update),
+        "--keep-best-checkpoints",
+        "0",
+        *device_train_flags(a.device, a.precision),
+        "--num-workers",
+        "0",
     ]
 
 
 def generate(a, data: str, checkpoint: str, log_path: str) -> Dict[str, float]:
-    out, _ = run(runs.command(
-        runs.GENERATE, data, "--task", "translation_deep", "--path", checkpoint,
-        "--beam", "4", "--max-tokens", "4000", *generate_flags(a.device, a.precision), "--gen-subset", "test",
-        *(["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else [])), log_path)
+    out, _ = run(
+        runs.command(
+            runs.GENERATE,
+            data,
+            "--task",
+            "translation_deep",
+            "--path",
+            checkpoint,
+            "--beam",
+            "4",
+            "--max-tokens",
+            "4000",
+            *generate_flags(a.device, a.precision),
+            "--gen-subset",
+            "test",
+            *(["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else []),
+        ),
+        log_path,
+    )
     bleu = runs.parse_generate(out).bleu4
     return {"bleu": float(bleu) if bleu else float("nan")}
 
@@ -117,8 +184,13 @@ def summarize(series) -> Dict[str, float]:
         "loss_finite": finite,
     }
     if ratio:
-        out.update(r_t_start=ratio[0], r_t_middle=ratio[len(ratio) // 2], r_t_end=ratio[-1],
-                   r_t_min=min(ratio), r_t_max=max(ratio))
+        out.update(
+            r_t_start=ratio[0],
+            r_t_middle=ratio[len(ratio) // 2],
+            r_t_end=ratio[-1],
+            r_t_min=min(ratio),
+            r_t_max=max(ratio),
+        )
     j, by_layer = ta_weight_series(series)
     if by_layer:
         final = {i: values[-1][1] for i, values in by_layer.items()}
@@ -137,8 +209,15 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
         os.makedirs(run_dir, exist_ok=True)
         log(f"training {system}: --arch {arch} ({a.max_update} updates)")
         t0 = time.time()
-        cmd = runs.command(runs.TRAIN, data, "--arch", arch, *model_flags(a, system),
-                           *train_flags(a, run_dir), *extra)
+        cmd = runs.command(
+            runs.TRAIN,
+            data,
+            "--arch",
+            arch,
+            *model_flags(a, system),
+            *train_flags(a, run_dir),
+            *extra,
+        )
         try:
             out, _ = run(cmd, os.path.join(run_dir, "train.log"))
             failed = None
@@ -147,7 +226,12 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
         records = runs.parse_log_lines(out.splitlines())
         series = runs.series(records)
         by_system[system] = series
-        res = {"label": label, "arch": arch, "train_seconds": round(time.time() - t0, 1), **summarize(series)}
+        res = {
+            "label": label,
+            "arch": arch,
+            "train_seconds": round(time.time() - t0, 1),
+            **summarize(series),
+        }
         valid = [r for r in records if r["kind"] == "valid"]
         res["valid_loss"] = float(valid[-1]["loss"]) if valid else float("nan")
         ckpt = os.path.join(run_dir, "checkpoint_best.pt")
@@ -157,20 +241,45 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
             res.update(generate(a, data, ckpt, os.path.join(run_dir, "generate.log")))
         results[system] = res
         log(f"{system}: {json.dumps(res)}")
-    plots = plot_runs({SYSTEMS[s][0] + f" ({s})": by_system[s] for s in by_system}, os.path.join(a.work_dir, "plots"),
-                      log_y=True)
+    plots = plot_runs(
+        {SYSTEMS[s][0] + f" ({s})": by_system[s] for s in by_system},
+        os.path.join(a.work_dir, "plots"),
+        log_y=True,
+    )
     return {"systems": results, "plots": plots}
 
 
 def table(results: Dict[str, Dict]) -> str:
     rows = []
-    for system, r in results.items():
-        rt = " / ".join(f"{r[k]:.3g}" for k in ("r_t_start", "r_t_middle", "r_t_end")) if "r_t_end" in r else "-"
-        rows.append([r["label"], f"`{r['arch']}`", "yes" if r["trained"] else "NO",
-                     f"{r['first_train_loss']:.3f} -> {r['last_train_loss']:.3f}", f"{r['valid_loss']:.3f}",
-                     f"{r.get('bleu', float('nan')):.2f}", rt])
-    return harness.markdown_table(["system", "arch", "trained", "train loss first -> last", "valid loss", "BLEU",
-                                   "r_t start / mid / end"], rows)
+    for r in results.values():
+        rt = (
+            " / ".join(f"{r[k]:.3g}" for k in ("r_t_start", "r_t_middle", "r_t_end"))
+            if "r_t_end" in r
+            else "-"
+        )
+        rows.append(
+            [
+                r["label"],
+                f"`{r['arch']}`",
+                "yes" if r["trained"] else "NO",
+                f"{r['first_train_loss']:.3f} -> {r['last_train_loss']:.3f}",
+                f"{r['valid_loss']:.3f}",
+                f"{r.get('bleu', float('nan')):.2f}",
+                rt,
+            ]
+        )
+    return harness.markdown_table(
+        [
+            "system",
+            "arch",
+            "trained",
+            "train loss first -> last",
+            "valid loss",
+            "BLEU",
+            "r_t start / mid / end",
+        ],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,32 +297,54 @@ def overhead(a) -> Dict[str, float]:
 
     torch.set_num_threads(a.threads)
     dim = a.embed_dim
-    argv = ["x", "--task", "translation", "--arch", "transformer_ta", *parse_flags(a.device),
-            *model_flags(a, "ta"), "--dropout", "0.1"]
+    argv = [
+        "x",
+        "--task",
+        "translation",
+        "--arch",
+        "transformer_ta",
+        *parse_flags(a.device),
+        *model_flags(a, "ta"),
+        "--dropout",
+        "0.1",
+    ]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     dictionary = harness.dictionary(1000)
     plain = tasks.translation.TranslationTask(args, dictionary, dictionary)
     torch.manual_seed(0)
     model = plain.build_model(args).to(a.device)
     variants = {}
-    for name, ratio, ta in (("translation", None, None), ("translation_deep, off", False, "none"),
-                            ("translation_deep, --log-grad-norm-ratio", True, "none"),
-                            ("translation_deep, r_t + --log-ta-weights all", True, "all")):
+    for name, ratio, ta in (
+        ("translation", None, None),
+        ("translation_deep, off", False, "none"),
+        ("translation_deep, --log-grad-norm-ratio", True, "none"),
+        ("translation_deep, r_t + --log-ta-weights all", True, "all"),
+    ):
         if ratio is None:
             variants[name] = plain
             continue
         targs = argparse.Namespace(**vars(args))
         targs.log_grad_norm_ratio, targs.log_ta_weights = ratio, ta
         variants[name] = TranslationDeepTask(targs, dictionary, dictionary)
-    criterion = LabelSmoothedCrossEntropyCriterion(plain, sentence_avg=False, label_smoothing=0.1).to(a.device)
+    criterion = LabelSmoothedCrossEntropyCriterion(
+        plain, sentence_avg=False, label_smoothing=0.1
+    ).to(a.device)
 
     g = torch.Generator().manual_seed(0)
     bsz, length = a.overhead_batch, 20
     src = torch.randint(4, len(dictionary), (bsz, length), generator=g)
     tgt = torch.randint(4, len(dictionary), (bsz, length), generator=g)
-    sample = {"id": torch.arange(bsz), "nsentences": bsz, "ntokens": tgt.numel(), "target": tgt,
-              "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length),
-                            "prev_output_tokens": tgt.roll(1, dims=1)}}
+    sample = {
+        "id": torch.arange(bsz),
+        "nsentences": bsz,
+        "ntokens": tgt.numel(),
+        "target": tgt,
+        "net_input": {
+            "src_tokens": src,
+            "src_lengths": torch.full((bsz,), length),
+            "prev_output_tokens": tgt.roll(1, dims=1),
+        },
+    }
     if a.device != "cpu":
         from fairseq import utils
 
@@ -231,15 +362,26 @@ def overhead(a) -> Dict[str, float]:
     def seconds(task):
         def measure(r):
             model.zero_grad(set_to_none=True)
-            return harness.timed(lambda: task.train_step(sample, model, criterion, Opt(), 0), a.device)[1]
+            return harness.timed(
+                lambda: task.train_step(sample, model, criterion, Opt(), 0), a.device
+            )[1]
+
         return measure
 
     # in a shuffled order: no variant always runs first (or right after another)
-    times = harness.alternated({name: seconds(task) for name, task in variants.items()}, a.overhead_repeats,
-                               shuffle=random.Random(0))
+    times = harness.alternated(
+        {name: seconds(task) for name, task in variants.items()},
+        a.overhead_repeats,
+        shuffle=random.Random(0),
+    )
     base = statistics.median(times["translation"])
-    res = {"encoder_layers": a.encoder_layers, "embed_dim": dim, "batch": f"{bsz} x {length} tokens",
-           "threads": a.threads, "repeats": a.overhead_repeats}
+    res = {
+        "encoder_layers": a.encoder_layers,
+        "embed_dim": dim,
+        "batch": f"{bsz} x {length} tokens",
+        "threads": a.threads,
+        "repeats": a.overhead_repeats,
+    }
     if a.device != "cpu":
         res["device"] = describe(a.device)
     for name, ts in times.items():
@@ -249,9 +391,14 @@ def overhead(a) -> Dict[str, float]:
 
 
 def overhead_table(res: Dict) -> str:
-    return harness.markdown_table(["task", "median ms / train step", "vs translation"],
-                                  [[name, f"{v['median_ms']:.1f}", f"{100 * v['vs_translation']:+.1f}%"]
-                                   for name, v in res.items() if isinstance(v, dict)])
+    return harness.markdown_table(
+        ["task", "median ms / train step", "vs translation"],
+        [
+            [name, f"{v['median_ms']:.1f}", f"{100 * v['vs_translation']:+.1f}%"]
+            for name, v in res.items()
+            if isinstance(v, dict)
+        ],
+    )
 
 
 def get_parser():
@@ -259,7 +406,9 @@ def get_parser():
     p.add_argument("--mode", choices=["train", "overhead", "all"], default="all")
     harness.add_work_dir(p, os.path.join(harness.ROOT, "bench_runs", "ta_depth"))
     harness.add_json(p, help="results file (default WORK_DIR/results.json)")
-    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=["postnorm", "ta", "dlcl_prenorm"])
+    p.add_argument(
+        "--systems", nargs="+", choices=list(SYSTEMS), default=["postnorm", "ta", "dlcl_prenorm"]
+    )
     p.add_argument("--encoder-layers", type=int, default=16)
     p.add_argument("--decoder-layers", type=int, default=2)
     p.add_argument("--embed-dim", type=int, default=32)
@@ -274,7 +423,9 @@ def get_parser():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--synthetic-train", type=int, default=20000)
     p.add_argument("--test-size", type=int, default=500)
-    p.add_argument("--multi30k", default=None, help="raw Multi30K folder instead of the synthetic data")
+    p.add_argument(
+        "--multi30k", default=None, help="raw Multi30K folder instead of the synthetic data"
+    )
     p.add_argument("--src-lang", default="en")
     p.add_argument("--tgt-lang", default="de")
     p.add_argument("--spm-vocab", type=int, default=8000)
@@ -289,8 +440,10 @@ def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
     os.makedirs(a.work_dir, exist_ok=True)
-    results = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
-               "args": vars(a)}
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
+        "args": vars(a),
+    }
     if a.device != "cpu":
         results["device"] = describe(a.device)
     if a.mode in ("train", "all"):
@@ -301,7 +454,9 @@ def main(argv=None):
     if a.mode in ("overhead", "all"):
         results["overhead"] = overhead(a)
         print(overhead_table(results["overhead"]))
-    path = harness.write_json(a.json or os.path.join(a.work_dir, "results.json"), results, default=str)
+    path = harness.write_json(
+        a.json or os.path.join(a.work_dir, "results.json"), results, default=str
+    )
     print(f"results: {path}")
 
 

@@ -9,9 +9,18 @@ models, criterions and schedulers with fairseq and installs the patches of fairs
 __version__ = "0.1.0"
 
 from . import quiet  # noqa: F401  (first of all: filters of log lines fairseq prints while it is imported)
+
+# isort: split
 from . import patches
 from .criterions import layer_diversity, sentence_cross_entropy  # noqa: F401
-from .models import deep_att, rnmt_plus, transformer_agg, transformer_dlcl, transformer_schemes, transformer_ta  # noqa: F401
+from .models import (  # noqa: F401
+    deep_att,
+    rnmt_plus,
+    transformer_agg,
+    transformer_dlcl,
+    transformer_schemes,
+    transformer_ta,
+)
 from .optim import deep_att_optimizer, noam, rnmt_lr_scheduler  # noqa: F401
 from .tasks import translation_deep  # noqa: F401
 

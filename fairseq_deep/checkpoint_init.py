@@ -27,9 +27,13 @@ class PretrainedInitConfig(FairseqDataclass):
     """``--init-from-pretrained``, read by :class:`PretrainedInitMixin` models."""
 
     init_from_pretrained: bool = field(
-        default=False, metadata={"architecture": False,
-                                 "help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
-                                 "baseline whose name and shape match, log the new ones that start fresh"})
+        default=False,
+        metadata={
+            "architecture": False,
+            "help": "with --finetune-from-model BASELINE.pt: load every parameter of the "
+            "baseline whose name and shape match, log the new ones that start fresh",
+        },
+    )
 
 
 @dataclass
@@ -39,9 +43,11 @@ class InitReport:
     unused: List[str] = field(default_factory=list)  # checkpoint tensors the model lacks
 
     def summary(self) -> str:
-        return (f"loaded {len(self.loaded)} tensors from the pre-trained checkpoint; "
-                f"{len(self.fresh)} start fresh: {summarise(self.fresh) or 'none'}; "
-                f"{len(self.unused)} checkpoint tensors unused: {summarise(self.unused) or 'none'}")
+        return (
+            f"loaded {len(self.loaded)} tensors from the pre-trained checkpoint; "
+            f"{len(self.fresh)} start fresh: {summarise(self.fresh) or 'none'}; "
+            f"{len(self.unused)} checkpoint tensors unused: {summarise(self.unused) or 'none'}"
+        )
 
 
 def summarise(names: List[str]) -> str:
@@ -56,7 +62,8 @@ def load_matching(model: nn.Module, state_dict) -> InitReport:
     state_dict = without_better_transformer_keys(state_dict)
     own = model.state_dict()
     mismatched: List[Tuple[str, tuple, tuple]] = [
-        (k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
+        (k, tuple(v.shape), tuple(own[k].shape))
+        for k, v in state_dict.items()
         if k in own and own[k].shape != v.shape
     ]
     if mismatched:
@@ -86,7 +93,9 @@ class PretrainedInitMixin:
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         if not self.init_from_pretrained:
-            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+            return super().load_state_dict(
+                state_dict, strict=strict, model_cfg=model_cfg, args=args
+            )
         self.upgrade_state_dict(state_dict)  # fairseq's renames of old checkpoints
         report = load_matching(self, state_dict)
         if report.fresh or report.unused:

@@ -60,8 +60,12 @@ def _fairseq_logging(stream="stdout"):
     if stream == "stdout":
         stream = sys.stdout
     if stream is not None:
-        logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                            datefmt="%Y-%m-%d %H:%M:%S", level=root.level, stream=stream)
+        logging.basicConfig(
+            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+            datefmt="%Y-%m-%d %H:%M:%S",
+            level=root.level,
+            stream=stream,
+        )
 
 
 def check_user_dir(argv: List[str]):
@@ -112,8 +116,10 @@ def take_model_from(argv: List[str]) -> List[str]:
 
     options = saved_model_options(torch_load_checked(path))
     if options is None:
-        raise UserError(f"--model-from {path}: the checkpoint holds no model options (no cfg.model, no args): "
-                        "give a checkpoint written by fairseq-train")
+        raise UserError(
+            f"--model-from {path}: the checkpoint holds no model options (no cfg.model, no args): "
+            "give a checkpoint written by fairseq-train"
+        )
     taken = model_command(options)
     logger.info("--model-from %s: %s", path, shell(taken))
     return [rest[0], *taken, *rest[1:]]
@@ -123,12 +129,16 @@ def take_model_from(argv: List[str]) -> List[str]:
 #: finds out late: the optimizer only after building the model, "optimizer is required!" with a
 #: traceback; interactive's --path as a TypeError); argparse itself asks for the data folder, and
 #: a missing --arch is said before parsing (fairseq's parser needs it to know the model's options)
-NO_ARCH = ("--arch ARCH is required (e.g. --arch transformer_dlcl); fairseq-deep-list-archs lists the "
-           "architectures of fairseq_deep")
+NO_ARCH = (
+    "--arch ARCH is required (e.g. --arch transformer_dlcl); fairseq-deep-list-archs lists the "
+    "architectures of fairseq_deep"
+)
 _PATH = "--path CHECKPOINT is required: the model to translate with (e.g. --path checkpoints/checkpoint_best.pt)"
 REQUIRED = {
-    "train": {"optimizer": "--optimizer is required (e.g. --optimizer adam --lr 5e-4 --lr-scheduler inverse_sqrt "
-                           "--warmup-updates 4000); fairseq-deep-train --help lists the optimizers"},
+    "train": {
+        "optimizer": "--optimizer is required (e.g. --optimizer adam --lr 5e-4 --lr-scheduler inverse_sqrt "
+        "--warmup-updates 4000); fairseq-deep-train --help lists the optimizers"
+    },
     "generate": {"path": _PATH},
     "interactive": {"path": _PATH},
 }
@@ -137,7 +147,9 @@ REQUIRED = {
 def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None):
     quiet_warnings()
     _fairseq_logging(log_stream)
-    install_parsing(required)  # --arch ARCH --help; argparse's errors in one line; REQUIRED once parsed
+    install_parsing(
+        required
+    )  # --arch ARCH --help; argparse's errors in one line; REQUIRED once parsed
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types
     # allow-listed) is already imported; fairseq's import of the --user-dir finds it loaded.
     sys.argv = with_user_dir(sys.argv)
@@ -148,8 +160,11 @@ def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, require
         check_user_dir(sys.argv)
         if needs_arch:  # fairseq-train's parser (the only one with --arch/-a)
             check_arch(sys.argv)
-        if needs_arch and option_value(sys.argv[1:], "--arch", "-a") is None and not (
-                {"-h", "--help"} & set(sys.argv[1:])):
+        if (
+            needs_arch
+            and option_value(sys.argv[1:], "--arch", "-a") is None
+            and not ({"-h", "--help"} & set(sys.argv[1:]))
+        ):
             raise UserError(NO_ARCH)
         return main()
 
@@ -160,7 +175,12 @@ def train():
     from fairseq_cli import train as fairseq_train
 
     install_train()  # a progress line with the ETA every 30 s; --model-from in --help
-    _run(fairseq_train.cli_main, needs_arch=True, prepare_argv=take_model_from, required=REQUIRED["train"])
+    _run(
+        fairseq_train.cli_main,
+        needs_arch=True,
+        prepare_argv=take_model_from,
+        required=REQUIRED["train"],
+    )
 
 
 def generate():
@@ -168,7 +188,9 @@ def generate():
 
     # a progress line with the ETA every 30 s; no batch started after FAIRSEQ_DEEP_DEADLINE
     install_generate()
-    _run(fairseq_generate.cli_main, log_stream=None, required=REQUIRED["generate"])  # it configures logging itself
+    _run(
+        fairseq_generate.cli_main, log_stream=None, required=REQUIRED["generate"]
+    )  # it configures logging itself
 
 
 def interactive():
@@ -214,10 +236,14 @@ def list_archs_main(argv=None):
     parser = ArgumentParser(
         prog="fairseq-deep-list-archs",
         description="List the architectures (--arch) of fairseq_deep by family, one line each. "
-                    "`fairseq-deep-train --arch ARCH --help` lists an architecture's options.",
+        "`fairseq-deep-train --arch ARCH --help` lists an architecture's options.",
     )
-    parser.add_argument("family", nargs="?", help="only this family (a model name, e.g. transformer_dlcl) "
-                        "or the architectures whose name contains this word")
+    parser.add_argument(
+        "family",
+        nargs="?",
+        help="only this family (a model name, e.g. transformer_dlcl) "
+        "or the architectures whose name contains this word",
+    )
     args = parser.parse_args(argv)
     if hasattr(signal, "SIGPIPE"):  # `fairseq-deep-list-archs | head` ends quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -233,9 +259,11 @@ def list_archs_main(argv=None):
                 chosen = {f: a for f, a in chosen.items() if a}
             if not chosen:
                 close = difflib.get_close_matches(args.family, list(families), n=3, cutoff=0.5)
-                raise UserError(f"no family or architecture matches {args.family!r}"
-                                + (f"; did you mean {', '.join(close)}?" if close else ".")
-                                + f" Families: {', '.join(families)}")
+                raise UserError(
+                    f"no family or architecture matches {args.family!r}"
+                    + (f"; did you mean {', '.join(close)}?" if close else ".")
+                    + f" Families: {', '.join(families)}"
+                )
             families = chosen
         width = max(len(a) for archs in families.values() for a, _ in archs)
         for family, archs in families.items():
@@ -252,7 +280,9 @@ def list_archs_main(argv=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def last_n_checkpoints(path: str, n: int, update_based: bool = False, upper_bound: Optional[int] = None):
+def last_n_checkpoints(
+    path: str, n: int, update_based: bool = False, upper_bound: Optional[int] = None
+):
     """The ``n`` newest ``checkpoint<epoch>.pt`` (or ``checkpoint_<epoch>_<update>.pt``) in ``path``."""
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$" if update_based else r"checkpoint(\d+)\.pt$")
     found = []
@@ -283,8 +313,10 @@ def average_checkpoints(inputs: List[str]):
     for fpath in inputs:
         state = torch_load_checked(fpath)  # weights_only stays at torch's default
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-            raise UserError(f"{fpath} is not a fairseq checkpoint (it has no 'model' entry); "
-                            "average checkpoints written by fairseq-train")
+            raise UserError(
+                f"{fpath} is not a fairseq checkpoint (it has no 'model' entry); "
+                "average checkpoints written by fairseq-train"
+            )
         if new_state is None:
             new_state = state
         model = state["model"]
@@ -294,7 +326,9 @@ def average_checkpoints(inputs: List[str]):
                 "only checkpoints of one model can be averaged"
             )
         for k, p in model.items():
-            if not p.is_floating_point():  # flags and counters (e.g. history.softmax_rows): the newest's
+            if (
+                not p.is_floating_point()
+            ):  # flags and counters (e.g. history.softmax_rows): the newest's
                 params_dict.setdefault(k, p.clone())
             elif k in params_dict:
                 params_dict[k] += p.to(torch.float64)
@@ -313,17 +347,32 @@ def average_checkpoints_main(argv=None):
         prog="fairseq-deep-average-checkpoints",
         description="Average the parameters of several fairseq checkpoints (e.g. the last N epochs).",
     )
-    parser.add_argument("--inputs", required=True, nargs="+",
-                        help="checkpoint files, or one directory with --num-epoch-checkpoints / "
-                             "--num-update-checkpoints")
-    parser.add_argument("--output", required=True, metavar="FILE", help="where to write the average")
+    parser.add_argument(
+        "--inputs",
+        required=True,
+        nargs="+",
+        help="checkpoint files, or one directory with --num-epoch-checkpoints / "
+        "--num-update-checkpoints",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="where to write the average"
+    )
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--num-epoch-checkpoints", type=int,
-                       help="average the last N checkpoint<epoch>.pt of the directory --inputs")
-    group.add_argument("--num-update-checkpoints", type=int,
-                       help="average the last N checkpoint_<epoch>_<update>.pt of the directory --inputs")
-    parser.add_argument("--checkpoint-upper-bound", type=int,
-                        help="ignore checkpoints of a later epoch (or update) than this")
+    group.add_argument(
+        "--num-epoch-checkpoints",
+        type=int,
+        help="average the last N checkpoint<epoch>.pt of the directory --inputs",
+    )
+    group.add_argument(
+        "--num-update-checkpoints",
+        type=int,
+        help="average the last N checkpoint_<epoch>_<update>.pt of the directory --inputs",
+    )
+    parser.add_argument(
+        "--checkpoint-upper-bound",
+        type=int,
+        help="ignore checkpoints of a later epoch (or update) than this",
+    )
     args = parser.parse_args(argv)
     quiet_warnings()
     _fairseq_logging(sys.stderr)
@@ -334,9 +383,15 @@ def _average_checkpoints_main(parser, args):
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is not None:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-            parser.error("--num-epoch-checkpoints/--num-update-checkpoints need one directory as --inputs")
-        inputs = last_n_checkpoints(args.inputs[0], n, update_based=args.num_update_checkpoints is not None,
-                                    upper_bound=args.checkpoint_upper_bound)
+            parser.error(
+                "--num-epoch-checkpoints/--num-update-checkpoints need one directory as --inputs"
+            )
+        inputs = last_n_checkpoints(
+            args.inputs[0],
+            n,
+            update_based=args.num_update_checkpoints is not None,
+            upper_bound=args.checkpoint_upper_bound,
+        )
     else:
         inputs = args.inputs
         missing = [f for f in inputs if not os.path.isfile(f)]

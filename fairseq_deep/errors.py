@@ -63,7 +63,9 @@ def import_optional(module: str, needed_for: str, install: str, alternative: str
         return importlib.import_module(module)
     except ImportError as e:
         hint = f"pip install {install}" + (f", or {alternative}" if alternative else "")
-        raise MissingPackageError(f"{needed_for} needs {module}, which is not installed: {hint}") from e
+        raise MissingPackageError(
+            f"{needed_for} needs {module}, which is not installed: {hint}"
+        ) from e
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -73,7 +75,9 @@ def is_user_error(exc: BaseException) -> bool:
         return bool(_NAMES_AN_OPTION.search(str(exc)))
     if type(exc) is FileNotFoundError:
         return True
-    if type(exc) is OSError and str(exc).startswith("Model file not found"):  # fairseq's --path check
+    if type(exc) is OSError and str(exc).startswith(
+        "Model file not found"
+    ):  # fairseq's --path check
         return True
     return False
 

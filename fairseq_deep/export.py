@@ -40,8 +40,16 @@ logger = logging.getLogger("fairseq_deep.export")
 
 FORMATS = ("ctranslate2", "fairseq")
 #: CTranslate2's weight types (``ct2-fairseq-converter --quantization``)
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                 "bfloat16", "float32")
+QUANTIZATIONS = (
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
 STOCK_CHECKPOINT = "model.pt"
 SUMMARY = "fairseq_deep_export.json"
 #: the largest difference of log-probabilities between the original and the stock model accepted
@@ -65,8 +73,9 @@ def check_out(out: str):
         raise ExportError(f"--out {out}: {parent} is not a folder")
 
 
-def languages(task_cfg, data: str, source_lang: Optional[str],
-              target_lang: Optional[str]) -> Tuple[str, str]:
+def languages(
+    task_cfg, data: str, source_lang: Optional[str], target_lang: Optional[str]
+) -> Tuple[str, str]:
     """The language pair: as given, else as the checkpoint's task saved it, else fairseq's guess
     from the data's file names; and a check that ``data`` holds both dictionaries."""
     if not os.path.isdir(data):
@@ -77,15 +86,22 @@ def languages(task_cfg, data: str, source_lang: Optional[str],
         from fairseq.data import data_utils
 
         src, tgt = data_utils.infer_language_pair(data)  # the package's shim: a clear error
-    missing = [f"dict.{lang}.txt" for lang in (src, tgt)
-               if not os.path.isfile(os.path.join(data, f"dict.{lang}.txt"))]
+    missing = [
+        f"dict.{lang}.txt"
+        for lang in (src, tgt)
+        if not os.path.isfile(os.path.join(data, f"dict.{lang}.txt"))
+    ]
     if missing:
         found = sorted(f for f in os.listdir(data) if f.startswith("dict.") and f.endswith(".txt"))
         raise MissingFileError(
             f"--data {data} has no {' nor '.join(missing)} (the model translates {src} -> {tgt}"
-            + (f"; found {', '.join(found)}: --source-lang/--target-lang choose others" if found
-               else "")
-            + "): give the folder fairseq-preprocess wrote for the model's training data")
+            + (
+                f"; found {', '.join(found)}: --source-lang/--target-lang choose others"
+                if found
+                else ""
+            )
+            + "): give the folder fairseq-preprocess wrote for the model's training data"
+        )
     return src, tgt
 
 
@@ -109,8 +125,9 @@ def _saved_task(state):
 def build_task(data: str, src: str, tgt: str):
     from fairseq import tasks
 
-    return tasks.setup_task(argparse.Namespace(task="translation", data=data, source_lang=src,
-                                               target_lang=tgt))
+    return tasks.setup_task(
+        argparse.Namespace(task="translation", data=data, source_lang=src, target_lang=tgt)
+    )
 
 
 def load_model(args, task, state, path: str):
@@ -118,13 +135,16 @@ def load_model(args, task, state, path: str):
     import torch
     from fairseq import models
 
-    for side, dictionary in (("encoder", task.source_dictionary),
-                             ("decoder", task.target_dictionary)):
+    for side, dictionary in (
+        ("encoder", task.source_dictionary),
+        ("decoder", task.target_dictionary),
+    ):
         rows = state["model"].get(f"{side}.embed_tokens.weight")
         if rows is not None and rows.shape[0] != len(dictionary):
             raise ExportError(
                 f"--checkpoint {path}'s {side} embeds {rows.shape[0]} symbols but the --data "
-                f"dictionary has {len(dictionary)}: give the data folder the model was trained on")
+                f"dictionary has {len(dictionary)}: give the data folder the model was trained on"
+            )
     torch.manual_seed(1)
     model = models.build_model(copy.deepcopy(args), task)
     state_dict = dict(state["model"])
@@ -148,8 +168,9 @@ def stock_args(args, changes: Dict[str, object]) -> argparse.Namespace:
     changes the fold made, and every other option of fairseq's transformer at its default (fairseq
     0.12.2 sets some of them on a struct config while building the model)."""
     defaults = transformer_defaults()
-    stock = argparse.Namespace(**{k: copy.deepcopy(getattr(args, k, v))
-                                  for k, v in defaults.items()})
+    stock = argparse.Namespace(
+        **{k: copy.deepcopy(getattr(args, k, v)) for k, v in defaults.items()}
+    )
     stock.arch = stock._name = "transformer"
     for key, value in changes.items():
         setattr(stock, key, value)
@@ -176,8 +197,9 @@ def stock_model(args: argparse.Namespace, task, state_dict, path: str):
     wanted = model.state_dict()
     missing = [k for k in wanted if k not in state_dict]
     if missing:
-        raise ExportError(f"--checkpoint {path}: no value for {', '.join(missing[:3])} of "
-                          "fairseq's transformer")
+        raise ExportError(
+            f"--checkpoint {path}: no value for {', '.join(missing[:3])} of fairseq's transformer"
+        )
     model.load_state_dict({k: state_dict[k] for k in wanted}, strict=True)
     return model.eval()
 
@@ -250,8 +272,13 @@ def task_options(task_cfg, data: str, src: str, tgt: str) -> Dict[str, object]:
     return options
 
 
-def stock_checkpoint(state, model_args: argparse.Namespace, task: Dict[str, object], state_dict,
-                     summary: Dict[str, object]) -> Dict[str, object]:
+def stock_checkpoint(
+    state,
+    model_args: argparse.Namespace,
+    task: Dict[str, object],
+    state_dict,
+    summary: Dict[str, object],
+) -> Dict[str, object]:
     """The state fairseq-train would have saved for fairseq's ``transformer``: the saved
     configuration with the model's and the task's options replaced, the package's own criterion,
     optimizer and scheduler (which plain fairseq does not know) and the plugin directory left
@@ -265,35 +292,54 @@ def stock_checkpoint(state, model_args: argparse.Namespace, task: Dict[str, obje
     cfg["task"] = task
     if isinstance(cfg.get("common"), dict):
         cfg["common"]["user_dir"] = None
-    for group, registry in (("criterion", CRITERION_REGISTRY), ("optimizer", OPTIMIZER_REGISTRY),
-                            ("lr_scheduler", LR_SCHEDULER_REGISTRY)):
+    for group, registry in (
+        ("criterion", CRITERION_REGISTRY),
+        ("optimizer", OPTIMIZER_REGISTRY),
+        ("lr_scheduler", LR_SCHEDULER_REGISTRY),
+    ):
         name = cfg[group].get("_name") if isinstance(cfg.get(group), dict) else None
         if name in registry and registry[name].__module__.split(".")[0] == "fairseq_deep":
             cfg[group] = None
     history = (state.get("optimizer_history") or [{}])[-1]
     return {
-        "cfg": cfg, "args": None, "model": {k: v.contiguous() for k, v in state_dict.items()},
-        "criterion": None, "last_optimizer_state": None, "task_state": {},
-        "optimizer_history": [{"criterion_name": str(history.get("criterion_name", "")),
-                               "optimizer_name": str(history.get("optimizer_name", "")),
-                               "lr_scheduler_state": {},
-                               "num_updates": int(history.get("num_updates", 0) or 0)}],
+        "cfg": cfg,
+        "args": None,
+        "model": {k: v.contiguous() for k, v in state_dict.items()},
+        "criterion": None,
+        "last_optimizer_state": None,
+        "task_state": {},
+        "optimizer_history": [
+            {
+                "criterion_name": str(history.get("criterion_name", "")),
+                "optimizer_name": str(history.get("optimizer_name", "")),
+                "lr_scheduler_state": {},
+                "num_updates": int(history.get("num_updates", 0) or 0),
+            }
+        ],
         "extra_state": {"train_iterator": {"epoch": 1}, "fairseq_deep_export": plain(summary)},
     }
 
 
-def converter_checkpoint(model_args: argparse.Namespace, task: Dict[str, object],
-                         state_dict) -> Dict[str, object]:
+def converter_checkpoint(
+    model_args: argparse.Namespace, task: Dict[str, object], state_dict
+) -> Dict[str, object]:
     """What ``FairseqConverter`` reads: the model's and the task's options as one namespace
     (``checkpoint["args"]``, allow-listed in this process by the package) and the parameters."""
-    options = {**{k: v for k, v in task.items() if k != "_name"}, **vars(model_args),
-               "task": "translation"}
+    options = {
+        **{k: v for k, v in task.items() if k != "_name"},
+        **vars(model_args),
+        "task": "translation",
+    }
     return {"args": argparse.Namespace(**options), "cfg": None, "model": state_dict}
 
 
 def import_ctranslate2():
-    return import_optional("ctranslate2", "--format ctranslate2",
-                           "ctranslate2 (or fairseq_deep[export])", "use --format fairseq")
+    return import_optional(
+        "ctranslate2",
+        "--format ctranslate2",
+        "ctranslate2 (or fairseq_deep[export])",
+        "use --format fairseq",
+    )
 
 
 def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantization: Optional[str]):
@@ -305,22 +351,31 @@ def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantizati
     try:
         converter.convert(out, quantization=quantization)
     except ValueError as e:  # ctranslate2's ConfigurationChecker: one reason per line
-        reasons = "; ".join(line.strip("- ").strip() for line in str(e).splitlines()
-                            if line.strip())
-        raise ExportError(f"CTranslate2 {ctranslate2.__version__} cannot convert this model: "
-                          f"{reasons}") from e
+        reasons = "; ".join(
+            line.strip("- ").strip() for line in str(e).splitlines() if line.strip()
+        )
+        raise ExportError(
+            f"CTranslate2 {ctranslate2.__version__} cannot convert this model: {reasons}"
+        ) from e
 
 
-def matching_settings(beam: int = 5, lenpen: float = 1.0,
-                      max_len_b: int = 200) -> Dict[str, object]:
+def matching_settings(
+    beam: int = 5, lenpen: float = 1.0, max_len_b: int = 200
+) -> Dict[str, object]:
     """CTranslate2's ``translate_batch`` settings that decode as ``fairseq-generate --beam BEAM
     --lenpen LENPEN --max-len-a 0 --max-len-b MAX_LEN_B`` does (docs/export.md): the length
     penalty divides by the length with </s> (``return_end_token``), </s> is not allowed first
     (fairseq's ``--min-len 1``), a search ends with ``beam`` finished hypotheses (``patience`` 1);
     read the hypotheses with :func:`fairseq_hypothesis`."""
-    return {"beam_size": beam, "length_penalty": lenpen, "return_end_token": True,
-            "max_decoding_length": max_len_b + 1, "min_decoding_length": 1, "patience": 1,
-            "return_scores": True}
+    return {
+        "beam_size": beam,
+        "length_penalty": lenpen,
+        "return_end_token": True,
+        "max_decoding_length": max_len_b + 1,
+        "min_decoding_length": 1,
+        "patience": 1,
+        "return_scores": True,
+    }
 
 
 def fairseq_hypothesis(tokens, settings: Dict[str, object]):
@@ -338,9 +393,15 @@ def fairseq_hypothesis(tokens, settings: Dict[str, object]):
 # ---------------------------------------------------------------------------------------------
 
 
-def export(checkpoint: str, data: str, out: str, fmt: str = "ctranslate2",
-           quantization: Optional[str] = None, source_lang: Optional[str] = None,
-           target_lang: Optional[str] = None) -> Dict[str, object]:
+def export(
+    checkpoint: str,
+    data: str,
+    out: str,
+    fmt: str = "ctranslate2",
+    quantization: Optional[str] = None,
+    source_lang: Optional[str] = None,
+    target_lang: Optional[str] = None,
+) -> Dict[str, object]:
     """Export ``checkpoint`` to ``out`` (module docstring); returns the summary written there."""
     import torch
     from fairseq import checkpoint_utils
@@ -357,33 +418,48 @@ def export(checkpoint: str, data: str, out: str, fmt: str = "ctranslate2",
     check_out(out)
     state = load(checkpoint)
     args = model_args(state, checkpoint)
-    arch, family = family_of(args, checkpoint, ExportError, "fairseq-deep-export exports",
-                             "fairseq-generate decodes it as it is, and CTranslate2's "
-                             "ct2-fairseq-converter converts it")
+    arch, family = family_of(
+        args,
+        checkpoint,
+        ExportError,
+        "fairseq-deep-export exports",
+        "fairseq-generate decodes it as it is, and CTranslate2's ct2-fairseq-converter converts it",
+    )
     src, tgt = languages(_saved_task(state), data, source_lang, target_lang)
     task = build_task(data, src, tgt)
     model = load_model(args, task, state, checkpoint)
     why = why_not_transformer(family, model)
     if why is not None:
-        raise ExportError(f"--checkpoint {checkpoint} (--arch {arch}) does not reduce to fairseq's "
-                          f"transformer: {why}; {SERVED_BY}")
+        raise ExportError(
+            f"--checkpoint {checkpoint} (--arch {arch}) does not reduce to fairseq's "
+            f"transformer: {why}; {SERVED_BY}"
+        )
     folded, changes, notes = fold(model)
     options = stock_args(args, changes)
     stock = stock_model(options, task, folded, checkpoint)
     difference = max_difference(model, stock, task)
     if not difference <= TOLERANCE:
-        raise ExportError(f"--checkpoint {checkpoint} (--arch {arch}): fairseq's transformer "
-                          f"computes other log-probabilities than the model (by up to "
-                          f"{difference:.3g}): an option it cannot hold; {SERVED_BY}")
+        raise ExportError(
+            f"--checkpoint {checkpoint} (--arch {arch}): fairseq's transformer "
+            f"computes other log-probabilities than the model (by up to "
+            f"{difference:.3g}): an option it cannot hold; {SERVED_BY}"
+        )
     stock_state = {k: v.detach().clone() for k, v in stock.state_dict().items()}
     tasks = task_options(_saved_task(state), data, src, tgt)
-    summary = {"checkpoint": os.path.abspath(checkpoint), "arch": arch, "family": family,
-               "format": fmt, "quantization": quantization, "source_lang": src,
-               "target_lang": tgt, "folded": notes,
-               "stock_options_changed": {k: plain(v) for k, v in changes.items()},
-               "max_logprob_difference": difference,
-               "grown": plain((state.get("extra_state") or {}).get("grown", [])),
-               "ctranslate2_settings": matching_settings() if fmt == "ctranslate2" else None}
+    summary = {
+        "checkpoint": os.path.abspath(checkpoint),
+        "arch": arch,
+        "family": family,
+        "format": fmt,
+        "quantization": quantization,
+        "source_lang": src,
+        "target_lang": tgt,
+        "folded": notes,
+        "stock_options_changed": {k: plain(v) for k, v in changes.items()},
+        "max_logprob_difference": difference,
+        "grown": plain((state.get("extra_state") or {}).get("grown", [])),
+        "ctranslate2_settings": matching_settings() if fmt == "ctranslate2" else None,
+    }
 
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
@@ -413,22 +489,35 @@ def cli_main(argv=None):
     parser = argparse.ArgumentParser(
         prog="fairseq-deep-export",
         description="Export a fairseq_deep model whose function is a standard Transformer's "
-                    "(pre-/post-norm presets, DeepNorm, Admin, DS-Init, the families' baselines) "
-                    "to CTranslate2 or to fairseq's own transformer, its residual scales folded "
-                    "into the weights (docs/export.md).",
+        "(pre-/post-norm presets, DeepNorm, Admin, DS-Init, the families' baselines) "
+        "to CTranslate2 or to fairseq's own transformer, its residual scales folded "
+        "into the weights (docs/export.md).",
     )
-    parser.add_argument("--checkpoint", required=True, metavar="CK.pt",
-                        help="a checkpoint of fairseq-train")
-    parser.add_argument("--data", required=True, metavar="DATA_BIN",
-                        help="the binarized data folder of the model (its dict.<lang>.txt)")
-    parser.add_argument("--out", required=True, metavar="OUT",
-                        help="the folder to write (must not exist)")
-    parser.add_argument("--format", default="ctranslate2", choices=FORMATS,
-                        help="ctranslate2 (default): a CTranslate2 model folder; fairseq: "
-                             "OUT/model.pt, a checkpoint of fairseq's transformer, and the "
-                             "dictionaries")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS,
-                        help="CTranslate2's weight type (default: the checkpoint's, float32)")
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="CK.pt", help="a checkpoint of fairseq-train"
+    )
+    parser.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA_BIN",
+        help="the binarized data folder of the model (its dict.<lang>.txt)",
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="OUT", help="the folder to write (must not exist)"
+    )
+    parser.add_argument(
+        "--format",
+        default="ctranslate2",
+        choices=FORMATS,
+        help="ctranslate2 (default): a CTranslate2 model folder; fairseq: "
+        "OUT/model.pt, a checkpoint of fairseq's transformer, and the "
+        "dictionaries",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        help="CTranslate2's weight type (default: the checkpoint's, float32)",
+    )
     parser.add_argument("--source-lang", help="source language (default: the checkpoint's)")
     parser.add_argument("--target-lang", help="target language (default: the checkpoint's)")
     args = parser.parse_args(argv)
@@ -440,13 +529,25 @@ def cli_main(argv=None):
     def run():
         import fairseq_deep  # noqa: F401  (registers the models, allow-lists the checkpoint types)
 
-        summary = export(args.checkpoint, args.data, args.out, args.format, args.quantization,
-                         args.source_lang, args.target_lang)
-        what = "CTranslate2 model" if args.format == "ctranslate2" else \
-            "fairseq transformer checkpoint"
-        print(f"{args.out}: {what} of {summary['arch']} ({summary['source_lang']} -> "
-              f"{summary['target_lang']}); log-probabilities within "
-              f"{summary['max_logprob_difference']:.2g} of the original")
+        summary = export(
+            args.checkpoint,
+            args.data,
+            args.out,
+            args.format,
+            args.quantization,
+            args.source_lang,
+            args.target_lang,
+        )
+        what = (
+            "CTranslate2 model"
+            if args.format == "ctranslate2"
+            else "fairseq transformer checkpoint"
+        )
+        print(
+            f"{args.out}: {what} of {summary['arch']} ({summary['source_lang']} -> "
+            f"{summary['target_lang']}); log-probabilities within "
+            f"{summary['max_logprob_difference']:.2g} of the original"
+        )
         for note in summary["folded"]:
             print(f"  folded: {note}")
 

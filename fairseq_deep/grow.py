@@ -99,13 +99,17 @@ def load(path: str):
     with open(path, "rb") as f:
         zip_header = f.read(4) == b"PK\x03\x04"  # a cut zip file: the loader says "truncated"
     if not zipfile.is_zipfile(path) and not zip_header:
-        raise GrowError(f"--checkpoint {path} is not a checkpoint (not a file torch.save wrote): give a "
-                        "checkpoint written by fairseq-train of a fairseq_deep model")
+        raise GrowError(
+            f"--checkpoint {path} is not a checkpoint (not a file torch.save wrote): give a "
+            "checkpoint written by fairseq-train of a fairseq_deep model"
+        )
     from fairseq import checkpoint_utils
 
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise CheckpointError(f"--checkpoint {path} is not a fairseq checkpoint (it has no 'model' entry)")
+        raise CheckpointError(
+            f"--checkpoint {path} is not a fairseq checkpoint (it has no 'model' entry)"
+        )
     return state
 
 
@@ -113,29 +117,43 @@ def model_args(state, path: str) -> argparse.Namespace:
     """The saved model options as a namespace (a copy)."""
     saved = saved_model_options(state)
     if saved is None:
-        raise GrowError(f"--checkpoint {path} holds no model options (no cfg.model, no args): "
-                        "give a checkpoint written by fairseq-train")
+        raise GrowError(
+            f"--checkpoint {path} holds no model options (no cfg.model, no args): "
+            "give a checkpoint written by fairseq-train"
+        )
     return saved
 
 
-def family_of(args, path: str, error: type = GrowError, tool: str = "fairseq-deep-grow grows",
-              fairseqs_own: Optional[str] = None) -> Tuple[str, str]:
+def family_of(
+    args,
+    path: str,
+    error: type = GrowError,
+    tool: str = "fairseq-deep-grow grows",
+    fairseqs_own: Optional[str] = None,
+) -> Tuple[str, str]:
     """(arch, model name) of a fairseq_deep model, or an ``error`` that says what ``tool`` takes
     (and, for a model of fairseq's own, ``fairseqs_own``; grow's advice when None)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
 
     arch = getattr(args, "arch", None) or getattr(args, "_name", None)
     if arch not in ARCH_MODEL_REGISTRY:
-        raise error(f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded "
-                    f"registers: {tool} the models of fairseq_deep (fairseq-deep-list-archs)")
+        raise error(
+            f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded "
+            f"registers: {tool} the models of fairseq_deep (fairseq-deep-list-archs)"
+        )
     if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
         if fairseqs_own is None:  # grow's advice: the family of ours nearest to fairseq's model
-            nearest = {"transformer": "transformer_postnorm, which is fairseq's transformer",
-                       "lstm": "rnmt_plus or deep_att, LSTM families"}.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
-            fairseqs_own = ("train the shallow model with a fairseq_deep architecture"
-                            + (f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"))
-        raise error(f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of "
-                    f"fairseq_deep: {fairseqs_own}")
+            nearest = {
+                "transformer": "transformer_postnorm, which is fairseq's transformer",
+                "lstm": "rnmt_plus or deep_att, LSTM families",
+            }.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
+            fairseqs_own = "train the shallow model with a fairseq_deep architecture" + (
+                f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"
+            )
+        raise error(
+            f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of "
+            f"fairseq_deep: {fairseqs_own}"
+        )
     return arch, ARCH_MODEL_NAME_REGISTRY[arch]
 
 
@@ -147,8 +165,10 @@ def depth_options(family: str, args) -> Tuple[str, str]:
 
     rule = family_rule(MODEL_REGISTRY[family])
     if rule is None:
-        raise GrowError(f"the family {family} ({MODEL_REGISTRY[family].__name__}) declares no growth rule: "
-                        "fairseq-deep-grow grows the families that declare one (docs/grow.md, adding a growth rule)")
+        raise GrowError(
+            f"the family {family} ({MODEL_REGISTRY[family].__name__}) declares no growth rule: "
+            "fairseq-deep-grow grows the families that declare one (docs/grow.md, adding a growth rule)"
+        )
     return rule.depth_options(args)
 
 
@@ -185,9 +205,15 @@ class _Task:
 
     def __init__(self, state_dict, args):
         def rows(side):
-            keys = [k for k in state_dict if k.startswith(side + ".") and k.endswith("embed_tokens.weight")]
+            keys = [
+                k
+                for k in state_dict
+                if k.startswith(side + ".") and k.endswith("embed_tokens.weight")
+            ]
             if not keys:
-                raise GrowError(f"the checkpoint has no {side} token embedding: not a model fairseq-deep-grow knows")
+                raise GrowError(
+                    f"the checkpoint has no {side} token embedding: not a model fairseq-deep-grow knows"
+                )
             return state_dict[keys[0]].shape[0]
 
         src, tgt = rows("encoder"), rows("decoder")
@@ -234,9 +260,11 @@ def identity_plan(stack: StackGrowth) -> Dict[str, List[str]]:
             else:
                 zeros[f"{prefix}.{j}."] = list(names)
     if why is not None:
-        raise GrowError(f"--method identity: the {stack.name} of this model cannot start with new layers that change "
-                        f"nothing: {why}. Use --method stack (or interleave); the identity holds for ReZero, "
-                        f"pre-norm Transformer layers and DLCL/linear-combination stacks")
+        raise GrowError(
+            f"--method identity: the {stack.name} of this model cannot start with new layers that change "
+            f"nothing: {why}. Use --method stack (or interleave); the identity holds for ReZero, "
+            f"pre-norm Transformer layers and DLCL/linear-combination stacks"
+        )
     return zeros
 
 
@@ -245,14 +273,20 @@ def identity_plan(stack: StackGrowth) -> Dict[str, List[str]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def grow_state(old_model, new_model, stacks: Dict[str, StackGrowth],
-               identity: Optional[Dict[str, Dict[str, List[str]]]] = None) -> Tuple[Dict, Dict[str, str]]:
+def grow_state(
+    old_model,
+    new_model,
+    stacks: Dict[str, StackGrowth],
+    identity: Optional[Dict[str, Dict[str, List[str]]]] = None,
+) -> Tuple[Dict, Dict[str, str]]:
     """The grown model's state dict and, for every key, where it came from: each layer's tensors
     from its source by the layer map, each part's by its declared rule, the rest as it is;
     ``identity``: the stacks' :func:`identity_plan` (``--method identity``)."""
     import torch
 
-    grown = GrownState(old_model.state_dict(), {k: v.clone() for k, v in new_model.state_dict().items()}, stacks)
+    grown = GrownState(
+        old_model.state_dict(), {k: v.clone() for k, v in new_model.state_dict().items()}, stacks
+    )
     for stack in stacks.values():
         for prefix, mapping in stack.maps.items():  # the layers: the layer map
             for key, j, rest in grown.indexed(prefix + "."):
@@ -263,9 +297,14 @@ def grow_state(old_model, new_model, stacks: Dict[str, StackGrowth],
             rule.grow(part, prefix, stack, grown)
     for key in grown.new:
         if key not in grown.origin and not grown.copy(key, key):
-            shapes = tuple(grown.new[key].shape), tuple(grown.old[key].shape) if key in grown.old else "none"
-            raise RuntimeError(f"fairseq-deep-grow: {key} of the grown model has no counterpart "
-                               f"({shapes[0]} vs {shapes[1]}): a depth-dependent parameter without a rule")
+            shapes = (
+                tuple(grown.new[key].shape),
+                tuple(grown.old[key].shape) if key in grown.old else "none",
+            )
+            raise RuntimeError(
+                f"fairseq-deep-grow: {key} of the grown model has no counterpart "
+                f"({shapes[0]} vs {shapes[1]}): a depth-dependent parameter without a rule"
+            )
     for zeros in (identity or {}).values():
         for base, names in zeros.items():
             for key in (base + name for name in names):
@@ -295,9 +334,16 @@ def depth_option_notes(args, new_args, old_model, request: GrowRequest) -> List[
 # ---------------------------------------------------------------------------------------------
 
 
-def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decoder_layers: Optional[int] = None,
-         method: str = "stack", deepnorm_constants: str = "new", seed: int = 1,
-         keep_training_time: bool = False) -> Dict:
+def grow(
+    checkpoint: str,
+    out: str,
+    encoder_layers: Optional[int] = None,
+    decoder_layers: Optional[int] = None,
+    method: str = "stack",
+    deepnorm_constants: str = "new",
+    seed: int = 1,
+    keep_training_time: bool = False,
+) -> Dict:
     """Grow ``checkpoint`` into ``out``; returns a summary (arch, depths, counts of copied and
     initialised entries, the shallow run's training time and whether it was kept)."""
     import torch.nn as nn
@@ -315,9 +361,11 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     new_depths = {s: old_depths[s] if wanted[s] is None else int(wanted[s]) for s in old_depths}
     for s, opt in (("encoder", enc_opt), ("decoder", dec_opt)):
         if new_depths[s] < old_depths[s]:
-            raise GrowError(f"--{s}-layers {new_depths[s]} is smaller than the checkpoint's {old_depths[s]} "
-                            f"{s} layers (--{opt.replace('_', '-')} {old_depths[s]}): fairseq-deep-grow only adds "
-                            "layers")
+            raise GrowError(
+                f"--{s}-layers {new_depths[s]} is smaller than the checkpoint's {old_depths[s]} "
+                f"{s} layers (--{opt.replace('_', '-')} {old_depths[s]}): fairseq-deep-grow only adds "
+                "layers"
+            )
 
     task = _Task(state["model"], args)
     old_model = build(args, task, seed)
@@ -336,9 +384,17 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
         new_args._name = new_arch
 
     new_model = build(new_args, task, seed)
-    stacks = {s: StackGrowth(s, getattr(old_model, s), getattr(new_model, s), method, old_depths[s], new_depths[s])
-              for s in ("encoder", "decoder")}
-    identity = {s: identity_plan(stack) for s, stack in stacks.items() if method == "identity" and stack.grows}
+    stacks = {
+        s: StackGrowth(
+            s, getattr(old_model, s), getattr(new_model, s), method, old_depths[s], new_depths[s]
+        )
+        for s in ("encoder", "decoder")
+    }
+    identity = {
+        s: identity_plan(stack)
+        for s, stack in stacks.items()
+        if method == "identity" and stack.grows
+    }
     new_sd, origin = grow_state(old_model, new_model, stacks, identity)
     new_model.load_state_dict(new_sd, strict=True)  # the grown state fits the grown model exactly
 
@@ -346,7 +402,11 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     out_state["model"] = new_model.state_dict()
     cfg = state.get("cfg")
     if cfg is not None:
-        cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if OmegaConf.is_config(cfg) else dict(cfg)
+        cfg = (
+            OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+            if OmegaConf.is_config(cfg)
+            else dict(cfg)
+        )
         cfg["model"] = new_args
         out_state["cfg"] = cfg
     if state.get("args") is not None:
@@ -359,19 +419,31 @@ def grow(checkpoint: str, out: str, encoder_layers: Optional[int] = None, decode
     if not keep_training_time:
         extra["previous_training_time"] = 0.0  # the next run's --stop-time-hours is its own
     summary = {
-        "from": os.path.abspath(checkpoint), "method": method, "arch": arch, "grown_arch": new_arch,
+        "from": os.path.abspath(checkpoint),
+        "method": method,
+        "arch": arch,
+        "grown_arch": new_arch,
         "encoder_layers": [old_depths["encoder"], new_depths["encoder"]],
         "decoder_layers": [old_depths["decoder"], new_depths["decoder"]],
         "copied": sum(1 for v in origin.values() if v.startswith("copied")),
         "set": sum(1 for v in origin.values() if not v.startswith("copied")),
-        "notes": notes, "training_time": trained_s, "training_time_kept": keep_training_time,
+        "notes": notes,
+        "training_time": trained_s,
+        "training_time_kept": keep_training_time,
     }
     extra["grown"] = list(extra.get("grown", [])) + [summary]
     out_state["extra_state"] = extra
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     checkpoint_utils.torch_persistent_save(out_state, out)
-    summary.update(origin=origin, depth_options=(enc_opt, dec_opt), model_options=new_args, cfg=cfg,
-                   data=(cfg.get("task") or {}).get("data") if isinstance(cfg, dict) else getattr(args, "data", None))
+    summary.update(
+        origin=origin,
+        depth_options=(enc_opt, dec_opt),
+        model_options=new_args,
+        cfg=cfg,
+        data=(cfg.get("task") or {}).get("data")
+        if isinstance(cfg, dict)
+        else getattr(args, "data", None),
+    )
     return summary
 
 
@@ -379,23 +451,44 @@ def cli_main(argv=None):
     parser = ArgumentParser(
         prog="fairseq-deep-grow",
         description="Grow a trained fairseq_deep model to more layers (Li et al. 2020, shallow-to-deep "
-                    "training; Wu et al. 2019, depth growing). Continue with fairseq-deep-train DATA --model-from "
-                    "OUT --restore-file OUT --reset-optimizer --reset-lr-scheduler --reset-dataloader.",
+        "training; Wu et al. 2019, depth growing). Continue with fairseq-deep-train DATA --model-from "
+        "OUT --restore-file OUT --reset-optimizer --reset-lr-scheduler --reset-dataloader.",
     )
-    parser.add_argument("--checkpoint", required=True, metavar="IN.pt", help="the shallow model's checkpoint")
-    parser.add_argument("--out", required=True, metavar="OUT.pt", help="where to write the grown checkpoint")
-    parser.add_argument("--encoder-layers", type=int, help="encoder depth of the grown model (default: unchanged)")
-    parser.add_argument("--decoder-layers", type=int, help="decoder depth of the grown model (default: unchanged)")
-    parser.add_argument("--method", default="stack", choices=METHODS,
-                        help="stack: copies of the top layers on top (Li et al. 2020, default); interleave: "
-                             "each layer repeated in place; identity: new layers on top that start as the "
-                             "identity (ReZero, pre-norm layers, DLCL/linear-combination readouts)")
-    parser.add_argument("--deepnorm-constants", default="new", choices=("new", "keep"),
-                        help="DeepNorm models: alpha/beta of the new depth (default) or of the checkpoint's")
-    parser.add_argument("--keep-training-time", action="store_true",
-                        help="keep the shallow run's training time in OUT, so that the next run's --stop-time-hours "
-                             "counts it (comparisons in equal time); by default OUT starts at 0")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the parameters that are initialised")
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="IN.pt", help="the shallow model's checkpoint"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="OUT.pt", help="where to write the grown checkpoint"
+    )
+    parser.add_argument(
+        "--encoder-layers", type=int, help="encoder depth of the grown model (default: unchanged)"
+    )
+    parser.add_argument(
+        "--decoder-layers", type=int, help="decoder depth of the grown model (default: unchanged)"
+    )
+    parser.add_argument(
+        "--method",
+        default="stack",
+        choices=METHODS,
+        help="stack: copies of the top layers on top (Li et al. 2020, default); interleave: "
+        "each layer repeated in place; identity: new layers on top that start as the "
+        "identity (ReZero, pre-norm layers, DLCL/linear-combination readouts)",
+    )
+    parser.add_argument(
+        "--deepnorm-constants",
+        default="new",
+        choices=("new", "keep"),
+        help="DeepNorm models: alpha/beta of the new depth (default) or of the checkpoint's",
+    )
+    parser.add_argument(
+        "--keep-training-time",
+        action="store_true",
+        help="keep the shallow run's training time in OUT, so that the next run's --stop-time-hours "
+        "counts it (comparisons in equal time); by default OUT starts at 0",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the parameters that are initialised"
+    )
     args = parser.parse_args(argv)
     from .cli import _fairseq_logging, quiet_warnings
 
@@ -404,12 +497,21 @@ def cli_main(argv=None):
 
     def run():
         import fairseq_deep  # noqa: F401  (registers the models, allow-lists the checkpoint types)
+
         from .grow_report import report
 
         if args.encoder_layers is None and args.decoder_layers is None:
             parser.error("give --encoder-layers and/or --decoder-layers")
-        summary = grow(args.checkpoint, args.out, args.encoder_layers, args.decoder_layers, args.method,
-                       args.deepnorm_constants, args.seed, args.keep_training_time)
+        summary = grow(
+            args.checkpoint,
+            args.out,
+            args.encoder_layers,
+            args.decoder_layers,
+            args.method,
+            args.deepnorm_constants,
+            args.seed,
+            args.keep_training_time,
+        )
         print(report(summary, args.out))
 
     report_user_errors(run, parser.prog)

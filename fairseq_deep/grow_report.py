@@ -11,16 +11,47 @@ from .model_options import model_command, options_of, shell
 from .progress import hms
 from .runs import restore_flags
 
-
 #: the groups of a fairseq configuration, in the order an option's value is looked up
-GROUPS = ("common", "common_eval", "distributed_training", "dataset", "optimization", "checkpoint", "bmuf", "ema",
-          "task", "criterion", "optimizer", "lr_scheduler")
+GROUPS = (
+    "common",
+    "common_eval",
+    "distributed_training",
+    "dataset",
+    "optimization",
+    "checkpoint",
+    "bmuf",
+    "ema",
+    "task",
+    "criterion",
+    "optimizer",
+    "lr_scheduler",
+)
 #: options of the shallow run that the next one must not repeat: where it writes and what it
 #: restores (the command says), the data (its first argument), the processes of a distributed run
-NOT_REPEATED = {"data", "save_dir", "restore_file", "reset_optimizer", "reset_lr_scheduler", "reset_dataloader",
-                "reset_meters", "finetune_from_model", "user_dir", "arch", "distributed_world_size",
-                "distributed_rank", "distributed_init_method", "distributed_port", "device_id", "local_rank",
-                "distributed_no_spawn", "distributed_num_procs", "task", "criterion", "optimizer", "lr_scheduler"}
+NOT_REPEATED = {
+    "data",
+    "save_dir",
+    "restore_file",
+    "reset_optimizer",
+    "reset_lr_scheduler",
+    "reset_dataloader",
+    "reset_meters",
+    "finetune_from_model",
+    "user_dir",
+    "arch",
+    "distributed_world_size",
+    "distributed_rank",
+    "distributed_init_method",
+    "distributed_port",
+    "device_id",
+    "local_rank",
+    "distributed_no_spawn",
+    "distributed_num_procs",
+    "task",
+    "criterion",
+    "optimizer",
+    "lr_scheduler",
+}
 
 
 def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
@@ -37,19 +68,27 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("task"), dict):
         return None
     base = []
-    for flag, group in (("--task", "task"), ("--criterion", "criterion"), ("--optimizer", "optimizer"),
-                        ("--lr-scheduler", "lr_scheduler")):
+    for flag, group in (
+        ("--task", "task"),
+        ("--criterion", "criterion"),
+        ("--optimizer", "optimizer"),
+        ("--lr-scheduler", "lr_scheduler"),
+    ):
         name = (cfg.get(group) or {}).get("_name")
         if name:
             base += [flag, str(name)]
     arch = getattr(cfg.get("model"), "arch", None)
     parser = options.get_training_parser()
-    defaults = options.parse_args_and_arch(parser, ["DATA", *base, *(["--arch", arch] if arch else [])])
+    defaults = options.parse_args_and_arch(
+        parser, ["DATA", *base, *(["--arch", arch] if arch else [])]
+    )
     values: Dict[str, object] = {}
     for group in GROUPS:
         for key, value in (cfg.get(group) or {}).items():
             values.setdefault(key, value)
-    skip = NOT_REPEATED | set(options_of(ARCH_MODEL_REGISTRY[arch]) if arch in ARCH_MODEL_REGISTRY else ())
+    skip = NOT_REPEATED | set(
+        options_of(ARCH_MODEL_REGISTRY[arch]) if arch in ARCH_MODEL_REGISTRY else ()
+    )
     argv, seen = list(base), set()
     for action in parser._actions:
         dest = action.dest
@@ -57,14 +96,20 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
             continue
         seen.add(dest)
         value = values[dest]
-        if value is None or isinstance(value, dict) or (isinstance(value, str) and value.startswith("${")):
+        if (
+            value is None
+            or isinstance(value, dict)
+            or (isinstance(value, str) and value.startswith("${"))
+        ):
             continue
         default = getattr(defaults, dest, None)
         if action.nargs == 0:
             if bool(value) != bool(default) and bool(value) == bool(action.const):
                 argv.append(max(action.option_strings, key=len))
             continue
-        if _same(value, default) or (isinstance(value, list) and len(value) == 1 and _same(value[0], default)):
+        if _same(value, default) or (
+            isinstance(value, list) and len(value) == 1 and _same(value[0], default)
+        ):
             continue
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         name = max(action.option_strings, key=len)
@@ -75,26 +120,40 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
 def training_time_line(summary: Dict) -> str:
     spent = hms(summary["training_time"])
     if summary["training_time_kept"]:
-        return (f"training time: kept (--keep-training-time): the next run's --stop-time-hours counts the shallow "
-                f"run's {spent}")
-    return (f"training time: the shallow run's {spent} is not carried over: the next run's --stop-time-hours is "
-            "its own (--keep-training-time keeps it, for comparisons in equal time)")
+        return (
+            f"training time: kept (--keep-training-time): the next run's --stop-time-hours counts the shallow "
+            f"run's {spent}"
+        )
+    return (
+        f"training time: the shallow run's {spent} is not carried over: the next run's --stop-time-hours is "
+        "its own (--keep-training-time keeps it, for comparisons in equal time)"
+    )
 
 
 def report(summary: Dict, out: str) -> str:
     """The lines printed after growing ``summary`` (:func:`fairseq_deep.grow.grow`'s) into ``out``."""
     enc, dec = summary["encoder_layers"], summary["decoder_layers"]
-    lines = [f"{out}: {summary['arch']} {enc[0]}+{dec[0]} -> {summary['grown_arch']} {enc[1]}+{dec[1]} layers "
-             f"({summary['method']}): {summary['copied']} tensors copied, {summary['set']} set"]
+    lines = [
+        f"{out}: {summary['arch']} {enc[0]}+{dec[0]} -> {summary['grown_arch']} {enc[1]}+{dec[1]} layers "
+        f"({summary['method']}): {summary['copied']} tensors copied, {summary['set']} set"
+    ]
     lines += [f"  note: {note}" for note in summary["notes"]]
     lines.append(training_time_line(summary))
     data = shell([summary.get("data") or "DATA"])
     restore = shell([*restore_flags(out), "--save-dir", os.path.splitext(out)[0] + "_checkpoints"])
     shallow = training_options(summary.get("cfg"))  # so that it runs as printed
-    training = "<training options: --optimizer, --lr, --max-tokens, ...>" if shallow is None else shell(shallow)
-    lines.append("continue training (the model's options taken from the grown checkpoint, the shallow run's "
-                 "training options):")
+    training = (
+        "<training options: --optimizer, --lr, --max-tokens, ...>"
+        if shallow is None
+        else shell(shallow)
+    )
+    lines.append(
+        "continue training (the model's options taken from the grown checkpoint, the shallow run's "
+        "training options):"
+    )
     lines.append(f"  fairseq-deep-train {data} {shell(['--model-from', out])} {restore} {training}")
     lines.append("the same with every model option written out:")
-    lines.append(f"  fairseq-deep-train {data} {shell(model_command(summary['model_options']))} {restore} {training}")
+    lines.append(
+        f"  fairseq-deep-train {data} {shell(model_command(summary['model_options']))} {restore} {training}"
+    )
     return "\n".join(lines)

@@ -34,18 +34,35 @@ ARCHITECTURE = "architecture"
 #: options, so they are declared here): regularisation, activation checkpointing and wrapping,
 #: the length bounds (learned positions change a tensor's shape, which is compared anyway), the
 #: files of pre-trained embeddings (read only when a model is initialised)
-FAIRSEQ_MAY_CHANGE = frozenset({
-    "dropout", "attention_dropout", "activation_dropout", "relu_dropout", "adaptive_softmax_dropout",
-    "encoder_layerdrop", "decoder_layerdrop", "quant_noise_pq", "quant_noise_pq_block_size",
-    "quant_noise_scalar", "checkpoint_activations", "offload_activations", "min_params_to_wrap",
-    "max_source_positions", "max_target_positions", "encoder_embed_path", "decoder_embed_path",
-    "export", "base_shuffle",
-})
+FAIRSEQ_MAY_CHANGE = frozenset(
+    {
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "relu_dropout",
+        "adaptive_softmax_dropout",
+        "encoder_layerdrop",
+        "decoder_layerdrop",
+        "quant_noise_pq",
+        "quant_noise_pq_block_size",
+        "quant_noise_scalar",
+        "checkpoint_activations",
+        "offload_activations",
+        "min_params_to_wrap",
+        "max_source_positions",
+        "max_target_positions",
+        "encoder_embed_path",
+        "decoder_embed_path",
+        "export",
+        "base_shuffle",
+    }
+)
 
 #: options that name a file read when the model is built: not repeated by :func:`model_command`
 #: (a restored checkpoint replaces what they load, and the file may be gone)
-READS_A_FILE = frozenset({"encoder_embed_path", "decoder_embed_path", "init_from_pretrained",
-                          "hybrid_pretrained"})
+READS_A_FILE = frozenset(
+    {"encoder_embed_path", "decoder_embed_path", "init_from_pretrained", "hybrid_pretrained"}
+)
 
 
 def _ours(cls) -> bool:
@@ -72,7 +89,9 @@ def our_fields() -> Dict[str, List[dataclasses.Field]]:
     return found
 
 
-def is_architecture(option: str, fields: Optional[Dict[str, List[dataclasses.Field]]] = None) -> bool:
+def is_architecture(
+    option: str, fields: Optional[Dict[str, List[dataclasses.Field]]] = None
+) -> bool:
     """Whether ``option`` (a namespace name) is an architecture option (see the module's docstring)."""
     fields = our_fields() if fields is None else fields
     if option in fields:
@@ -162,8 +181,12 @@ def resolved(ns: argparse.Namespace) -> argparse.Namespace:
 def _same(a, b) -> bool:
     if a == b:
         return True
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-            and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return float(a) == float(b)
     return a is not None and b is not None and str(a) == str(b)
 
@@ -194,7 +217,13 @@ def differences(saved, current, every: bool = False) -> List[Tuple[str, str, str
     run's model (``every``: over all its model options); a different family is one entry, ``--arch``."""
     saved, current = resolved(as_namespace(saved)), resolved(as_namespace(current))
     if family(saved) != family(current):
-        return [("--arch", f"{arch_of(saved)} (model {family(saved)})", f"{arch_of(current)} (model {family(current)})")]
+        return [
+            (
+                "--arch",
+                f"{arch_of(saved)} (model {family(saved)})",
+                f"{arch_of(current)} (model {family(current)})",
+            )
+        ]
     cls = model_class(current)
     if cls is None:
         return []
@@ -225,8 +254,9 @@ def check_same_architecture(path: str, saved, current):
     cls = model_class(current) if current is not None else None
     if saved is None or cls is None or not _ours(cls):
         return
-    if getattr(current, "init_from_pretrained", False) and not getattr(as_namespace(saved), "init_from_pretrained",
-                                                                         False):
+    if getattr(current, "init_from_pretrained", False) and not getattr(
+        as_namespace(saved), "init_from_pretrained", False
+    ):
         return  # --init-from-pretrained: the matching part of a baseline of another architecture, on purpose
     found = differences(saved, current)
     if found:
@@ -253,14 +283,26 @@ def model_command(ns) -> List[str]:
         value = getattr(ns, option, None)
         if value is None or option in READS_A_FILE:
             continue
-        if action.nargs == 0:  # store_true (or store_false): the flag when its value is not the default
+        if (
+            action.nargs == 0
+        ):  # store_true (or store_false): the flag when its value is not the default
             if bool(value) == bool(action.const):
                 argv.append(flag(action))
             continue
         if action.type is None and not isinstance(value, str):
-            continue  # fairseq's --decoder-output-dim (--decoder-embed-dim unless set): typed as text, its preset sets it
-        text = str(value.value if hasattr(value, "value") and not isinstance(value, (int, float, str)) else value)
-        argv += [f"{flag(action)}={text}"] if text.startswith("-") or action.nargs else [flag(action), text]
+            # fairseq's --decoder-output-dim (--decoder-embed-dim unless set): typed as text, its
+            # preset sets it
+            continue
+        text = str(
+            value.value
+            if hasattr(value, "value") and not isinstance(value, (int, float, str))
+            else value
+        )
+        argv += (
+            [f"{flag(action)}={text}"]
+            if text.startswith("-") or action.nargs
+            else [flag(action), text]
+        )
     return argv
 
 

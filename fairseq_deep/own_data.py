@@ -46,10 +46,24 @@ PROG = "run.sh"
 DEFAULTS = {
     # measured (docs/study.md, equal time): width 128, lr 2e-3, 400 warm-up updates, 2,048-token batches
     # gave a 6 + 6 pre-norm Transformer 32.5 BLEU on Multi30k in 15 minutes on one CPU thread
-    "cpu": {"MINUTES": 30, "WIDTH": 128, "MAX_UPDATE": 0, "LR": 2e-3, "WARMUP": 400, "MAX_TOKENS": 2048,
-            "LOG_INTERVAL": 10},
-    "cuda": {"MINUTES": 480, "WIDTH": 512, "MAX_UPDATE": 50000, "LR": 1e-3, "WARMUP": 4000, "MAX_TOKENS": 4096,
-             "LOG_INTERVAL": 100},
+    "cpu": {
+        "MINUTES": 30,
+        "WIDTH": 128,
+        "MAX_UPDATE": 0,
+        "LR": 2e-3,
+        "WARMUP": 400,
+        "MAX_TOKENS": 2048,
+        "LOG_INTERVAL": 10,
+    },
+    "cuda": {
+        "MINUTES": 480,
+        "WIDTH": 512,
+        "MAX_UPDATE": 50000,
+        "LR": 1e-3,
+        "WARMUP": 4000,
+        "MAX_TOKENS": 4096,
+        "LOG_INTERVAL": 100,
+    },
 }
 COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECISION": ""}
 
@@ -110,12 +124,19 @@ def settings_from_env(env: Dict[str, str], device: str) -> Settings:
     """The run's settings: the device's defaults, each replaced by its environment variable."""
     d = {**DEFAULTS[device], **COMMON}
     s = Settings(
-        device=device, minutes=_number(env, "MINUTES", d["MINUTES"], float), width=_number(env, "WIDTH", d["WIDTH"], int),
-        max_update=_number(env, "MAX_UPDATE", d["MAX_UPDATE"], int), lr=_number(env, "LR", d["LR"], float),
-        warmup=_number(env, "WARMUP", d["WARMUP"], int), max_tokens=_number(env, "MAX_TOKENS", d["MAX_TOKENS"], int),
-        log_interval=_number(env, "LOG_INTERVAL", d["LOG_INTERVAL"], int), work=env.get("WORK") or d["WORK"],
-        vocab=_number(env, "VOCAB", d["VOCAB"], int), beam=_number(env, "BEAM", d["BEAM"], int),
-        average=_number(env, "AVERAGE", d["AVERAGE"], int), precision=env.get("PRECISION", d["PRECISION"]),
+        device=device,
+        minutes=_number(env, "MINUTES", d["MINUTES"], float),
+        width=_number(env, "WIDTH", d["WIDTH"], int),
+        max_update=_number(env, "MAX_UPDATE", d["MAX_UPDATE"], int),
+        lr=_number(env, "LR", d["LR"], float),
+        warmup=_number(env, "WARMUP", d["WARMUP"], int),
+        max_tokens=_number(env, "MAX_TOKENS", d["MAX_TOKENS"], int),
+        log_interval=_number(env, "LOG_INTERVAL", d["LOG_INTERVAL"], int),
+        work=env.get("WORK") or d["WORK"],
+        vocab=_number(env, "VOCAB", d["VOCAB"], int),
+        beam=_number(env, "BEAM", d["BEAM"], int),
+        average=_number(env, "AVERAGE", d["AVERAGE"], int),
+        precision=env.get("PRECISION", d["PRECISION"]),
     )
     if s.minutes == 0 and s.max_update == 0:
         raise UserError("MINUTES=0 and MAX_UPDATE=0: give a budget (MINUTES=N, or MAX_UPDATE=N)")
@@ -129,16 +150,28 @@ def reserve_seconds(*args, **kwargs) -> int:
     return int(math.ceil(sum(reserve_parts(*args, **kwargs).values())))
 
 
-def reserve_parts(test_sentences: int, test_words: float, valid_sentences: int, valid_words: float,
-                  width: int, layers: int, startup_s: float, device: str = "cpu", beam: int = 5) -> Dict[str, float]:
+def reserve_parts(
+    test_sentences: int,
+    test_words: float,
+    valid_sentences: int,
+    valid_words: float,
+    width: int,
+    layers: int,
+    startup_s: float,
+    device: str = "cpu",
+    beam: int = 5,
+) -> Dict[str, float]:
     """Seconds of the budget kept for what is not training: three start-ups (fairseq-train,
     averaging, fairseq-generate; ``startup_s`` each), the validation fairseq-train runs after its
     time is up, and decoding: a batch of DECODE_BATCH sentences takes at most 1.2 x its source + 10
     steps (--max-len-a/-b); a step's cost grows with width^1.5 (matrix products and the overhead
     of small ones), the decoder layers and the beam.  ``*_words``: mean raw words per sentence."""
     if device != "cpu":  # a GPU decodes a batch step in milliseconds: start-ups dominate
-        return {"start-ups": 3 * startup_s + 30, "validation": 0.002 * valid_sentences,
-                "decoding": 0.01 * test_sentences}
+        return {
+            "start-ups": 3 * startup_s + 30,
+            "validation": 0.002 * valid_sentences,
+            "decoding": 0.01 * test_sentences,
+        }
     scale = (width / 128) ** 1.5 * max(1, layers) / 6
     steps = 1.2 * PIECES_PER_WORD * test_words + 10
     decode = math.ceil(test_sentences / DECODE_BATCH) * steps * CPU_STEP * scale * max(1, beam) / 5
@@ -154,24 +187,58 @@ def decode_fraction(decode_s: float, budget_s: float, share: float = DECODE_SHAR
     return share * budget_s / decode_s
 
 
-def train_command(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> List[str]:
+def train_command(
+    s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]
+) -> List[str]:
     """fairseq-train's arguments (the program not included) but --stop-time-hours, which run.sh adds
     after preparation; ``extra`` comes last and so overrides."""
-    return [data_bin, "--arch", arch, *width_flags(arch, s.width), *flags({
-        "share_all_embeddings": True, "optimizer": "adam", "adam_betas": "(0.9, 0.98)", "lr": float(s.lr),
-        "lr_scheduler": "inverse_sqrt", "warmup_updates": s.warmup,
-        "criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1,
-        "max_tokens": s.max_tokens, "save_dir": save_dir, "keep_last_epochs": max(1, s.average),
-        "log_format": "simple", "log_interval": s.log_interval, "max_update": s.max_update or None,
-        "cpu": s.device == "cpu"}), *shlex.split(s.precision), *extra]
+    return [
+        data_bin,
+        "--arch",
+        arch,
+        *width_flags(arch, s.width),
+        *flags(
+            {
+                "share_all_embeddings": True,
+                "optimizer": "adam",
+                "adam_betas": "(0.9, 0.98)",
+                "lr": float(s.lr),
+                "lr_scheduler": "inverse_sqrt",
+                "warmup_updates": s.warmup,
+                "criterion": "label_smoothed_cross_entropy",
+                "label_smoothing": 0.1,
+                "max_tokens": s.max_tokens,
+                "save_dir": save_dir,
+                "keep_last_epochs": max(1, s.average),
+                "log_format": "simple",
+                "log_interval": s.log_interval,
+                "max_update": s.max_update or None,
+                "cpu": s.device == "cpu",
+            }
+        ),
+        *shlex.split(s.precision),
+        *extra,
+    ]
 
 
 def generate_command(s: Settings, data_bin: str) -> List[str]:
     """fairseq-generate's arguments but --path.  Output at most 1.2 x the source + 10 tokens long,
     so that an undertrained model that repeats itself cannot stretch the decoding time."""
-    return [data_bin, *flags({"gen_subset": "test", "beam": s.beam, "batch_size": DECODE_BATCH, "max_len_a": 1.2,
-                              "max_len_b": 10, "post_process": "sentencepiece", "cpu": s.device == "cpu"}),
-            *shlex.split(s.precision)]
+    return [
+        data_bin,
+        *flags(
+            {
+                "gen_subset": "test",
+                "beam": s.beam,
+                "batch_size": DECODE_BATCH,
+                "max_len_a": 1.2,
+                "max_len_b": 10,
+                "post_process": "sentencepiece",
+                "cpu": s.device == "cpu",
+            }
+        ),
+        *shlex.split(s.precision),
+    ]
 
 
 def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
@@ -224,11 +291,15 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     extra = list(argv[1:])
     for name in ("SRC", "TGT", "RAW"):
         if not env.get(name):
-            raise UserError(f"set {name}: SRC=de TGT=en RAW=path/to/raw bash examples/own_data/run.sh [ARCH] "
-                            "[fairseq-train flags] (RAW holds train/valid/test.{SRC,TGT}[.gz])")
+            raise UserError(
+                f"set {name}: SRC=de TGT=en RAW=path/to/raw bash examples/own_data/run.sh [ARCH] "
+                "[fairseq-train flags] (RAW holds train/valid/test.{SRC,TGT}[.gz])"
+            )
     src, tgt, raw = env["SRC"], env["TGT"], env["RAW"]
     if not os.path.isdir(raw):
-        raise UserError(f"RAW={raw}: no such folder (it should hold train, valid and test .{src}/.{tgt} files)")
+        raise UserError(
+            f"RAW={raw}: no such folder (it should hold train, valid and test .{src}/.{tgt} files)"
+        )
     device = detect_device(env)
     s = settings_from_env(env, device)
     from .cli import check_arch
@@ -236,7 +307,9 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     check_arch(["fairseq-train", "--arch", arch])  # a mistyped name: the nearest ones
     prefixes = {split: os.path.join(raw, split) for split in ("train", "valid", "test")}
     files = check_inputs(prefixes, src, tgt)
-    check_aligned(files, prefixes, src, tgt)  # an empty or misaligned file: before any folder is made
+    check_aligned(
+        files, prefixes, src, tgt
+    )  # an empty or misaligned file: before any folder is made
     work = s.work
     data_bin = os.path.join(work, "data-bin")
     save_dir = os.path.join(work, "checkpoints", f"{arch}_w{s.width}" if s.width else arch)
@@ -248,9 +321,20 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     width = getattr(args, "decoder_embed_dim", None) or s.width or 512
     layers = getattr(args, "decoder_layers", None) or 6
     start = float(env.get("RUN_START") or 0)
-    startup = max(10.0, time.time() - start) if start else 20.0  # this process's start: python, torch, fairseq
-    parts = reserve_parts(test_sentences, test_words, valid_sentences, valid_words, width, layers, startup,
-                          device, s.beam)
+    startup = (
+        max(10.0, time.time() - start) if start else 20.0
+    )  # this process's start: python, torch, fairseq
+    parts = reserve_parts(
+        test_sentences,
+        test_words,
+        valid_sentences,
+        valid_words,
+        width,
+        layers,
+        startup,
+        device,
+        s.beam,
+    )
     budget = int(round(s.minutes * 60))
     decode_all = parts["decoding"]
     fraction = decode_fraction(decode_all, budget)
@@ -258,33 +342,65 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     reserve = int(math.ceil(sum(parts.values())))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
     values = {
-        "WORK": work, "SAVE": save_dir, "DATA_BIN": data_bin, "PREFIX_TRAIN": prefixes["train"],
-        "PREFIX_VALID": prefixes["valid"], "PREFIX_TEST": prefixes["test"], "VOCAB": s.vocab,
-        "BUDGET_S": budget, "RESERVE_S": reserve, "MARGIN_S": END_MARGIN_S, "AVERAGE": s.average, "DEVICE_KIND": device,
-        "REF": files[f"test.{tgt}"], "TRAIN": train, "GENERATE": generate,
+        "WORK": work,
+        "SAVE": save_dir,
+        "DATA_BIN": data_bin,
+        "PREFIX_TRAIN": prefixes["train"],
+        "PREFIX_VALID": prefixes["valid"],
+        "PREFIX_TEST": prefixes["test"],
+        "VOCAB": s.vocab,
+        "BUDGET_S": budget,
+        "RESERVE_S": reserve,
+        "MARGIN_S": END_MARGIN_S,
+        "AVERAGE": s.average,
+        "DEVICE_KIND": device,
+        "REF": files[f"test.{tgt}"],
+        "TRAIN": train,
+        "GENERATE": generate,
         "DECODE_FRACTION": f"{fraction:.4f}" if fraction < 1 else "",
         # for training's warning of a budget too small to learn: what is neither training nor decoding, decoding
-        "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])), "DECODE_ALL_S": int(math.ceil(decode_all)),
+        "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])),
+        "DECODE_ALL_S": int(math.ceil(decode_all)),
         "DECODE_SHARE": DECODE_SHARE,
-        "INTERACTIVE": [data_bin, "--source-lang", src, "--target-lang", tgt, "--bpe", "sentencepiece",
-                        "--sentencepiece-model", os.path.join(work, "spm.model")] + (["--cpu"] if device == "cpu" else []),
+        "INTERACTIVE": [
+            data_bin,
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--bpe",
+            "sentencepiece",
+            "--sentencepiece-model",
+            os.path.join(work, "spm.model"),
+        ]
+        + (["--cpu"] if device == "cpu" else []),
     }
     for name, value in values.items():
         print(_shell(name, value), file=out)
     width = f"width {s.width}" if s.width else "the architecture's own width"
-    budget_text = (f"a budget of {s.minutes:g} minutes in all (MINUTES)" if s.minutes else "no time budget")
-    print(f"{PROG}: {arch} at {width} on {'the CPU' if device == 'cpu' else 'CUDA'}, {budget_text}"
-          + (f", at most {s.max_update} updates" if s.max_update else "")
-          + f"; {reserve} s of it kept for what follows training ("
-          + ", ".join(f"{name} {value:.0f} s" for name, value in parts.items())
-          + f" for {test_sentences} test sentences; an estimate)"
-          + (f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)" if resumed else ""),
-          file=log)
+    budget_text = (
+        f"a budget of {s.minutes:g} minutes in all (MINUTES)" if s.minutes else "no time budget"
+    )
+    print(
+        f"{PROG}: {arch} at {width} on {'the CPU' if device == 'cpu' else 'CUDA'}, {budget_text}"
+        + (f", at most {s.max_update} updates" if s.max_update else "")
+        + f"; {reserve} s of it kept for what follows training ("
+        + ", ".join(f"{name} {value:.0f} s" for name, value in parts.items())
+        + f" for {test_sentences} test sentences; an estimate)"
+        + (
+            f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)"
+            if resumed
+            else ""
+        ),
+        file=log,
+    )
     if fraction < 1:
-        print(f"{PROG}: decoding about {max(1, round(fraction * test_sentences)):,} of the {test_sentences:,} test "
-              f"sentences (a subset of every length), since all of them would take about {decode_all:.0f} s, more than "
-              f"{DECODE_SHARE:.0%} of the budget; MINUTES={math.ceil(decode_all / DECODE_SHARE / 60)} decodes them all",
-              file=log)
+        print(
+            f"{PROG}: decoding about {max(1, round(fraction * test_sentences)):,} of the {test_sentences:,} test "
+            f"sentences (a subset of every length), since all of them would take about {decode_all:.0f} s, more than "
+            f"{DECODE_SHARE:.0%} of the budget; MINUTES={math.ceil(decode_all / DECODE_SHARE / 60)} decodes them all",
+            file=log,
+        )
 
 
 # ---------------------------------------------------------------------------------------- checkpoint
@@ -299,7 +415,7 @@ def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: 
     if n < 2:
         return []
     earlier = sorted((u, p) for p, u in epochs if last_updates / 2 <= u < last_updates)
-    chosen = [p for _, p in earlier[-(n - 1):]]
+    chosen = [p for _, p in earlier[-(n - 1) :]]
     return chosen + ["checkpoint_last.pt"] if chosen else []
 
 
@@ -317,14 +433,26 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
     best = os.path.join(save_dir, "checkpoint_best.pt")
     last = os.path.join(save_dir, "checkpoint_last.pt")
     if not os.path.exists(last):
-        raise UserError(f"{last}: no checkpoint; training saved none (see {save_dir}/../../train.log)")
-    epochs = [(os.path.join(save_dir, f), _updates(os.path.join(save_dir, f)))
-              for f in os.listdir(save_dir) if _EPOCH.match(f)] if n >= 2 else []
+        raise UserError(
+            f"{last}: no checkpoint; training saved none (see {save_dir}/../../train.log)"
+        )
+    epochs = (
+        [
+            (os.path.join(save_dir, f), _updates(os.path.join(save_dir, f)))
+            for f in os.listdir(save_dir)
+            if _EPOCH.match(f)
+        ]
+        if n >= 2
+        else []
+    )
     last_updates = _updates(last)
     chosen = choose_checkpoints(last_updates, epochs, n)
     if not chosen:
-        print(f"{PROG}: decoding checkpoint_best.pt (too few epoch checkpoints in the second half of "
-              f"training to average: {len(epochs)} epoch(s) kept, {last_updates} updates)", file=log)
+        print(
+            f"{PROG}: decoding checkpoint_best.pt (too few epoch checkpoints in the second half of "
+            f"training to average: {len(epochs)} epoch(s) kept, {last_updates} updates)",
+            file=log,
+        )
         return best
     paths = [last if c == "checkpoint_last.pt" else c for c in chosen]
     from fairseq import checkpoint_utils
@@ -333,12 +461,16 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
 
     out = os.path.join(save_dir, "checkpoint_average.pt")
     checkpoint_utils.torch_persistent_save(average_checkpoints(paths), out)
-    print(f"{PROG}: decoding the average of the last {len(paths)} checkpoints "
-          f"({', '.join(os.path.basename(p) for p in paths)}; up to update {last_updates}): {out}", file=log)
+    print(
+        f"{PROG}: decoding the average of the last {len(paths)} checkpoints "
+        f"({', '.join(os.path.basename(p) for p in paths)}; up to update {last_updates}): {out}",
+        file=log,
+    )
     return out
 
 
 # --------------------------------------------------------------------------------------------- score
+
 
 def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> float:
     """One sacreBLEU line of the hypotheses of ``generate_out`` against ``reference``, written in
@@ -356,8 +488,10 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     by_id = generated.detok
     strays = sorted(i for i in by_id if not 0 <= i < len(refs))
     if strays or not by_id:
-        raise UserError(f"{generate_out}: {len(by_id)} hypotheses for {len(refs)} test sentences in {reference}"
-                        + (f" (ids {', '.join(map(str, strays[:3]))} are not lines of it)" if strays else ""))
+        raise UserError(
+            f"{generate_out}: {len(by_id)} hypotheses for {len(refs)} test sentences in {reference}"
+            + (f" (ids {', '.join(map(str, strays[:3]))} are not lines of it)" if strays else "")
+        )
     ids = sorted(by_id)
     hyps = [by_id[i] for i in ids]
     with open(hyp_out, "w", encoding="utf-8") as f:
@@ -371,15 +505,23 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     subset = any(DECODE_SUBSET in line for line in generated.lines)
     part = ""
     if len(ids) < len(refs):
-        why = ("the budget ran out while decoding; a larger MINUTES decodes all" if stopped else
-               "a subset of every length, so that decoding left the budget to training; run.sh's first lines say "
-               "the MINUTES that decode all" if subset else f"fairseq-generate decoded only these; see {generate_out}")
+        why = (
+            "the budget ran out while decoding; a larger MINUTES decodes all"
+            if stopped
+            else "a subset of every length, so that decoding left the budget to training; run.sh's first lines say "
+            "the MINUTES that decode all"
+            if subset
+            else f"fairseq-generate decoded only these; see {generate_out}"
+        )
         part = f" on {len(ids):,} of {len(refs):,} test sentences ({why}):"
     print(f"sacreBLEU{part} {b}   (signature {bleu.get_signature()}; {c})", file=out)
     if fairseq_bleu is not None:
-        print(f"(fairseq-generate's own \"BLEU4 = {fairseq_bleu}\" in {generate_out} is another number: it "
-              "splits the same output at spaces only, so punctuation stays on words; report the sacreBLEU line, "
-              "which is comparable with published scores)", file=out)
+        print(
+            f'(fairseq-generate\'s own "BLEU4 = {fairseq_bleu}" in {generate_out} is another number: it '
+            "splits the same output at spaces only, so punctuation stays on words; report the sacreBLEU line, "
+            "which is comparable with published scores)",
+            file=out,
+        )
     return b.score
 
 

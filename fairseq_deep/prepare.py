@@ -42,7 +42,11 @@ _LANG = re.compile(r"^[A-Za-z0-9_]+$")
 
 def open_text(path: str):
     """A text file, gzip or plain, read as UTF-8."""
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+    return (
+        gzip.open(path, "rt", encoding="utf-8")
+        if path.endswith(".gz")
+        else open(path, encoding="utf-8")
+    )
 
 
 def find_file(prefix: str, lang: str) -> str:
@@ -56,8 +60,10 @@ def check_languages(src: str, tgt: str):
     """Language suffixes fairseq can name its files with (``train.SRC-TGT.SRC``)."""
     for what, lang in (("source", src), ("target", tgt)):
         if not _LANG.match(lang or ""):
-            raise UserError(f"{what} language {lang!r}: use a file suffix of letters, digits and _ "
-                            "(e.g. de, en, cs)")
+            raise UserError(
+                f"{what} language {lang!r}: use a file suffix of letters, digits and _ "
+                "(e.g. de, en, cs)"
+            )
     if src == tgt:
         raise UserError(f"source and target language are both {src!r}: name two different suffixes")
 
@@ -66,7 +72,11 @@ def check_inputs(prefixes: Dict[str, str], src: str, tgt: str) -> Dict[str, str]
     """Every ``PREFIX.LANG[.gz]`` exists (a :class:`UserError` naming the first that does not);
     returns ``{"split.lang": path}``."""
     check_languages(src, tgt)
-    return {f"{split}.{lang}": find_file(prefix, lang) for split, prefix in prefixes.items() for lang in (src, tgt)}
+    return {
+        f"{split}.{lang}": find_file(prefix, lang)
+        for split, prefix in prefixes.items()
+        for lang in (src, tgt)
+    }
 
 
 def read_lines(path: str) -> List[str]:
@@ -85,16 +95,25 @@ def file_hash(path: str) -> str:
 def stamp_of(files: Dict[str, str], options: Dict) -> Dict:
     """What a preparation is made from: the sha256 of every input file (as stored, gzip or not)
     and the options that change the output."""
-    return {"files": {name: file_hash(path) for name, path in sorted(files.items())},
-            "options": dict(sorted(options.items()))}
+    return {
+        "files": {name: file_hash(path) for name, path in sorted(files.items())},
+        "options": dict(sorted(options.items())),
+    }
 
 
 def outputs_exist(destdir: str, prefixes: Dict[str, str], src: str, tgt: str) -> bool:
     data_bin = os.path.join(destdir, "data-bin")
-    needed = [os.path.join(destdir, "spm.model"), os.path.join(data_bin, f"dict.{src}.txt"),
-              os.path.join(data_bin, f"dict.{tgt}.txt")]
-    needed += [os.path.join(data_bin, f"{split}.{src}-{tgt}.{lang}.{ext}")
-               for split in prefixes for lang in (src, tgt) for ext in ("bin", "idx")]
+    needed = [
+        os.path.join(destdir, "spm.model"),
+        os.path.join(data_bin, f"dict.{src}.txt"),
+        os.path.join(data_bin, f"dict.{tgt}.txt"),
+    ]
+    needed += [
+        os.path.join(data_bin, f"{split}.{src}-{tgt}.{lang}.{ext}")
+        for split in prefixes
+        for lang in (src, tgt)
+        for ext in ("bin", "idx")
+    ]
     return all(os.path.exists(p) for p in needed)
 
 
@@ -120,23 +139,33 @@ def count_lines(path: str) -> int:
         return sum(1 for _ in f)
 
 
-def check_aligned(files: Dict[str, str], prefixes: Dict[str, str], src: str, tgt: str) -> Dict[str, int]:
+def check_aligned(
+    files: Dict[str, str], prefixes: Dict[str, str], src: str, tgt: str
+) -> Dict[str, int]:
     """The two sides of every split have the same number of lines (and the training split some);
     returns the number of sentence pairs of each split."""
     sizes = {}
     for split in prefixes:
         n_src, n_tgt = count_lines(files[f"{split}.{src}"]), count_lines(files[f"{split}.{tgt}"])
         if n_src != n_tgt:
-            raise UserError(f"{files[f'{split}.{src}']} has {n_src} lines and {files[f'{split}.{tgt}']} "
-                            f"{n_tgt}: the two sides of a split must be aligned line by line")
+            raise UserError(
+                f"{files[f'{split}.{src}']} has {n_src} lines and {files[f'{split}.{tgt}']} "
+                f"{n_tgt}: the two sides of a split must be aligned line by line"
+            )
         if n_src == 0:
             raise UserError(f"{files[f'{split}.{src}']} is empty")
         sizes[split] = n_src
     return sizes
 
 
-def train_sentencepiece(inputs: Sequence[str], model_prefix: str, vocab_size: int, model_type: str = "bpe",
-                        character_coverage: float = 1.0, threads: int = 1):
+def train_sentencepiece(
+    inputs: Sequence[str],
+    model_prefix: str,
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    threads: int = 1,
+):
     """A joint sentencepiece model on ``inputs`` (plain-text files).  fairseq adds its own <s>,
     <pad>, </s> and <unk>, so sentencepiece keeps only <unk> (id 0) of its own specials."""
     import sentencepiece as spm
@@ -144,14 +173,28 @@ def train_sentencepiece(inputs: Sequence[str], model_prefix: str, vocab_size: in
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     try:
         spm.SentencePieceTrainer.train(
-            input=",".join(inputs), model_prefix=model_prefix, vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, num_threads=threads, shuffle_input_sentence=False,
-            input_sentence_size=0, minloglevel=2, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+            input=",".join(inputs),
+            model_prefix=model_prefix,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            num_threads=threads,
+            shuffle_input_sentence=False,
+            input_sentence_size=0,
+            minloglevel=2,
+            bos_id=-1,
+            eos_id=-1,
+            unk_id=0,
+            pad_id=-1,
         )
-    except RuntimeError as e:  # e.g. "Vocabulary size too high (8000). Please set it to a value <= 1234."
+    except (
+        RuntimeError
+    ) as e:  # e.g. "Vocabulary size too high (8000). Please set it to a value <= 1234."
         if "ocabulary size" in str(e):
-            raise UserError(f"--vocab-size {vocab_size}: sentencepiece says: {str(e).strip().splitlines()[-1]} "
-                            "(in run.sh: VOCAB=N)") from e
+            raise UserError(
+                f"--vocab-size {vocab_size}: sentencepiece says: {str(e).strip().splitlines()[-1]} "
+                "(in run.sh: VOCAB=N)"
+            ) from e
         raise
     return spm.SentencePieceProcessor(model_file=model_prefix + ".model")
 
@@ -161,8 +204,16 @@ def encode_lines(sp, lines: Sequence[str], out_path: str):
         f.writelines(" ".join(pieces) + "\n" for pieces in sp.encode(list(lines), out_type=str))
 
 
-def prepare(prefixes: Dict[str, str], src: str, tgt: str, destdir: str, vocab_size: int,
-            model_type: str = "bpe", workers: int = 1, character_coverage: float = 1.0) -> str:
+def prepare(
+    prefixes: Dict[str, str],
+    src: str,
+    tgt: str,
+    destdir: str,
+    vocab_size: int,
+    model_type: str = "bpe",
+    workers: int = 1,
+    character_coverage: float = 1.0,
+) -> str:
     """Train sentencepiece on the training text, encode every split, binarize; returns data-bin."""
     files = check_inputs(prefixes, src, tgt)
     sizes = check_aligned(files, prefixes, src, tgt)
@@ -178,26 +229,47 @@ def prepare(prefixes: Dict[str, str], src: str, tgt: str, destdir: str, vocab_si
             path = plain
         train_inputs.append(path)
     model_prefix = os.path.join(destdir, "spm")
-    sp = train_sentencepiece(train_inputs, model_prefix, vocab_size, model_type, character_coverage,
-                             threads=workers)
-    logger.info("sentencepiece: joint %s vocabulary of %d pieces, %s.model", model_type, vocab_size,
-                model_prefix)
+    sp = train_sentencepiece(
+        train_inputs, model_prefix, vocab_size, model_type, character_coverage, threads=workers
+    )
+    logger.info(
+        "sentencepiece: joint %s vocabulary of %d pieces, %s.model",
+        model_type,
+        vocab_size,
+        model_prefix,
+    )
     for split in prefixes:
         for lang in (src, tgt):
             lines = read_lines(files[f"{split}.{lang}"])
             encode_lines(sp, lines, os.path.join(spm_dir, f"{split}.{lang}"))
         logger.info("encoded %s: %d sentence pairs", split, sizes[split])
     data_bin = os.path.join(destdir, "data-bin")
-    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
-           "--destdir", data_bin, "--joined-dictionary", "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fairseq_cli.preprocess",
+        "--source-lang",
+        src,
+        "--target-lang",
+        tgt,
+        "--destdir",
+        data_bin,
+        "--joined-dictionary",
+        "--workers",
+        str(workers),
+    ]
     for split in prefixes:
         cmd += [f"--{split}pref", os.path.join(spm_dir, split)]
     logger.info("$ %s", " ".join(cmd))
     env = dict(os.environ, PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore"))
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.run(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     if proc.returncode != 0:  # its log only when it fails
         sys.stderr.write(proc.stderr)
-        raise RuntimeError(f"fairseq-preprocess failed (exit status {proc.returncode}): {' '.join(cmd)}")
+        raise RuntimeError(
+            f"fairseq-preprocess failed (exit status {proc.returncode}): {' '.join(cmd)}"
+        )
     logger.info("binarized every split into %s", data_bin)
     return data_bin
 
@@ -221,43 +293,101 @@ def next_steps(destdir: str, src: str, tgt: str, test_ref: str) -> str:
 
 def get_parser() -> argparse.ArgumentParser:
     description, epilog = __doc__.split("\n\n", 1)
-    p = ArgumentParser(prog="fairseq-deep-prepare", description=description, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source-lang", "-s", required=True, metavar="SRC",
-                   help="source language: the file suffix, as in PREFIX.SRC (e.g. de)")
-    p.add_argument("--target-lang", "-t", required=True, metavar="TGT",
-                   help="target language: the file suffix, as in PREFIX.TGT (e.g. en)")
-    p.add_argument("--trainpref", required=True, metavar="PREFIX",
-                   help="training text: PREFIX.SRC and PREFIX.TGT (or .gz); sentencepiece learns from it")
-    p.add_argument("--validpref", required=True, metavar="PREFIX",
-                   help="validation text (fairseq-train's valid split): PREFIX.SRC and PREFIX.TGT (or .gz)")
-    p.add_argument("--testpref", metavar="PREFIX",
-                   help="test text, optional: PREFIX.SRC and PREFIX.TGT (or .gz)")
-    p.add_argument("--destdir", required=True, metavar="DIR",
-                   help="output folder: spm.model, spm/, data-bin/ and prepare.stamp")
-    p.add_argument("--vocab-size", type=int, default=8000, metavar="N",
-                   help="pieces in the joint sentencepiece vocabulary (default: %(default)s); a small "
-                        "corpus needs fewer (sentencepiece names the largest it can make)")
-    p.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe",
-                   help="sentencepiece's segmentation algorithm (default: %(default)s)")
-    p.add_argument("--character-coverage", type=float, default=1.0, metavar="F",
-                   help="share of the characters sentencepiece keeps as pieces (default: %(default)s; "
-                        "0.9995 is usual for Chinese or Japanese)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="threads for sentencepiece and processes for fairseq-preprocess (default: %(default)s)")
-    p.add_argument("--quiet", action="store_true",
-                   help="log only; do not print the next commands (run.sh passes it)")
-    p.add_argument("--force", action="store_true",
-                   help="prepare again even when DESTDIR/prepare.stamp says the same files and options "
-                        "were prepared already")
+    p = ArgumentParser(
+        prog="fairseq-deep-prepare",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--source-lang",
+        "-s",
+        required=True,
+        metavar="SRC",
+        help="source language: the file suffix, as in PREFIX.SRC (e.g. de)",
+    )
+    p.add_argument(
+        "--target-lang",
+        "-t",
+        required=True,
+        metavar="TGT",
+        help="target language: the file suffix, as in PREFIX.TGT (e.g. en)",
+    )
+    p.add_argument(
+        "--trainpref",
+        required=True,
+        metavar="PREFIX",
+        help="training text: PREFIX.SRC and PREFIX.TGT (or .gz); sentencepiece learns from it",
+    )
+    p.add_argument(
+        "--validpref",
+        required=True,
+        metavar="PREFIX",
+        help="validation text (fairseq-train's valid split): PREFIX.SRC and PREFIX.TGT (or .gz)",
+    )
+    p.add_argument(
+        "--testpref",
+        metavar="PREFIX",
+        help="test text, optional: PREFIX.SRC and PREFIX.TGT (or .gz)",
+    )
+    p.add_argument(
+        "--destdir",
+        required=True,
+        metavar="DIR",
+        help="output folder: spm.model, spm/, data-bin/ and prepare.stamp",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,
+        metavar="N",
+        help="pieces in the joint sentencepiece vocabulary (default: %(default)s); a small "
+        "corpus needs fewer (sentencepiece names the largest it can make)",
+    )
+    p.add_argument(
+        "--model-type",
+        choices=["bpe", "unigram"],
+        default="bpe",
+        help="sentencepiece's segmentation algorithm (default: %(default)s)",
+    )
+    p.add_argument(
+        "--character-coverage",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="share of the characters sentencepiece keeps as pieces (default: %(default)s; "
+        "0.9995 is usual for Chinese or Japanese)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="threads for sentencepiece and processes for fairseq-preprocess (default: %(default)s)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="log only; do not print the next commands (run.sh passes it)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="prepare again even when DESTDIR/prepare.stamp says the same files and options "
+        "were prepared already",
+    )
     return p
 
 
 def cli_main(argv=None):
     p = get_parser()
     args = p.parse_args(argv)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
-                        stream=sys.stdout, force=True)
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=logging.INFO,
+        stream=sys.stdout,
+        force=True,
+    )
     report_user_errors(lambda: _main(args), p.prog)
 
 
@@ -267,19 +397,37 @@ def _main(args):
     if args.testpref:
         prefixes["test"] = args.testpref
     files = check_inputs(prefixes, src, tgt)  # every file first, before minutes of work
-    options = {"source_lang": src, "target_lang": tgt, "splits": sorted(prefixes), "vocab_size": args.vocab_size,
-               "model_type": args.model_type, "character_coverage": args.character_coverage}
+    options = {
+        "source_lang": src,
+        "target_lang": tgt,
+        "splits": sorted(prefixes),
+        "vocab_size": args.vocab_size,
+        "model_type": args.model_type,
+        "character_coverage": args.character_coverage,
+    }
     stamp = stamp_of(files, options)
     if not args.force and is_prepared(args.destdir, stamp, prefixes, src, tgt):
-        logger.info("%s is prepared from the same files with the same options (%s): nothing to do "
-                    "(--force prepares again)", args.destdir, STAMP)
+        logger.info(
+            "%s is prepared from the same files with the same options (%s): nothing to do "
+            "(--force prepares again)",
+            args.destdir,
+            STAMP,
+        )
     else:
         try:
             os.remove(os.path.join(args.destdir, STAMP))  # an interrupted run leaves no stamp
         except FileNotFoundError:
             pass
-        prepare(prefixes, src, tgt, args.destdir, args.vocab_size, args.model_type, args.workers,
-                args.character_coverage)
+        prepare(
+            prefixes,
+            src,
+            tgt,
+            args.destdir,
+            args.vocab_size,
+            args.model_type,
+            args.workers,
+            args.character_coverage,
+        )
         write_stamp(args.destdir, stamp)
     if not args.quiet:
         test_ref = files[f"test.{tgt}"] if args.testpref else "REFERENCE"

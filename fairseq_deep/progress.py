@@ -38,7 +38,7 @@ examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.  A sub
 spaced fraction f of the test set's sentences in fairseq's order, which is by length (the
 dataset's ``ordered_indices``, from which fairseq makes its batches), so the subset holds every
 length, and says so; run.sh sets it where decoding the whole test set would starve training.
-"""
+"""  # noqa: E501  (a progress line as it is printed)
 
 import logging
 import math
@@ -74,7 +74,9 @@ def interval_seconds() -> float:
     try:
         return float(value) if value.strip() else DEFAULT_INTERVAL
     except ValueError:
-        logger.warning("%s=%r is not a number of seconds: using %g", INTERVAL_ENV, value, DEFAULT_INTERVAL)
+        logger.warning(
+            "%s=%r is not a number of seconds: using %g", INTERVAL_ENV, value, DEFAULT_INTERVAL
+        )
         return DEFAULT_INTERVAL
 
 
@@ -88,7 +90,9 @@ def deadline_from_env() -> Optional[float]:
     except ValueError:
         deadline = float("nan")
     if not math.isfinite(deadline):
-        logger.warning("%s=%r is not a Unix time in seconds: decoding has no deadline", DEADLINE_ENV, value)
+        logger.warning(
+            "%s=%r is not a Unix time in seconds: decoding has no deadline", DEADLINE_ENV, value
+        )
         return None
     return deadline
 
@@ -124,7 +128,9 @@ class BudgetCheck:
     """Whether ``--stop-time-hours`` reaches the end of warm-up at the rate of the first updates;
     :meth:`warning` returns the one warning (once), or None."""
 
-    def __init__(self, stop_time_hours=0.0, warmup_updates=0, max_update=0, recipe: Optional[str] = None):
+    def __init__(
+        self, stop_time_hours=0.0, warmup_updates=0, max_update=0, recipe: Optional[str] = None
+    ):
         self.stop_s = (stop_time_hours or 0.0) * 3600.0
         self.warmup = int(warmup_updates or 0)
         self.target = self.warmup or FEW_UPDATES
@@ -133,11 +139,18 @@ class BudgetCheck:
         self.recipe = recipe  # "MINUTES 120 324 0.2": recipe_minutes
         self.done = self.stop_s <= 0
 
-    def warning(self, num_updates: int, updates_measured: int, seconds_measured: float,
-                training_seconds: Optional[float]) -> Optional[str]:
+    def warning(
+        self,
+        num_updates: int,
+        updates_measured: int,
+        seconds_measured: float,
+        training_seconds: Optional[float],
+    ) -> Optional[str]:
         if self.done or training_seconds is None or updates_measured < 1 or seconds_measured <= 0:
             return None
-        if updates_measured < BUDGET_CHECK_UPDATES and not (seconds_measured >= 60 and updates_measured >= 3):
+        if updates_measured < BUDGET_CHECK_UPDATES and not (
+            seconds_measured >= 60 and updates_measured >= 3
+        ):
             return None
         self.done = True
         rate = updates_measured / seconds_measured
@@ -145,10 +158,16 @@ class BudgetCheck:
         if reached >= self.target:
             return None
         needed = training_seconds + (self.target - num_updates) / rate
-        what = (f"the end of warm-up (--warmup-updates {self.warmup:,})" if self.warmup else f"{self.target:,} updates")
-        text = (f"a budget too small to learn: at {rate:.3g} updates/s, --stop-time-hours {self.stop_s / 3600:.3g} ends "
-                f"training after about {reached:,.0f} updates, before {what}: the model will hardly have learnt. "
-                f"About {hms(needed)} of training reach it (--stop-time-hours {needed / 3600:.3g})")
+        what = (
+            f"the end of warm-up (--warmup-updates {self.warmup:,})"
+            if self.warmup
+            else f"{self.target:,} updates"
+        )
+        text = (
+            f"a budget too small to learn: at {rate:.3g} updates/s, --stop-time-hours {self.stop_s / 3600:.3g} ends "
+            f"training after about {reached:,.0f} updates, before {what}: the model will hardly have learnt. "
+            f"About {hms(needed)} of training reach it (--stop-time-hours {needed / 3600:.3g})"
+        )
         minutes = recipe_minutes(self.recipe, needed)
         if minutes is not None:
             text += f"; {minutes} would"
@@ -165,7 +184,11 @@ def recipe_minutes(recipe: Optional[str], training_s: float) -> Optional[str]:
         budget = total
         if decoding:
             decode_all, share = float(decoding[0]), float(decoding[1])
-            budget = total / (1 - share) if share * total / (1 - share) <= decode_all else total + decode_all
+            budget = (
+                total / (1 - share)
+                if share * total / (1 - share) <= decode_all
+                else total + decode_all
+            )
     except (ValueError, IndexError, ZeroDivisionError):
         return None
     return f"{name}={math.ceil(budget / 60)}"
@@ -176,8 +199,15 @@ class TrainingProgress:
 
     ``max_update``, ``max_epoch``, ``stop_time_hours``: fairseq's (0 or None: no such bound)."""
 
-    def __init__(self, max_update=0, max_epoch=0, stop_time_hours=0.0, interval: float = DEFAULT_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic, budget: Optional[BudgetCheck] = None):
+    def __init__(
+        self,
+        max_update=0,
+        max_epoch=0,
+        stop_time_hours=0.0,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        budget: Optional[BudgetCheck] = None,
+    ):
         self.budget = budget or BudgetCheck()
         self.max_update = max_update or 0
         self.max_epoch = max_epoch or 0
@@ -191,8 +221,14 @@ class TrainingProgress:
         self.updates_per_epoch = None
         self.epoch_itr = None  # fairseq's epoch iterator of the epoch being trained
 
-    def set_epoch(self, epoch: int, fraction_done: Optional[float], updates_per_epoch: Optional[float]):
-        self.epoch, self.epoch_fraction, self.updates_per_epoch = epoch, fraction_done, updates_per_epoch
+    def set_epoch(
+        self, epoch: int, fraction_done: Optional[float], updates_per_epoch: Optional[float]
+    ):
+        self.epoch, self.epoch_fraction, self.updates_per_epoch = (
+            epoch,
+            fraction_done,
+            updates_per_epoch,
+        )
 
     def step(self, num_updates: int, words: float = 0.0, training_seconds: Optional[float] = None):
         """After an update: ``num_updates`` done in all, ``words`` (target tokens) in this one,
@@ -204,24 +240,45 @@ class TrainingProgress:
             self.words += words or 0.0
         if self.ticker.due():
             logger.info(self.line(num_updates, training_seconds, now))
-        warning = self.budget.warning(num_updates, num_updates - self.first[1], now - self.first[0], training_seconds)
+        warning = self.budget.warning(
+            num_updates, num_updates - self.first[1], now - self.first[0], training_seconds
+        )
         if warning:
             logger.warning("progress: %s", warning)
 
-    def line(self, num_updates: int, training_seconds: Optional[float] = None, now: Optional[float] = None) -> str:
+    def line(
+        self,
+        num_updates: int,
+        training_seconds: Optional[float] = None,
+        now: Optional[float] = None,
+    ) -> str:
         now = self.clock() if now is None else now
-        t0, u0, start = self.first if self.first is not None else (now, num_updates, self.ticker.start)
+        t0, u0, start = (
+            self.first if self.first is not None else (now, num_updates, self.ticker.start)
+        )
         elapsed = now - start
         span = now - t0
         if span > 0 and num_updates > u0:
             rate = (num_updates - u0) / span  # since the first update: start-up left out
         else:  # after the first update: its time, start-up included (an overestimate)
             rate = 1.0 / (t0 - start) if t0 > start and num_updates > 0 else None
-        parts = [f"update {num_updates:,}" + (f"/{self.max_update:,} ({100.0 * num_updates / self.max_update:.1f}%)"
-                                             if self.max_update else "")]
+        parts = [
+            f"update {num_updates:,}"
+            + (
+                f"/{self.max_update:,} ({100.0 * num_updates / self.max_update:.1f}%)"
+                if self.max_update
+                else ""
+            )
+        ]
         if self.epoch is not None:
-            parts.append(f"epoch {self.epoch}" + (f" ({100.0 * self.epoch_fraction:.0f}%)"
-                                                   if self.epoch_fraction is not None else ""))
+            parts.append(
+                f"epoch {self.epoch}"
+                + (
+                    f" ({100.0 * self.epoch_fraction:.0f}%)"
+                    if self.epoch_fraction is not None
+                    else ""
+                )
+            )
         if span > 0 and self.words > 0:
             parts.append(f"{self.words / span:,.0f} words/s")
         if rate is not None:
@@ -230,16 +287,26 @@ class TrainingProgress:
         parts.append(self.eta(num_updates, rate, training_seconds))
         return "progress: " + " | ".join(parts)
 
-    def eta(self, num_updates: int, rate: Optional[float], training_seconds: Optional[float]) -> str:
+    def eta(
+        self, num_updates: int, rate: Optional[float], training_seconds: Optional[float]
+    ) -> str:
         ends = []  # (seconds left, why)
         if self.max_update and rate:
-            ends.append((max(0, self.max_update - num_updates) / rate, f"--max-update {self.max_update}"))
+            ends.append(
+                (max(0, self.max_update - num_updates) / rate, f"--max-update {self.max_update}")
+            )
         if self.max_epoch and rate and self.epoch is not None and self.updates_per_epoch:
             epochs_left = max(0.0, self.max_epoch - self.epoch + 1.0 - (self.epoch_fraction or 0.0))
-            ends.append((epochs_left * self.updates_per_epoch / rate, f"--max-epoch {self.max_epoch}"))
+            ends.append(
+                (epochs_left * self.updates_per_epoch / rate, f"--max-epoch {self.max_epoch}")
+            )
         if self.stop_time_hours and training_seconds is not None:
-            ends.append((max(0.0, self.stop_time_hours * 3600.0 - training_seconds),
-                         f"--stop-time-hours {self.stop_time_hours:g}"))
+            ends.append(
+                (
+                    max(0.0, self.stop_time_hours * 3600.0 - training_seconds),
+                    f"--stop-time-hours {self.stop_time_hours:g}",
+                )
+            )
         if ends:
             left, why = min(ends)
             return f"ETA {hms(left)} ({why})"
@@ -251,8 +318,13 @@ class TrainingProgress:
 class DecodingProgress:
     """Counts the sentences of a decoding run and logs a line with the ETA."""
 
-    def __init__(self, total_sentences: Optional[int], total_batches: Optional[int] = None,
-                 interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total_sentences: Optional[int],
+        total_batches: Optional[int] = None,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.total_sentences = total_sentences
         self.total_batches = total_batches
         self.ticker = Ticker(interval, clock)
@@ -275,7 +347,9 @@ class DecodingProgress:
             done, total, what = self.batches, self.total_batches, "batches"
         else:
             done, total, what = self.sentences, None, "sentences"
-        head = f"{done:,}" + (f"/{total:,} {what} ({100.0 * done / total:.1f}%)" if total else f" {what}")
+        head = f"{done:,}" + (
+            f"/{total:,} {what} ({100.0 * done / total:.1f}%)" if total else f" {what}"
+        )
         parts = [head]
         if rate:
             parts.append(f"{rate:,.1f} sentences/s")
@@ -295,7 +369,9 @@ def fraction_from_env() -> Optional[float]:
     except ValueError:
         fraction = float("nan")
     if not 0 < fraction <= 1:
-        logger.warning("%s=%r is not a fraction in (0, 1]: decoding every sentence", DECODE_FRACTION_ENV, value)
+        logger.warning(
+            "%s=%r is not a fraction in (0, 1]: decoding every sentence", DECODE_FRACTION_ENV, value
+        )
         return None
     return fraction if fraction < 1 else None
 

@@ -42,6 +42,7 @@ RESET = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
 # command lines
 # --------------------------------------------------------------------------------------------
 
+
 def option(name: str) -> str:
     """``max_tokens`` as ``--max-tokens``."""
     return "--" + name.replace("_", "-")
@@ -68,7 +69,14 @@ def flags(settings: Mapping[str, object]) -> List[str]:
 def command(module: str, data: str, *args: str, user_dir: bool = True) -> List[str]:
     """``python -m MODULE DATA [--user-dir this package] ARGS...``: a fairseq program (:data:`TRAIN`,
     :data:`GENERATE`) run with this Python, the plugin loaded."""
-    return [sys.executable, "-m", module, data, *(["--user-dir", PLUGIN_DIR] if user_dir else []), *args]
+    return [
+        sys.executable,
+        "-m",
+        module,
+        data,
+        *(["--user-dir", PLUGIN_DIR] if user_dir else []),
+        *args,
+    ]
 
 
 def has_option(argv: Sequence[str], name: str) -> bool:
@@ -82,22 +90,41 @@ def restore_flags(checkpoint: str) -> List[str]:
     return ["--restore-file", checkpoint, *RESET]
 
 
-def grow_command(checkpoint: str, out: str, encoder_layers: int, method: str = "stack",
-                 keep_training_time: bool = True) -> List[str]:
+def grow_command(
+    checkpoint: str,
+    out: str,
+    encoder_layers: int,
+    method: str = "stack",
+    keep_training_time: bool = True,
+) -> List[str]:
     """``python -m fairseq_deep.grow``: ``checkpoint`` grown to ``encoder_layers`` into ``out``."""
-    return [sys.executable, "-m", "fairseq_deep.grow", "--checkpoint", checkpoint, "--out", out,
-            "--encoder-layers", str(encoder_layers), "--method", method,
-            *(["--keep-training-time"] if keep_training_time else [])]
+    return [
+        sys.executable,
+        "-m",
+        "fairseq_deep.grow",
+        "--checkpoint",
+        checkpoint,
+        "--out",
+        out,
+        "--encoder-layers",
+        str(encoder_layers),
+        "--method",
+        method,
+        *(["--keep-training-time"] if keep_training_time else []),
+    ]
 
 
 def model_kind(arch: str) -> str:
     """The model family of an --arch: transformer, rnmt_plus, rnmt_hybrid, deep_att or other."""
-    import fairseq_deep  # noqa: F401  (registers the architectures)
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
+    import fairseq_deep  # noqa: F401  (registers the architectures)
+
     if arch not in ARCH_MODEL_NAME_REGISTRY:
-        raise UserError(f"--arch {arch}: not a fairseq architecture (fairseq-deep-list-archs lists "
-                         "this package's)")
+        raise UserError(
+            f"--arch {arch}: not a fairseq architecture (fairseq-deep-list-archs lists "
+            "this package's)"
+        )
     model = ARCH_MODEL_NAME_REGISTRY[arch]
     if model in ("rnmt_plus", "rnmt_hybrid", "deep_att"):
         return model
@@ -114,9 +141,20 @@ def width_flags(arch: str, width: Optional[int]) -> List[str]:
     kind = model_kind(arch)
     heads = str(max(2, width // 64))
     w, w4 = str(width), str(4 * width)
-    transformer = ["--encoder-embed-dim", w, "--decoder-embed-dim", w, "--encoder-ffn-embed-dim", w4,
-                   "--decoder-ffn-embed-dim", w4, "--encoder-attention-heads", heads,
-                   "--decoder-attention-heads", heads]
+    transformer = [
+        "--encoder-embed-dim",
+        w,
+        "--decoder-embed-dim",
+        w,
+        "--encoder-ffn-embed-dim",
+        w4,
+        "--decoder-ffn-embed-dim",
+        w4,
+        "--encoder-attention-heads",
+        heads,
+        "--decoder-attention-heads",
+        heads,
+    ]
     rnn = ["--encoder-hidden-size", w, "--decoder-hidden-size", w]
     if kind == "transformer":
         return transformer
@@ -125,7 +163,12 @@ def width_flags(arch: str, width: Optional[int]) -> List[str]:
     if kind == "rnmt_hybrid":
         return transformer + rnn
     if kind == "deep_att":
-        return ["--encoder-embed-dim", str(max(1, width // 2)), "--decoder-embed-dim", str(max(1, width // 2))] + rnn
+        return [
+            "--encoder-embed-dim",
+            str(max(1, width // 2)),
+            "--decoder-embed-dim",
+            str(max(1, width // 2)),
+        ] + rnn
     logger.warning("--width: no sizes known for --arch %s; it keeps its own", arch)
     return []
 
@@ -170,13 +213,21 @@ def parse_record(line: str) -> Optional[Record]:
         return None
     if not isinstance(raw, dict):
         return None
-    kind = m.group(1) if m else (
-        "valid" if any(k.startswith("valid_") for k in raw) else
-        "train" if any(k.startswith("train_") for k in raw) else "train_inner")
+    kind = (
+        m.group(1)
+        if m
+        else (
+            "valid"
+            if any(k.startswith("valid_") for k in raw)
+            else "train"
+            if any(k.startswith("train_") for k in raw)
+            else "train_inner"
+        )
+    )
     prefix = f"{kind}_" if kind != "train_inner" else ""
     record: Record = {"kind": kind}
     for key, value in raw.items():
-        record[key[len(prefix):] if prefix and key.startswith(prefix) else key] = _number(value)
+        record[key[len(prefix) :] if prefix and key.startswith(prefix) else key] = _number(value)
     return record
 
 
@@ -205,7 +256,9 @@ def series(records: Iterable[Record]) -> Series:
             continue
         prefix = "valid_" if r["kind"] == "valid" else ""
         for key, value in r.items():
-            if key in ("kind", "num_updates", "epoch", "update") or not isinstance(value, (int, float)):
+            if key in ("kind", "num_updates", "epoch", "update") or not isinstance(
+                value, (int, float)
+            ):
                 continue
             out.setdefault(prefix + key, []).append((float(step), float(value)))
     return out
@@ -220,15 +273,21 @@ def last_update(log_path: str) -> Optional[int]:
             tail = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    updates = [r["num_updates"] for r in parse_log_lines(tail.splitlines())  # a cut first line: no record
-               if isinstance(r.get("num_updates"), (int, float))]
+    updates = [
+        r["num_updates"]
+        for r in parse_log_lines(tail.splitlines())  # a cut first line: no record
+        if isinstance(r.get("num_updates"), (int, float))
+    ]
     return int(updates[-1]) if updates else None
 
 
 def updates_done(records: Sequence[Record]) -> int:
     """The updates a log reached: its last record's (a validation may come after the last
     ``train_inner`` record, at a --stop-time-hours stop)."""
-    return max([0] + [int(r["num_updates"]) for r in records if isinstance(r.get("num_updates"), (int, float))])
+    return max(
+        [0]
+        + [int(r["num_updates"]) for r in records if isinstance(r.get("num_updates"), (int, float))]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,8 +296,10 @@ def updates_done(records: Sequence[Record]) -> int:
 
 _LINE = re.compile(r"^([SHDT])-(\d+)\t(.*)$")
 _BLEU4 = re.compile(r"BLEU4? = ([0-9.]+)")
-_TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
-                         r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
+_TRANSLATED = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
+    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)"
+)
 
 
 @dataclass
@@ -259,8 +320,13 @@ def parse_translated(text: str) -> Optional[Translated]:
     m = _TRANSLATED.search(text)
     if not m:
         return None
-    return Translated(int(m.group(1).replace(",", "")), int(m.group(2).replace(",", "")), float(m.group(3)),
-                      float(m.group(4)), float(m.group(5)))
+    return Translated(
+        int(m.group(1).replace(",", "")),
+        int(m.group(2).replace(",", "")),
+        float(m.group(3)),
+        float(m.group(4)),
+        float(m.group(5)),
+    )
 
 
 @dataclass
@@ -291,10 +357,12 @@ class Generated:
         missing = sorted(set(range(n_test)) - set(hyps))
         extra = sorted(set(hyps) - set(range(n_test)))
         if missing or extra:
-            raise ValueError(f"fairseq-generate gave {len(hyps)} hypotheses for a test set of {n_test} "
-                             f"sentences (missing ids {missing[:10]}{'...' if len(missing) > 10 else ''}"
-                             f"{', unexpected ids ' + str(extra[:10]) if extra else ''}); a sentence longer "
-                             "than --max-source-positions is skipped: raise it with --gen-args")
+            raise ValueError(
+                f"fairseq-generate gave {len(hyps)} hypotheses for a test set of {n_test} "
+                f"sentences (missing ids {missing[:10]}{'...' if len(missing) > 10 else ''}"
+                f"{', unexpected ids ' + str(extra[:10]) if extra else ''}); a sentence longer "
+                "than --max-source-positions is skipped: raise it with --gen-args"
+            )
         refs = [self.targets.get(i) for i in range(n_test)]
         return [hyps[i] for i in range(n_test)], ([] if None in refs else refs)
 
@@ -303,7 +371,7 @@ def parse_generate(lines: Union[str, Iterable[str]]) -> Generated:
     """fairseq-generate's output (its text, or its lines) as :class:`Generated`."""
     out = Generated()
     by_kind = {"S": out.sources, "T": out.targets, "H": out.tokens, "D": out.detok}
-    for line in (lines.split("\n") if isinstance(lines, str) else lines):
+    for line in lines.split("\n") if isinstance(lines, str) else lines:
         line = line.rstrip("\r\n")
         out.lines.append(line)
         m = _LINE.match(line)
@@ -340,12 +408,18 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> Dict[str, float]:
 
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
-    return {"bleu": sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score,
-            "chrf": sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score}
+    return {
+        "bleu": sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score,
+        "chrf": sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score,
+    }
 
 
-def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]], refs: Sequence[str],
-                     n_samples: int = 1000) -> Dict[str, Dict[str, float]]:
+def paired_bootstrap(
+    baseline: Sequence[str],
+    systems: Dict[str, Sequence[str]],
+    refs: Sequence[str],
+    n_samples: int = 1000,
+) -> Dict[str, Dict[str, float]]:
     """sacreBLEU's paired bootstrap resampling (``sacrebleu --paired-bs``) of each system against
     the baseline: {name: {"bleu_p": p, "chrf_p": p}}."""
     if not systems:
@@ -354,8 +428,9 @@ def paired_bootstrap(baseline: Sequence[str], systems: Dict[str, Sequence[str]],
     from sacrebleu.significance import PairedTest
 
     named = [("__baseline__", list(baseline))] + [(k, list(v)) for k, v in systems.items()]
-    _, scores = PairedTest(named, {"BLEU": BLEU(), "chrF": CHRF()}, [list(refs)], test_type="bs",
-                           n_samples=n_samples)()
+    _, scores = PairedTest(
+        named, {"BLEU": BLEU(), "chrF": CHRF()}, [list(refs)], test_type="bs", n_samples=n_samples
+    )()
     metric_keys = [k for k in scores if k != "System"]
     out = {}
     for i, name in enumerate(scores["System"]):
@@ -374,11 +449,13 @@ def count_test_sentences(data: str) -> int:
 
     idx = sorted(glob.glob(os.path.join(data, "test.*-*.*.idx")))
     if not idx:
-        raise UserError(f"--data {data}: no binarized test set (test.SRC-TGT.SRC.idx); "
-                        "run fairseq-preprocess (or fairseq-deep-prepare) with --testpref")
+        raise UserError(
+            f"--data {data}: no binarized test set (test.SRC-TGT.SRC.idx); "
+            "run fairseq-preprocess (or fairseq-deep-prepare) with --testpref"
+        )
     from fairseq.data import indexed_dataset
 
-    return len(indexed_dataset.MMapIndexedDataset(idx[0][:-len(".idx")]))
+    return len(indexed_dataset.MMapIndexedDataset(idx[0][: -len(".idx")]))
 
 
 def last_error(text: str) -> str:

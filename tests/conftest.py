@@ -8,7 +8,6 @@ import pytest
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 import torch  # noqa: E402
-
 from helpers import python_module, run_cli  # noqa: E402
 
 # Tiny models gain nothing from intra-op threads; one thread per process keeps the suite steady
@@ -25,10 +24,22 @@ def synthetic_bin(tmp_path_factory):
     root = tmp_path_factory.mktemp("synthetic")
     prefixes = write_corpus(str(root / "raw"), train=2000, valid=101, test=101, seed=1)
     run_cli(  # fairseq's module, not its console script: the GPU machine's fairseq has none (gpu_session.py)
-        *python_module("fairseq_cli.preprocess"), "--source-lang", "src", "--target-lang", "tgt",
-        "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
-        "--testpref", prefixes["test"], "--destdir", str(root / "bin"),
-        "--joined-dictionary", "--workers", "1",
+        *python_module("fairseq_cli.preprocess"),
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        prefixes["train"],
+        "--validpref",
+        prefixes["valid"],
+        "--testpref",
+        prefixes["test"],
+        "--destdir",
+        str(root / "bin"),
+        "--joined-dictionary",
+        "--workers",
+        "1",
     )
     return root / "bin"
 

@@ -17,20 +17,52 @@ from fairseq_deep.patches.better_transformer import without_better_transformer
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
 
 TINY = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--activation-dropout",
+    "0",
 ]
 
 TINY_RNMT = [  # rnmt_plus and the hybrids' RNMT+ parts
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
-    "--decoder-hidden-size", "32", "--dropout", "0", "--attention-dropout", "0",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "32",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
 ]
 
 TINY_DEEP_ATT = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "16",
-    "--decoder-hidden-size", "16", "--dropout", "0",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "16",
+    "--dropout",
+    "0",
 ]
 
 
@@ -61,7 +93,16 @@ def parse_model_args(arch: str, extra=()):
     """fairseq-train's own parser and --arch presets applied to a tiny model's flags (the tiny
     sizes of the arch's family)."""
     parser = options.get_training_parser()
-    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *tiny_flags(arch), *extra]
+    argv = [
+        "dummy-data",
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        "--cpu",
+        *tiny_flags(arch),
+        *extra,
+    ]
     return options.parse_args_and_arch(parser, argv)
 
 
@@ -104,8 +145,10 @@ def assert_incremental_equals_full(model, dictionary, atol=1e-5):
         full = model(src, lengths, prev)[0]
         encoder_out = model.encoder(src, src_lengths=lengths)
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=atol, atol=atol)
 
 
@@ -128,8 +171,21 @@ def build_family(entry, seed=0):
     its dictionary."""
     _, arch, tiny, model_flags, _ = entry
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["dummy", "--task", "translation", "--arch", arch, "--cpu",
-                                                *tiny, *model_flags, "--dropout", "0"])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            "dummy",
+            "--task",
+            "translation",
+            "--arch",
+            arch,
+            "--cpu",
+            *tiny,
+            *model_flags,
+            "--dropout",
+            "0",
+        ],
+    )
     d = tiny_dictionary()
     task = tasks.translation.TranslationTask(args, d, d)
     torch.manual_seed(seed)
@@ -140,10 +196,14 @@ def run_cli(*argv, cwd=None, check=True):
     """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
     # one intra-op thread per process: tiny models gain nothing from more, and parallel test
     # workers or a loaded machine make torch's thread pool thrash
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
+    )
     proc = subprocess.run([*argv], cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc
 
 
@@ -163,9 +223,13 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 interpreted = pytest.mark.skipif(
     not (HAVE_TRITON and INTERPRETING),
-    reason="triton is not installed" if not HAVE_TRITON else
-    "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess")
-not_interpreted = pytest.mark.skipif(INTERPRETING, reason="for the process without TRITON_INTERPRET")
+    reason="triton is not installed"
+    if not HAVE_TRITON
+    else "runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_checks_in_a_subprocess",
+)
+not_interpreted = pytest.mark.skipif(
+    INTERPRETING, reason="for the process without TRITON_INTERPRET"
+)
 
 
 def run_interpreted_tests(test_file: str):
@@ -174,11 +238,27 @@ def run_interpreted_tests(test_file: str):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "not gpu",
-         os.path.abspath(test_file)],
-        cwd=os.path.dirname(here), env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not gpu",
+            os.path.abspath(test_file),
+        ],
+        cwd=os.path.dirname(here),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     report = run.stdout[-6000:] + run.stderr[-3000:]
     assert run.returncode == 0, report
     assert re.search(r"\d+ passed", run.stdout), report
-    assert "runs in the TRITON_INTERPRET=1 subprocess" not in run.stdout, report  # none skipped there
+    assert "runs in the TRITON_INTERPRET=1 subprocess" not in run.stdout, (
+        report
+    )  # none skipped there

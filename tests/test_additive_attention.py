@@ -21,7 +21,9 @@ def naive(att, query, keys, mask):
                 k = keys[j, b] @ att.key_proj.weight[sl].T + att.key_proj.bias[sl]
                 e.append(float("-inf") if mask[b, j] else (att.v[h] * torch.tanh(q + k)).sum())
             a = torch.softmax(torch.stack([torch.as_tensor(x) for x in e]), 0)
-            vals = keys[:, b] if att.value_proj is None else keys[:, b] @ att.value_proj.weight[sl].T
+            vals = (
+                keys[:, b] if att.value_proj is None else keys[:, b] @ att.value_proj.weight[sl].T
+            )
             heads.append((a[:, None] * vals).sum(0))
         c = torch.cat(heads)
         out.append(att.out_proj(c) if att.out_proj is not None else c)
@@ -31,7 +33,9 @@ def naive(att, query, keys, mask):
 @pytest.mark.parametrize("heads,project,out_dim", [(1, False, None), (4, True, None), (2, True, 5)])
 def test_matches_naive_loop(heads, project, out_dim):
     torch.manual_seed(0)
-    att = AdditiveAttention(6, 7, 8, num_heads=heads, project_values=project, out_dim=out_dim).eval()
+    att = AdditiveAttention(
+        6, 7, 8, num_heads=heads, project_values=project, out_dim=out_dim
+    ).eval()
     T, B = 5, 3
     keys, query = torch.randn(T, B, 7), torch.randn(B, 6)
     mask = torch.zeros(B, T, dtype=torch.bool)

@@ -7,11 +7,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, random_batch, run_cli
 from torch import nn
 
-from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, random_batch, run_cli
-
-from fairseq_deep.patches.better_transformer import without_better_transformer_keys
 from fairseq_deep.checkpoint_init import load_matching
 from fairseq_deep.modules.layer_aggregation import (
     AggregationNode,
@@ -22,6 +20,7 @@ from fairseq_deep.modules.layer_aggregation import (
     TreeNode,
     hierarchical_plan,
 )
+from fairseq_deep.patches.better_transformer import without_better_transformer_keys
 
 PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 LAYERS = ["--encoder-layers", "3", "--decoder-layers", "3"]
@@ -42,14 +41,17 @@ def _load_baseline(model, ref):
 # --------------------------------------------------------------------------- identities
 
 
-@pytest.mark.parametrize("arch,norm,flags", [
-    ("transformer_agg_baseline", [], []),
-    ("transformer_agg_baseline", PRENORM, []),
-    ("transformer_mla3", [], ["--mla-layers", "1"]),  # k = 1: attention over layer l-1 only
-    ("transformer_hier_agg", PRENORM, ["--agg-encoder", "none", "--agg-decoder", "none"]),
-    ("transformer_linear_agg", [], []),  # W_L = I, others 0: the model it is initialised from
-    ("transformer_linear_agg", PRENORM, []),
-])
+@pytest.mark.parametrize(
+    "arch,norm,flags",
+    [
+        ("transformer_agg_baseline", [], []),
+        ("transformer_agg_baseline", PRENORM, []),
+        ("transformer_mla3", [], ["--mla-layers", "1"]),  # k = 1: attention over layer l-1 only
+        ("transformer_hier_agg", PRENORM, ["--agg-encoder", "none", "--agg-decoder", "none"]),
+        ("transformer_linear_agg", [], []),  # W_L = I, others 0: the model it is initialised from
+        ("transformer_linear_agg", PRENORM, []),
+    ],
+)
 def test_special_settings_are_fairseq_transformer(arch, norm, flags):
     ref, task = build_model("transformer", [*LAYERS, *norm], seed=1)
     ours, _ = build_model(arch, [*LAYERS, *norm, *flags], seed=2)
@@ -59,8 +61,10 @@ def test_special_settings_are_fairseq_transformer(arch, norm, flags):
     torch.testing.assert_close(_outputs(ours, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["transformer_dense", "transformer_iterative_agg", "transformer_hier_agg",
-                                  "transformer_mla2"])
+@pytest.mark.parametrize(
+    "arch",
+    ["transformer_dense", "transformer_iterative_agg", "transformer_hier_agg", "transformer_mla2"],
+)
 def test_techniques_change_the_output(arch):
     """Guards the identities above: each technique computes something else."""
     ref, task = build_model("transformer", LAYERS, seed=1)
@@ -77,10 +81,16 @@ def _ln(x, node):
     return F.layer_norm(x, x.shape[-1:], node.layer_norm.weight, node.layer_norm.bias, 1e-5)
 
 
-@pytest.mark.parametrize("n,act,residual,top", [
-    (2, "ff_sigmoid", "all", 0), (3, "ff_sigmoid", "all", 1), (2, "ff_relu", "all", 0),
-    (3, "ff_sigmoid", "top", 1), (2, "ff_sigmoid", "none", 0),
-])
+@pytest.mark.parametrize(
+    "n,act,residual,top",
+    [
+        (2, "ff_sigmoid", "all", 0),
+        (3, "ff_sigmoid", "all", 1),
+        (2, "ff_relu", "all", 0),
+        (3, "ff_sigmoid", "top", 1),
+        (2, "ff_sigmoid", "none", 0),
+    ],
+)
 def test_agg_node_is_equation_7(n, act, residual, top):
     """AGG(x, y[, z]) = LN(FF([x; y; z]) + x + y + z), FF = W2 act(W1 . + b1) + b2 (Eq. 7)."""
     torch.manual_seed(0)
@@ -145,7 +155,9 @@ def test_linear_combination_is_equation_5():
         nn.init.normal_(w.weight)
     emb, ys = torch.randn(3, 8), [torch.randn(3, 8) for _ in range(4)]
     inputs, out = _drive(hist, ys, emb)
-    assert inputs[0] is emb and all(inputs[l] is ys[l - 1] for l in range(1, 4))  # residual backbone
+    assert inputs[0] is emb and all(
+        inputs[l] is ys[l - 1] for l in range(1, 4)
+    )  # residual backbone
     torch.testing.assert_close(out, sum(y @ w.weight.t() for y, w in zip(ys, hist.weights)))
 
 
@@ -176,26 +188,38 @@ def test_iterative_aggregation_chain():
     assert inputs == [0, 1, 2, 3] and out == 103
 
 
-@pytest.mark.parametrize("L,nodes,inputs,out", [
-    # 6 layers: A1 = AGG(H1, H2), A2 = AGG(H3, H4, A1), A3 = AGG(H5, H6, A2); A1 -> layer 3, A2 -> layer 5
-    (6, [(1, [1, 2]), (2, [3, 4, 101]), (3, [5, 6, 102])], [0, 1, 101, 3, 102, 5], 103),
-    # 7 layers: the odd layer 7 forms the last sub-tree alone: A4 = AGG(H7, A3), A3 -> layer 7
-    (7, [(1, [1, 2]), (2, [3, 4, 101]), (3, [5, 6, 102]), (4, [7, 103])], [0, 1, 101, 3, 102, 5, 103], 104),
-    (2, [(1, [1, 2])], [0, 1], 101),
-    (1, [], [0], 1),
-])
+@pytest.mark.parametrize(
+    "L,nodes,inputs,out",
+    [
+        # 6 layers: A1 = AGG(H1, H2), A2 = AGG(H3, H4, A1), A3 = AGG(H5, H6, A2); A1 -> layer 3, A2 -> layer 5
+        (6, [(1, [1, 2]), (2, [3, 4, 101]), (3, [5, 6, 102])], [0, 1, 101, 3, 102, 5], 103),
+        # 7 layers: the odd layer 7 forms the last sub-tree alone: A4 = AGG(H7, A3), A3 -> layer 7
+        (
+            7,
+            [(1, [1, 2]), (2, [3, 4, 101]), (3, [5, 6, 102]), (4, [7, 103])],
+            [0, 1, 101, 3, 102, 5, 103],
+            104,
+        ),
+        (2, [(1, [1, 2])], [0, 1], 101),
+        (1, [], [0], 1),
+    ],
+)
 def test_hierarchical_tree_wiring(L, nodes, inputs, out):
     hist, log, got_inputs, got_out = _tagged(HierarchicalAggregationHistory, L)
     assert log == nodes
     assert got_inputs == inputs and got_out == out
     # three inputs exactly where the paper has AGG(H^{2i-1}, H^{2i}, A^{i-1}); top = the deepest layer
-    assert [(m.n, m.top) for m in hist.nodes] == [(len(x), len(x) - 2 if x[-1] > 100 else len(x) - 1)
-                                                  for _, x in nodes]
+    assert [(m.n, m.top) for m in hist.nodes] == [
+        (len(x), len(x) - 2 if x[-1] > 100 else len(x) - 1) for _, x in nodes
+    ]
 
 
 def test_hierarchical_plan_for_six_and_seven_layers():
-    assert hierarchical_plan(6) == [TreeNode((1, 2), False, 3), TreeNode((3, 4), True, 5),
-                                    TreeNode((5, 6), True, None)]
+    assert hierarchical_plan(6) == [
+        TreeNode((1, 2), False, 3),
+        TreeNode((3, 4), True, 5),
+        TreeNode((5, 6), True, None),
+    ]
     assert hierarchical_plan(7)[-1] == TreeNode((7,), True, None)
     for L in range(2, 13):  # every layer is in exactly one node, the last node is the output
         plan = hierarchical_plan(L)
@@ -222,7 +246,16 @@ DECODER_VARIANTS = [
     ["--agg-decoder", "iterative"],
     ["--agg-decoder", "iterative", "--agg-function", "self_attn", "--agg-residual", "top"],
     ["--agg-decoder", "hierarchical"],  # 3 layers: an odd count
-    ["--agg-decoder", "hierarchical", "--decoder-layers", "4", "--agg-function", "ff_relu", "--agg-residual", "none"],
+    [
+        "--agg-decoder",
+        "hierarchical",
+        "--decoder-layers",
+        "4",
+        "--agg-function",
+        "ff_relu",
+        "--agg-residual",
+        "none",
+    ],
     ["--agg-decoder", "hierarchical", *PRENORM],
     ["--mla-layers", "2"],
     ["--mla-layers", "3", "--mla-stacks", "decoder", "--agg-function", "self_attn"],
@@ -239,22 +272,30 @@ def test_incremental_decoding_equals_full_pass(flags):
         enc = model.encoder(src, lengths)
         full, _ = model.decoder(prev, encoder_out=enc)
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
     assert all(s.size(1) == 1 for s in steps)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_mla_caches_keys_and_values_per_lower_layer():
-    model, task = build_model("transformer_mla3", ["--decoder-layers", "3", "--encoder-layers", "1"])
+    model, task = build_model(
+        "transformer_mla3", ["--decoder-layers", "3", "--encoder-layers", "1"]
+    )
     src, lengths, prev = random_batch(task.source_dictionary, tgt_len=4)
     with torch.no_grad():
         enc = model.encoder(src, lengths)
         state = {}
         for t in range(4):
             model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-    attns = [a for layer in model.decoder.layers if hasattr(layer, "lower_attention")
-             for a in layer.lower_attention.attns]
+    attns = [
+        a
+        for layer in model.decoder.layers
+        if hasattr(layer, "lower_attention")
+        for a in layer.lower_attention.attns
+    ]
     assert len(attns) == 1 + 2  # layer 2 attends to 1 extra layer (the embedding), layer 3 to 2
     for a in attns:
         buf = a._get_input_buffer(state)
@@ -277,7 +318,7 @@ def test_beam_search_scores_equal_full_pass():
             for h in beam:
                 tokens = h["tokens"].unsqueeze(0)
                 prev = torch.cat([tokens.new_full((1, 1), d.eos()), tokens[:, :-1]], dim=1)
-                out = model(src[i:i + 1], lengths[i:i + 1], prev)
+                out = model(src[i : i + 1], lengths[i : i + 1], prev)
                 lp = model.get_normalized_probs(out, log_probs=True)[0]
                 full = lp.gather(-1, tokens[0].unsqueeze(-1)).squeeze(-1)
                 torch.testing.assert_close(h["positional_scores"], full, rtol=1e-4, atol=1e-4)
@@ -287,8 +328,19 @@ def test_beam_search_scores_equal_full_pass():
 
 
 def test_gradients_reach_every_new_parameter_and_the_embeddings():
-    model, task = build_model("transformer_hier_agg", [
-        "--encoder-layers", "5", "--decoder-layers", "4", "--mla-layers", "2", "--agg-decoder", "linear"])
+    model, task = build_model(
+        "transformer_hier_agg",
+        [
+            "--encoder-layers",
+            "5",
+            "--decoder-layers",
+            "4",
+            "--mla-layers",
+            "2",
+            "--agg-decoder",
+            "linear",
+        ],
+    )
     model.train()
     src, lengths, prev = random_batch(task.source_dictionary)
     out, _ = model(src, lengths, prev)
@@ -304,10 +356,13 @@ def test_gradients_reach_every_new_parameter_and_the_embeddings():
 def test_parameters_of_the_presets():
     """Rows 2-7 of Table 1 add what the paper says: nothing (dense), L matrices (linear), L-1
     two-input nodes (iterative), L/2 nodes (hierarchical), 1 or 2 attentions per layer (MLA)."""
+
     def count(arch):
         # AGG width d (--agg-ffn-dim 0, the default before issue 15); the default width (the
         # stack's FFN width) is counted in test_audit_aggregation.py
-        m, _ = build_model(arch, ["--encoder-layers", "6", "--decoder-layers", "6", "--agg-ffn-dim", "0"])
+        m, _ = build_model(
+            arch, ["--encoder-layers", "6", "--decoder-layers", "6", "--agg-ffn-dim", "0"]
+        )
         return sum(p.numel() for p in m.parameters())
 
     base = count("transformer_agg_baseline")
@@ -327,7 +382,12 @@ def test_parameters_of_the_presets():
 
 def test_presets_fill_defaults_only():
     a = parse_model_args("transformer_hier_agg")
-    assert (a.agg_encoder, a.agg_decoder, a.mla_layers, a.agg_function) == ("hierarchical", "hierarchical", 1, "ff_sigmoid")
+    assert (a.agg_encoder, a.agg_decoder, a.mla_layers, a.agg_function) == (
+        "hierarchical",
+        "hierarchical",
+        1,
+        "ff_sigmoid",
+    )
     assert not a.encoder_normalize_before  # the paper's post-norm Transformer
     b = parse_model_args("transformer_hier_agg", ["--agg-decoder", "none", "--agg-residual", "top"])
     assert (b.agg_encoder, b.agg_decoder, b.agg_residual) == ("hierarchical", "none", "top")
@@ -335,8 +395,14 @@ def test_presets_fill_defaults_only():
     from fairseq import options
 
     parser = options.get_training_parser()
-    big = options.parse_args_and_arch(parser, ["x", "--task", "translation", "--arch", "transformer_hier_agg_big"])
-    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads) == (1024, 4096, 16)
+    big = options.parse_args_and_arch(
+        parser, ["x", "--task", "translation", "--arch", "transformer_hier_agg_big"]
+    )
+    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads) == (
+        1024,
+        4096,
+        16,
+    )
     assert big.agg_encoder == "hierarchical"
 
 
@@ -350,7 +416,9 @@ def test_bad_options_name_the_option(capsys):
 
 def test_init_from_baseline_loads_matching_and_reports_fresh():
     ref, _ = build_model("transformer", LAYERS, seed=1)
-    ours, _ = build_model("transformer_hier_agg", [*LAYERS, "--mla-layers", "2", "--init-from-pretrained"], seed=2)
+    ours, _ = build_model(
+        "transformer_hier_agg", [*LAYERS, "--mla-layers", "2", "--init-from-pretrained"], seed=2
+    )
     state = ref.state_dict()
     ours.load_state_dict(dict(state), strict=True)  # fairseq's call, accepted thanks to the option
     report = ours.init_report
@@ -363,7 +431,9 @@ def test_init_from_baseline_loads_matching_and_reports_fresh():
     assert "lower_attention" in report.summary() and "*" in report.summary()
     with pytest.raises(RuntimeError):  # without the option a baseline is refused, as fairseq does
         build_model("transformer_hier_agg", LAYERS)[0].load_state_dict(dict(state), strict=True)
-    wide, _ = build_model("transformer", [*LAYERS, "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"])
+    wide, _ = build_model(
+        "transformer", [*LAYERS, "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"]
+    )
     with pytest.raises(ValueError, match="--init-from-pretrained.*other shapes"):
         ours.load_state_dict(wide.state_dict())
 
@@ -373,32 +443,103 @@ def test_init_from_baseline_loads_matching_and_reports_fresh():
 
 def _train(data, save_dir, arch, *extra):
     return run_cli(
-        "fairseq-train", str(data), "--user-dir", PLUGIN_DIR, "--task", "translation", "--arch", arch,
-        "--encoder-layers", "2", "--decoder-layers", "3", "--encoder-embed-dim", "16",
-        "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "2",
-        "--no-epoch-checkpoints", "--save-dir", str(save_dir), "--cpu", "--num-workers", "0",
-        "--log-format", "simple", "--log-interval", "1", "--seed", "1", *extra,
+        "fairseq-train",
+        str(data),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "3",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--share-all-embeddings",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "500",
+        "--max-update",
+        "2",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--seed",
+        "1",
+        *extra,
     )
 
 
 def test_cli_baseline_then_aggregation_with_diversity_then_generate(synthetic_bin, tmp_path):
     """The paper's procedure: train a Transformer, initialise the proposed model from it, train
     with the diversity regularizer, translate with beam search."""
-    _train(synthetic_bin, tmp_path / "base", "transformer", "--criterion", "label_smoothed_cross_entropy",
-           "--disable-validation")
+    _train(
+        synthetic_bin,
+        tmp_path / "base",
+        "transformer",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--disable-validation",
+    )
     base = tmp_path / "base" / "checkpoint_last.pt"
-    proc = _train(synthetic_bin, tmp_path / "agg", "transformer_hier_agg", "--mla-layers", "2",
-                  "--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1",
-                  "--finetune-from-model", str(base), "--init-from-pretrained")
+    proc = _train(
+        synthetic_bin,
+        tmp_path / "agg",
+        "transformer_hier_agg",
+        "--mla-layers",
+        "2",
+        "--criterion",
+        "label_smoothed_cross_entropy_with_diversity",
+        "--label-smoothing",
+        "0.1",
+        "--finetune-from-model",
+        str(base),
+        "--init-from-pretrained",
+    )
     log = proc.stdout + proc.stderr
     assert "start fresh" in log and "history.nodes" in log and "lower_attention" in log
     assert "diversity" in log
-    gen = run_cli("fairseq-generate", str(synthetic_bin), "--user-dir", PLUGIN_DIR, "--path",
-                  str(tmp_path / "agg" / "checkpoint_last.pt"), "--beam", "2", "--max-tokens", "500",
-                  "--max-len-a", "1.2", "--max-len-b", "5",  # an untrained model would go to 200 tokens
-                  "--cpu", "--gen-subset", "test")
+    gen = run_cli(
+        "fairseq-generate",
+        str(synthetic_bin),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--path",
+        str(tmp_path / "agg" / "checkpoint_last.pt"),
+        "--beam",
+        "2",
+        "--max-tokens",
+        "500",
+        "--max-len-a",
+        "1.2",
+        "--max-len-b",
+        "5",  # an untrained model would go to 200 tokens
+        "--cpu",
+        "--gen-subset",
+        "test",
+    )
     hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 101
     assert os.path.exists(tmp_path / "agg" / "checkpoint_best.pt")

@@ -4,7 +4,6 @@ parameter counts (Sec. 4.2), dropout on F's output (Eq. 7) as a choice."""
 import pytest
 import torch
 from fairseq import options, tasks
-
 from helpers import build_model, tiny_dictionary
 
 from fairseq_deep.modules.layer_aggregation import AggregationNode
@@ -14,7 +13,9 @@ def _base_params(arch, extra=()):
     """Parameters of a Base preset (6+6 layers, d 512, FFN 2048) on a tiny vocabulary."""
     d = tiny_dictionary()
     args = options.parse_args_and_arch(
-        options.get_training_parser(), ["x", "--task", "translation", "--arch", arch, "--cpu", *extra])
+        options.get_training_parser(),
+        ["x", "--task", "translation", "--arch", arch, "--cpu", *extra],
+    )
     model = tasks.translation.TranslationTask(args, d, d).build_model(args)
     return sum(p.numel() for p in model.parameters())
 
@@ -45,12 +46,25 @@ def test_base_parameter_counts_fall_in_the_papers_range():
     """Dou et al. Sec. 4.2: the strategies other than dense add 14.7M to 33.6M parameters (Base).
     The linear combination (12 d x d matrices, 3.15M) cannot reach the range at any width."""
     base = _base_params("transformer_agg_baseline")
-    extra = {a: _base_params(a) - base for a in (
-        "transformer_dense", "transformer_linear_agg", "transformer_iterative_agg",
-        "transformer_hier_agg", "transformer_mla2", "transformer_mla3")}
+    extra = {
+        a: _base_params(a) - base
+        for a in (
+            "transformer_dense",
+            "transformer_linear_agg",
+            "transformer_iterative_agg",
+            "transformer_hier_agg",
+            "transformer_mla2",
+            "transformer_mla3",
+        )
+    }
     assert extra["transformer_dense"] == 0
     assert extra["transformer_linear_agg"] == 12 * 512 * 512
-    for arch in ("transformer_iterative_agg", "transformer_hier_agg", "transformer_mla2", "transformer_mla3"):
+    for arch in (
+        "transformer_iterative_agg",
+        "transformer_hier_agg",
+        "transformer_mla2",
+        "transformer_mla3",
+    ):
         assert 14.7e6 <= extra[arch] <= 33.6e6, (arch, extra[arch])
     # the README's figures
     assert round(extra["transformer_iterative_agg"] / 1e6, 2) == 31.49
@@ -62,7 +76,9 @@ def test_base_parameter_counts_fall_in_the_papers_range():
 # --------------------------------------------------------------------------- item 8: dropout on F
 
 
-@pytest.mark.parametrize("arch", ["transformer_iterative_agg", "transformer_hier_agg", "transformer_mla2"])
+@pytest.mark.parametrize(
+    "arch", ["transformer_iterative_agg", "transformer_hier_agg", "transformer_mla2"]
+)
 def test_agg_dropout_defaults_to_the_models_dropout_and_zero_is_eq7(arch):
     """Eq. 7 has no dropout on FF's output; --agg-dropout 0 is Eq. 7 as written, the default is the
     model's --dropout."""

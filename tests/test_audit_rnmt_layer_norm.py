@@ -3,10 +3,9 @@ layer norm (``LayerNormLSTM(layer_norm=False)``, ``--rnmt-no-layer-norm``).  Wit
 output_tanh=True and no cell clipping it is torch.nn.LSTM's cell exactly (gates reordered)."""
 
 import pytest
-import torch
-
-from helpers import random_batch
 import test_rnmt_plus as rnmt_tests
+import torch
+from helpers import random_batch
 from test_hybrids import build as build_hybrid
 
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM
@@ -20,7 +19,9 @@ def _as_torch_lstm(layer: LayerNormLSTM) -> torch.nn.LSTM:
     with torch.no_grad():
         for d in range(D):
             suffix = "_l0" + ("_reverse" if d == 1 else "")
-            getattr(lstm, "weight_ih" + suffix).copy_(layer.weight_ih[d * 4 * H:(d + 1) * 4 * H][order])
+            getattr(lstm, "weight_ih" + suffix).copy_(
+                layer.weight_ih[d * 4 * H : (d + 1) * 4 * H][order]
+            )
             getattr(lstm, "weight_hh" + suffix).copy_(layer.weight_hh[d].t()[order])
             getattr(lstm, "bias_ih" + suffix).copy_(layer.bias[d][order])
             getattr(lstm, "bias_hh" + suffix).zero_()
@@ -30,7 +31,9 @@ def _as_torch_lstm(layer: LayerNormLSTM) -> torch.nn.LSTM:
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_no_layer_norm_is_torch_lstm(bidirectional):
     torch.manual_seed(0)
-    layer = LayerNormLSTM(5, 4, bidirectional=bidirectional, output_tanh=True, layer_norm=False).double()
+    layer = LayerNormLSTM(
+        5, 4, bidirectional=bidirectional, output_tanh=True, layer_norm=False
+    ).double()
     with torch.no_grad():
         layer.bias.uniform_(-0.5, 0.5)
     assert layer.ln_weight is None
@@ -84,10 +87,13 @@ def test_rnmt_no_layer_norm_model():
 
 def test_rnmt_no_layer_norm_incremental_equals_full():
     rnmt_tests.test_incremental_equals_full_with_beam_reordering(
-        "rnmt_plus", ["--encoder-layers", "2", "--rnmt-no-layer-norm"])
+        "rnmt_plus", ["--encoder-layers", "2", "--rnmt-no-layer-norm"]
+    )
 
 
 def test_hybrids_take_the_switch():
     model, _ = build_hybrid("hybrid_transformer_rnmt", ["--rnmt-no-layer-norm"])
     assert not any("ln_weight" in n for n, _ in model.named_parameters())
-    assert any("ln_weight" in n for n, _ in build_hybrid("hybrid_transformer_rnmt")[0].named_parameters())
+    assert any(
+        "ln_weight" in n for n, _ in build_hybrid("hybrid_transformer_rnmt")[0].named_parameters()
+    )

@@ -23,14 +23,25 @@ ROOT = os.path.dirname(BENCHMARKS)
 # arguments it requires
 # (gpu_session.py runs the others on a GPU machine: it has no --device of its own; harness.py is
 # what they share)
-SCRIPTS = sorted(os.path.basename(f)[:-3] for f in glob.glob(os.path.join(BENCHMARKS, "[!_]*.py"))
-                 if not f.endswith(("gpu_session.py", "harness.py")))
-REQUIRED = {"precision_matrix": ["--data", "unused"], "fsdp_check": ["--data", "unused"], "batch_size_decoding": ["--data", "unused", "--out", "unused"],
-            "dlcl_init_loss": ["--data", "unused"]}
+SCRIPTS = sorted(
+    os.path.basename(f)[:-3]
+    for f in glob.glob(os.path.join(BENCHMARKS, "[!_]*.py"))
+    if not f.endswith(("gpu_session.py", "harness.py"))
+)
+REQUIRED = {
+    "precision_matrix": ["--data", "unused"],
+    "fsdp_check": ["--data", "unused"],
+    "batch_size_decoding": ["--data", "unused", "--out", "unused"],
+    "dlcl_init_loss": ["--data", "unused"],
+}
 
 
 def parse(module, argv):
-    return module.get_parser().parse_args(argv) if hasattr(module, "get_parser") else module.parse_args(argv)
+    return (
+        module.get_parser().parse_args(argv)
+        if hasattr(module, "get_parser")
+        else module.parse_args(argv)
+    )
 
 
 def without_cuda(monkeypatch):
@@ -61,12 +72,19 @@ def test_amp_needs_cuda():
     with pytest.raises(SystemExit, match="--precision amp needs --device cuda"):
         harness.device_from_args(argparse.Namespace(device="cpu", precision="amp"))
     for precision in ("fp32", "fp16", "bf16"):
-        assert harness.device_from_args(argparse.Namespace(device="cpu", precision=precision)) == torch.device("cpu")
+        assert harness.device_from_args(
+            argparse.Namespace(device="cpu", precision=precision)
+        ) == torch.device("cpu")
 
 
 def test_fairseq_flags():
     # CPU: exactly the --cpu the scripts passed before
-    assert harness.train_flags("cpu") == harness.generate_flags("cpu") == harness.parse_flags("cpu") == ["--cpu"]
+    assert (
+        harness.train_flags("cpu")
+        == harness.generate_flags("cpu")
+        == harness.parse_flags("cpu")
+        == ["--cpu"]
+    )
     assert harness.train_flags("cuda", "fp16") == ["--distributed-world-size", "1", "--fp16"]
     assert harness.generate_flags("cuda", "amp") == ["--fp16"]  # fairseq-generate has no --amp
     assert harness.train_flags("cpu", "bf16") == ["--cpu", "--bf16"]
@@ -115,26 +133,42 @@ def test_no_file_edits_sys_path():
 
 
 def test_markdown_table():
-    table = harness.markdown_table(["system", "BLEU", "tokens/s"], [["a", 1.5, 10], ["b", "2.0", 20]], "lr")
-    assert table.splitlines() == ["| system | BLEU | tokens/s |", "| --- | ---: | --- |", "| a | 1.5 | 10 |",
-                                  "| b | 2.0 | 20 |"]
+    table = harness.markdown_table(
+        ["system", "BLEU", "tokens/s"], [["a", 1.5, 10], ["b", "2.0", 20]], "lr"
+    )
+    assert table.splitlines() == [
+        "| system | BLEU | tokens/s |",
+        "| --- | ---: | --- |",
+        "| a | 1.5 | 10 |",
+        "| b | 2.0 | 20 |",
+    ]
 
 
 def test_alternated_runs_every_measure_once_a_round():
     calls = []
-    results = harness.alternated({name: (lambda r, name=name: calls.append((r, name)) or r) for name in "ABC"}, 2)
+    results = harness.alternated(
+        {name: (lambda r, name=name: calls.append((r, name)) or r) for name in "ABC"}, 2
+    )
     assert calls == [(0, "A"), (0, "B"), (0, "C"), (1, "A"), (1, "B"), (1, "C")]
     assert results == {"A": [0, 1], "B": [0, 1], "C": [0, 1]}
     calls.clear()
-    harness.alternated({name: (lambda r, name=name: calls.append((r, name))) for name in "ABC"}, 3,
-                       shuffle=random.Random(0))
+    harness.alternated(
+        {name: (lambda r, name=name: calls.append((r, name))) for name in "ABC"},
+        3,
+        shuffle=random.Random(0),
+    )
     assert [r for r, _ in calls] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert all(sorted(n for r, n in calls if r == i) == ["A", "B", "C"] for i in range(3))
 
 
 def test_interleaved_seconds_and_json(tmp_path):
-    seconds = harness.interleaved_seconds({"a": lambda: None, "b": lambda: sum(range(100))}, rounds=2, repeats=3,
-                                          device="cpu", warmup=1)
+    seconds = harness.interleaved_seconds(
+        {"a": lambda: None, "b": lambda: sum(range(100))},
+        rounds=2,
+        repeats=3,
+        device="cpu",
+        warmup=1,
+    )
     assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
     path = harness.write_json(str(tmp_path / "out.json"), {"seconds": seconds})
     with open(path) as f:

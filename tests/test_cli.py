@@ -15,31 +15,91 @@ import warnings
 
 import pytest
 import torch
-
 from helpers import PLUGIN_DIR, run_cli
 
 REPO_ROOT = os.path.dirname(PLUGIN_DIR)
 N_TEST = 101  # the test split of the synthetic_bin fixture
 
 TINY_DLCL = [
-    "--arch", "transformer_dlcl", "--encoder-layers", "3", "--decoder-layers", "2",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
-    "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
+    "--arch",
+    "transformer_dlcl",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--share-all-embeddings",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--activation-dropout",
+    "0",
 ]
 
-GEN = ["--gen-subset", "test", "--beam", "1", "--batch-size", "16", "--cpu",
-       "--max-len-a", "1.5", "--max-len-b", "5"]
+GEN = [
+    "--gen-subset",
+    "test",
+    "--beam",
+    "1",
+    "--batch-size",
+    "16",
+    "--cpu",
+    "--max-len-a",
+    "1.5",
+    "--max-len-b",
+    "5",
+]
 
 
 def train_args(data, save_dir, extra=()):
     return [
-        str(data), *TINY_DLCL, "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-        "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", "3000", "--max-epoch", "2", "--seed", "1", "--cpu", "--num-workers", "0",
-        "--save-dir", str(save_dir), "--no-progress-bar", "--log-format", "simple", *extra,
+        str(data),
+        *TINY_DLCL,
+        "--task",
+        "translation",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.005",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "5",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        "3000",
+        "--max-epoch",
+        "2",
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        str(save_dir),
+        "--no-progress-bar",
+        "--log-format",
+        "simple",
+        *extra,
     ]
 
 
@@ -55,8 +115,11 @@ def hypotheses(stdout: str):
 
 
 def sources(stdout: str):
-    return {int(m.group(1)): m.group(2)
-            for m in (re.match(r"S-(\d+)\t(.*)$", line) for line in stdout.splitlines()) if m}
+    return {
+        int(m.group(1)): m.group(2)
+        for m in (re.match(r"S-(\d+)\t(.*)$", line) for line in stdout.splitlines())
+        if m
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +127,11 @@ def trained(synthetic_bin, tmp_path_factory):
     """A tiny transformer_dlcl, trained for two epochs by fairseq-train run in a scratch directory."""
     workdir = tmp_path_factory.mktemp("cli_train")
     save_dir = workdir / "checkpoints"
-    run_cli("fairseq-train", *train_args(synthetic_bin, save_dir, ["--user-dir", PLUGIN_DIR]), cwd=workdir)
+    run_cli(
+        "fairseq-train",
+        *train_args(synthetic_bin, save_dir, ["--user-dir", PLUGIN_DIR]),
+        cwd=workdir,
+    )
     return save_dir
 
 
@@ -72,8 +139,16 @@ def trained(synthetic_bin, tmp_path_factory):
 def generated(trained, synthetic_bin, tmp_path_factory):
     """fairseq-generate --user-dir on the 101-sentence test split, beam 1."""
     cwd = tmp_path_factory.mktemp("cli_generate")
-    proc = run_cli("fairseq-generate", str(synthetic_bin), "--user-dir", PLUGIN_DIR,
-                   "--path", str(trained / "checkpoint_last.pt"), *GEN, cwd=cwd)
+    proc = run_cli(
+        "fairseq-generate",
+        str(synthetic_bin),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--path",
+        str(trained / "checkpoint_last.pt"),
+        *GEN,
+        cwd=cwd,
+    )
     return proc.stdout
 
 
@@ -89,15 +164,28 @@ def test_generate_translates_every_test_sentence(generated):
 
 
 def test_console_script_needs_no_user_dir(trained, synthetic_bin, generated, tmp_path):
-    proc = run_cli("fairseq-deep-generate", str(synthetic_bin),
-                   "--path", str(trained / "checkpoint_last.pt"), *GEN, cwd=tmp_path)
+    proc = run_cli(
+        "fairseq-deep-generate",
+        str(synthetic_bin),
+        "--path",
+        str(trained / "checkpoint_last.pt"),
+        *GEN,
+        cwd=tmp_path,
+    )
     assert hypotheses(proc.stdout) == hypotheses(generated)
 
 
 def test_plain_generate_without_user_dir_fails(trained, synthetic_bin, tmp_path):
     """The documented failure: fairseq alone knows neither our model nor our checkpoint types."""
-    proc = run_cli("fairseq-generate", str(synthetic_bin), "--path", str(trained / "checkpoint_last.pt"),
-                   *GEN, cwd=tmp_path, check=False)
+    proc = run_cli(
+        "fairseq-generate",
+        str(synthetic_bin),
+        "--path",
+        str(trained / "checkpoint_last.pt"),
+        *GEN,
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0
 
 
@@ -107,10 +195,28 @@ def test_interactive_agrees_with_generate(script, trained, synthetic_bin, genera
     ids = [0, 1, 2]
     extra = [] if script == "fairseq-deep-interactive" else ["--user-dir", PLUGIN_DIR]
     proc = subprocess.run(
-        [script, str(synthetic_bin), *extra, "--path", str(trained / "checkpoint_last.pt"),
-         "--source-lang", "src", "--target-lang", "tgt", "--beam", "1", "--cpu",
-         "--max-len-a", "1.5", "--max-len-b", "5"],
-        input="".join(src[i] + "\n" for i in ids), capture_output=True, text=True, cwd=tmp_path,
+        [
+            script,
+            str(synthetic_bin),
+            *extra,
+            "--path",
+            str(trained / "checkpoint_last.pt"),
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--beam",
+            "1",
+            "--cpu",
+            "--max-len-a",
+            "1.5",
+            "--max-len-b",
+            "5",
+        ],
+        input="".join(src[i] + "\n" for i in ids),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = hypotheses(proc.stdout)
@@ -121,8 +227,11 @@ def test_hub_interface_reloads_and_agrees_with_generate(trained, synthetic_bin, 
     from fairseq_deep.models.transformer_dlcl import TransformerDLCLModel
 
     hub = TransformerDLCLModel.from_pretrained(
-        str(trained), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(synthetic_bin),
-        source_lang="src", target_lang="tgt",
+        str(trained),
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(synthetic_bin),
+        source_lang="src",
+        target_lang="tgt",
     )
     hub.eval()
     src, hyp = sources(generated), hypotheses(generated)
@@ -131,7 +240,9 @@ def test_hub_interface_reloads_and_agrees_with_generate(trained, synthetic_bin, 
     with warnings.catch_warnings(record=True) as caught:
         assert hub.translate([src[i] for i in ids], **kw) == [hyp[i] for i in ids]
     # issue 32: not torch's "'pin_memory' argument is set as true but no accelerator is found" on a CPU
-    assert not [w for w in caught if "pin_memory" in str(w.message)], [str(w.message) for w in caught]
+    assert not [w for w in caught if "pin_memory" in str(w.message)], [
+        str(w.message) for w in caught
+    ]
     # .generate() on binarized input gives the same tokens
     tokens = [hub.encode(src[i]) for i in ids]
     out = hub.generate(tokens, **kw)
@@ -145,7 +256,10 @@ def test_average_keeps_flags_and_averages_floats(tmp_path):
     paths = []
     for i, w in enumerate([1.0, 3.0]):
         paths.append(tmp_path / f"c{i}.pt")
-        torch.save({"model": {"w": torch.tensor([w]).half(), "history.softmax_rows": torch.tensor(True)}}, paths[-1])
+        torch.save(
+            {"model": {"w": torch.tensor([w]).half(), "history.softmax_rows": torch.tensor(True)}},
+            paths[-1],
+        )
     out = average_checkpoints([str(p) for p in paths])["model"]
     assert out["history.softmax_rows"].dtype == torch.bool and bool(out["history.softmax_rows"])
     assert out["w"].dtype == torch.float16 and out["w"].item() == 2.0
@@ -153,8 +267,16 @@ def test_average_keeps_flags_and_averages_floats(tmp_path):
 
 def test_average_checkpoints(trained, synthetic_bin, tmp_path):
     avg = tmp_path / "averaged.pt"
-    run_cli("fairseq-deep-average-checkpoints", "--inputs", str(trained), "--num-epoch-checkpoints", "2",
-            "--output", str(avg), cwd=tmp_path)
+    run_cli(
+        "fairseq-deep-average-checkpoints",
+        "--inputs",
+        str(trained),
+        "--num-epoch-checkpoints",
+        "2",
+        "--output",
+        str(avg),
+        cwd=tmp_path,
+    )
     states = [torch.load(trained / f"checkpoint{e}.pt", map_location="cpu") for e in (1, 2)]
     averaged = torch.load(avg, map_location="cpu")  # weights_only: no pickled code in it
     assert set(averaged["model"]) == set(states[0]["model"])
@@ -165,17 +287,34 @@ def test_average_checkpoints(trained, synthetic_bin, tmp_path):
     assert averaged["extra_state"]["train_iterator"] == states[1]["extra_state"]["train_iterator"]
     # explicit files give the same average
     avg2 = tmp_path / "averaged2.pt"
-    run_cli("fairseq-deep-average-checkpoints", "--inputs", str(trained / "checkpoint2.pt"),
-            str(trained / "checkpoint1.pt"), "--output", str(avg2), cwd=tmp_path)
+    run_cli(
+        "fairseq-deep-average-checkpoints",
+        "--inputs",
+        str(trained / "checkpoint2.pt"),
+        str(trained / "checkpoint1.pt"),
+        "--output",
+        str(avg2),
+        cwd=tmp_path,
+    )
     for k, v in torch.load(avg2, map_location="cpu")["model"].items():
         assert torch.equal(v, averaged["model"][k])
-    proc = run_cli("fairseq-deep-generate", str(synthetic_bin), "--path", str(avg), *GEN, cwd=tmp_path)
+    proc = run_cli(
+        "fairseq-deep-generate", str(synthetic_bin), "--path", str(avg), *GEN, cwd=tmp_path
+    )
     assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))
 
 
 def test_average_checkpoints_too_few(trained, tmp_path):
-    proc = run_cli("fairseq-deep-average-checkpoints", "--inputs", str(trained), "--num-epoch-checkpoints",
-                   "5", "--output", str(tmp_path / "x.pt"), check=False)
+    proc = run_cli(
+        "fairseq-deep-average-checkpoints",
+        "--inputs",
+        str(trained),
+        "--num-epoch-checkpoints",
+        "5",
+        "--output",
+        str(tmp_path / "x.pt"),
+        check=False,
+    )
     assert proc.returncode != 0
     assert "found 2 epoch checkpoints" in proc.stderr
     assert not (tmp_path / "x.pt").exists()
@@ -190,18 +329,49 @@ def test_non_editable_install(synthetic_bin, tmp_path):
     for name in ("setup.py", "README.md"):
         shutil.copy(os.path.join(REPO_ROOT, name), src / name)
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                           "--no-index", "-q", "--target", str(site), str(src)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     plugin = site / "fairseq_deep"
     assert (plugin / "models" / "transformer_dlcl.py").is_file()
-    where = subprocess.run([sys.executable, "-c", "import fairseq_deep; print(fairseq_deep.__file__)"],
-                           cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)),  # site first, no checkout
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import fairseq_deep; print(fairseq_deep.__file__)"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(site)),  # site first, no checkout
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert where == str(plugin / "__init__.py")  # the installed copy, not the sources
     save_dir = tmp_path / "checkpoints"
-    run_cli("fairseq-train", *train_args(synthetic_bin, save_dir, ["--user-dir", str(plugin), "--max-update", "2"]),
-            cwd=tmp_path)
-    proc = run_cli("fairseq-generate", str(synthetic_bin), "--user-dir", str(plugin),
-                   "--path", str(save_dir / "checkpoint_last.pt"), *GEN, cwd=tmp_path)
+    run_cli(
+        "fairseq-train",
+        *train_args(synthetic_bin, save_dir, ["--user-dir", str(plugin), "--max-update", "2"]),
+        cwd=tmp_path,
+    )
+    proc = run_cli(
+        "fairseq-generate",
+        str(synthetic_bin),
+        "--user-dir",
+        str(plugin),
+        "--path",
+        str(save_dir / "checkpoint_last.pt"),
+        *GEN,
+        cwd=tmp_path,
+    )
     assert sorted(hypotheses(proc.stdout)) == list(range(N_TEST))

@@ -10,7 +10,6 @@ import sys
 import warnings
 
 import pytest
-
 from helpers import TINY, build_model, run_cli
 
 from fairseq_deep.errors import UserError, is_user_error
@@ -19,8 +18,9 @@ from fairseq_deep.errors import UserError, is_user_error
 def run(*argv, cwd=None, env=None, input=None):
     base = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
     env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(list(argv), capture_output=True, text=True, cwd=cwd, env=env, input=input,
-                          timeout=300)
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, cwd=cwd, env=env, input=input, timeout=300
+    )
 
 
 def assert_user_error(proc, prog, *fragments):
@@ -38,24 +38,55 @@ def assert_user_error(proc, prog, *fragments):
 def trained(synthetic_bin, tmp_path_factory):
     """A tiny transformer_dlcl after one epoch (and the finished fairseq-deep-train process)."""
     save = tmp_path_factory.mktemp("cli_errors") / "checkpoints"
-    proc = run_cli("fairseq-deep-train", str(synthetic_bin), "--arch", "transformer_dlcl", *TINY,
-                   "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings",
-                   "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "3000", "--max-epoch", "1",
-                   "--seed", "1", "--cpu", "--num-workers", "0", "--save-dir", str(save),
-                   "--no-progress-bar")
+    proc = run_cli(
+        "fairseq-deep-train",
+        str(synthetic_bin),
+        "--arch",
+        "transformer_dlcl",
+        *TINY,
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--share-all-embeddings",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.005",
+        "--max-tokens",
+        "3000",
+        "--max-epoch",
+        "1",
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--save-dir",
+        str(save),
+        "--no-progress-bar",
+    )
     return save, proc
 
 
 # -- options: discoverable -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch,flag", [("transformer_dlcl", "--dlcl-stacks"), ("rnmt_plus", "--encoder-hidden-size"),
-                                       (None, "--save-dir")])
+@pytest.mark.parametrize(
+    "arch,flag",
+    [
+        ("transformer_dlcl", "--dlcl-stacks"),
+        ("rnmt_plus", "--encoder-hidden-size"),
+        (None, "--save-dir"),
+    ],
+)
 def test_help_of_an_arch_lists_its_options(arch, flag):
     proc = run("fairseq-deep-train", *(["--arch", arch] if arch else []), "--help")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert flag in proc.stdout
-    assert ("Model-specific configuration" in proc.stdout) == (arch is not None)  # without --arch: fairseq's help
+    assert ("Model-specific configuration" in proc.stdout) == (
+        arch is not None
+    )  # without --arch: fairseq's help
 
 
 def test_help_of_a_preset_shows_its_values(capsys):
@@ -75,16 +106,25 @@ def test_help_of_a_preset_shows_its_values(capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     option = re.search(r"--encoder-layers ENCODER_LAYERS (.*?) --", out).group(1)
     assert option.endswith("[--arch transformer_postnorm_30l: 30]"), option
-    assert "[--arch transformer_postnorm_30l: off]" in re.search(r"--encoder-normalize-before (.*?) --", out).group(1)
-    epilog = out[out.index("--arch transformer_postnorm_30l (Plain post-norm"):]
+    assert "[--arch transformer_postnorm_30l: off]" in re.search(
+        r"--encoder-normalize-before (.*?) --", out
+    ).group(1)
+    epilog = out[out.index("--arch transformer_postnorm_30l (Plain post-norm") :]
     assert "where it differs from --arch transformer_dlcl: --encoder-layers 30," in epilog, epilog
-    assert "--encoder-normalize-before off" in epilog and "--dropout" not in epilog  # dropout: the family's
+    assert (
+        "--encoder-normalize-before off" in epilog and "--dropout" not in epilog
+    )  # dropout: the family's
 
 
 def test_mistyped_arch_gets_the_nearest_names(tmp_path):
     proc = run("fairseq-deep-train", str(tmp_path), "--arch", "transformer_dlc")
-    assert_user_error(proc, "fairseq-deep-train", "--arch transformer_dlc: no such architecture",
-                             "did you mean transformer_dlcl", "fairseq-deep-list-archs")
+    assert_user_error(
+        proc,
+        "fairseq-deep-train",
+        "--arch transformer_dlc: no such architecture",
+        "did you mean transformer_dlcl",
+        "fairseq-deep-list-archs",
+    )
     assert len(proc.stderr) < 600  # not argparse's line of every registered name
 
 
@@ -94,7 +134,9 @@ def in_process(entry_point, argv, capsys, monkeypatch):
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        with warnings.catch_warnings():  # the scripts filter warnings and set up logging: undone here
+        with (
+            warnings.catch_warnings()
+        ):  # the scripts filter warnings and set up logging: undone here
             entry_point()
         status = 0
     except SystemExit as e:
@@ -124,22 +166,40 @@ def test_list_archs_by_family(capsys, monkeypatch):
     assert status == 0
     lines = out.splitlines()
     families = [line.split(":")[0] for line in lines if line and not line.startswith(" ")]
-    assert {"transformer_dlcl", "transformer_ta", "transformer_agg", "rnmt_plus", "deep_att"} <= set(families)
+    assert {
+        "transformer_dlcl",
+        "transformer_ta",
+        "transformer_agg",
+        "rnmt_plus",
+        "deep_att",
+    } <= set(families)
     assert "transformer" not in families  # fairseq's own are not ours
     entry = next(line for line in lines if line.split()[:1] == ["transformer_dlcl_30l"])
     assert "30-layer encoder" in entry
     _, one, _ = in_process(list_archs_main, ["rnmt_plus"], capsys, monkeypatch)
     assert "rnmt_plus_512_ta" in one and "transformer_dlcl" not in one
-    assert_in_process_user_error(in_process(list_archs_main, ["dlcx"], capsys, monkeypatch),
-                                 "fairseq-deep-list-archs", "Families: ")
+    assert_in_process_user_error(
+        in_process(list_archs_main, ["dlcx"], capsys, monkeypatch),
+        "fairseq-deep-list-archs",
+        "Families: ",
+    )
 
 
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
 
 
 def test_preset_conflict(tmp_path):
-    proc = run("fairseq-deep-train", str(tmp_path), "--arch", "transformer_dlcl_30l", "--encoder-layers", "12")
-    assert_user_error(proc, "fairseq-deep-train", "drop --encoder-layers, or use --arch transformer_dlcl")
+    proc = run(
+        "fairseq-deep-train",
+        str(tmp_path),
+        "--arch",
+        "transformer_dlcl_30l",
+        "--encoder-layers",
+        "12",
+    )
+    assert_user_error(
+        proc, "fairseq-deep-train", "drop --encoder-layers, or use --arch transformer_dlcl"
+    )
 
 
 def test_traceback_on_request(monkeypatch, capsys):
@@ -151,7 +211,11 @@ def test_traceback_on_request(monkeypatch, capsys):
     monkeypatch.delenv(TRACEBACK_ENV, raising=False)
     with pytest.raises(SystemExit) as e:
         report_user_errors(mistake, "prog")
-    assert e.value.code == 2 and capsys.readouterr().err == "prog: error: --encoder-layers 12 was given: drop --encoder-layers\n"
+    assert (
+        e.value.code == 2
+        and capsys.readouterr().err
+        == "prog: error: --encoder-layers 12 was given: drop --encoder-layers\n"
+    )
     monkeypatch.setenv(TRACEBACK_ENV, "1")
     with pytest.raises(ValueError):
         report_user_errors(mistake, "prog")
@@ -165,9 +229,20 @@ def test_traceback_on_request(monkeypatch, capsys):
 
 
 def test_missing_arch_and_user_dir(tmp_path):
-    assert_user_error(run("fairseq-deep-train", str(tmp_path)), "fairseq-deep-train", "--arch ARCH is required")
-    proc = run("fairseq-deep-generate", str(tmp_path), "--user-dir", str(tmp_path / "nope"), "--path", "x.pt")
-    assert_user_error(proc, "fairseq-deep-generate", "--user-dir", "no such directory", "drop --user-dir")
+    assert_user_error(
+        run("fairseq-deep-train", str(tmp_path)), "fairseq-deep-train", "--arch ARCH is required"
+    )
+    proc = run(
+        "fairseq-deep-generate",
+        str(tmp_path),
+        "--user-dir",
+        str(tmp_path / "nope"),
+        "--path",
+        "x.pt",
+    )
+    assert_user_error(
+        proc, "fairseq-deep-generate", "--user-dir", "no such directory", "drop --user-dir"
+    )
 
 
 @pytest.mark.parametrize("arch", ["rnmt_plus", "deep_att"])
@@ -175,13 +250,29 @@ def test_missing_arch_and_user_dir(tmp_path):
 def test_recurrent_families_refuse_transformer_options(arch, flag):
     with pytest.raises(UserError, match=rf"{flag[0]} is not supported by --arch {arch}.*Drop it"):
         build_model(arch, ["--encoder-layers", "2", "--decoder-layers", "2", *flag])
-    build_model(arch, ["--encoder-layers", "2", "--decoder-layers", "2"])  # and nothing else changed
+    build_model(
+        arch, ["--encoder-layers", "2", "--decoder-layers", "2"]
+    )  # and nothing else changed
 
 
 def test_recurrent_refusal_through_the_cli(synthetic_bin, tmp_path):
-    proc = run("fairseq-deep-train", str(synthetic_bin), "--arch", "rnmt_plus", "--checkpoint-activations",
-               "--optimizer", "adam", "--max-tokens", "1000", "--cpu", "--save-dir", str(tmp_path))
-    assert_user_error(proc, "fairseq-deep-train", "--checkpoint-activations is not supported by --arch rnmt_plus")
+    proc = run(
+        "fairseq-deep-train",
+        str(synthetic_bin),
+        "--arch",
+        "rnmt_plus",
+        "--checkpoint-activations",
+        "--optimizer",
+        "adam",
+        "--max-tokens",
+        "1000",
+        "--cpu",
+        "--save-dir",
+        str(tmp_path),
+    )
+    assert_user_error(
+        proc, "fairseq-deep-train", "--checkpoint-activations is not supported by --arch rnmt_plus"
+    )
 
 
 def test_truncated_checkpoint_in_every_tool(trained, synthetic_bin, tmp_path, capsys, monkeypatch):
@@ -193,14 +284,31 @@ def test_truncated_checkpoint_in_every_tool(trained, synthetic_bin, tmp_path, ca
     cut = tmp_path / "checkpoint_cut.pt"
     cut.write_bytes(data[: len(data) // 2])
     expected = [str(cut), "is not a complete checkpoint", "truncated"]
-    result = in_process(average_checkpoints_main, ["--inputs", save / "checkpoint_last.pt", cut,
-                                                   "--output", tmp_path / "avg.pt"], capsys, monkeypatch)
+    result = in_process(
+        average_checkpoints_main,
+        ["--inputs", save / "checkpoint_last.pt", cut, "--output", tmp_path / "avg.pt"],
+        capsys,
+        monkeypatch,
+    )
     assert_in_process_user_error(result, "fairseq-deep-average-checkpoints", *expected)
     assert not (tmp_path / "avg.pt").exists()
-    result = in_process(layer_weights_main, [cut, "--out-dir", tmp_path / "lw"], capsys, monkeypatch)
+    result = in_process(
+        layer_weights_main, [cut, "--out-dir", tmp_path / "lw"], capsys, monkeypatch
+    )
     assert_in_process_user_error(result, "fairseq-deep-layer-weights", *expected)
-    assert_user_error(run("fairseq-deep-generate", str(synthetic_bin), "--path", str(cut), "--cpu",
-                          "--gen-subset", "test"), "fairseq-deep-generate", *expected)
+    assert_user_error(
+        run(
+            "fairseq-deep-generate",
+            str(synthetic_bin),
+            "--path",
+            str(cut),
+            "--cpu",
+            "--gen-subset",
+            "test",
+        ),
+        "fairseq-deep-generate",
+        *expected,
+    )
 
 
 def test_foreign_and_missing_checkpoint(synthetic_bin, tmp_path, capsys, monkeypatch):
@@ -212,14 +320,38 @@ def test_foreign_and_missing_checkpoint(synthetic_bin, tmp_path, capsys, monkeyp
 
     foreign = tmp_path / "weights.pt"
     torch.save({"encoder.weight": torch.zeros(2)}, foreign)
-    assert_user_error(run("fairseq-deep-generate", str(synthetic_bin), "--path", str(foreign), "--cpu",
-                          "--gen-subset", "test"), "fairseq-deep-generate", str(foreign), "is not a fairseq checkpoint")
-    result = in_process(average_checkpoints_main, ["--inputs", foreign, foreign, "--output", tmp_path / "a.pt"],
-                        capsys, monkeypatch)
-    assert_in_process_user_error(result, "fairseq-deep-average-checkpoints", "is not a fairseq checkpoint")
-    result = in_process(layer_weights_main, [tmp_path / "none.pt", "--out-dir", tmp_path], capsys, monkeypatch)
-    assert_in_process_user_error(result, "fairseq-deep-layer-weights", "none.pt: no such checkpoint file")
-    result = in_process(plot_training_main, [tmp_path / "none.log", "--out-dir", tmp_path], capsys, monkeypatch)
+    assert_user_error(
+        run(
+            "fairseq-deep-generate",
+            str(synthetic_bin),
+            "--path",
+            str(foreign),
+            "--cpu",
+            "--gen-subset",
+            "test",
+        ),
+        "fairseq-deep-generate",
+        str(foreign),
+        "is not a fairseq checkpoint",
+    )
+    result = in_process(
+        average_checkpoints_main,
+        ["--inputs", foreign, foreign, "--output", tmp_path / "a.pt"],
+        capsys,
+        monkeypatch,
+    )
+    assert_in_process_user_error(
+        result, "fairseq-deep-average-checkpoints", "is not a fairseq checkpoint"
+    )
+    result = in_process(
+        layer_weights_main, [tmp_path / "none.pt", "--out-dir", tmp_path], capsys, monkeypatch
+    )
+    assert_in_process_user_error(
+        result, "fairseq-deep-layer-weights", "none.pt: no such checkpoint file"
+    )
+    result = in_process(
+        plot_training_main, [tmp_path / "none.log", "--out-dir", tmp_path], capsys, monkeypatch
+    )
     assert_in_process_user_error(result, "fairseq-deep-plot-training", "none.log")
 
 
@@ -227,18 +359,36 @@ def test_missing_dictionary_names_the_data_dir(trained, tmp_path):
     save, _ = trained
     empty = tmp_path / "data"
     empty.mkdir()
-    argv = ["fairseq-deep-interactive", str(empty), "--path", str(save / "checkpoint_last.pt"), "--cpu"]
-    assert_user_error(run(*argv, input="a b\n"), "fairseq-deep-interactive", str(empty),
-                      "cannot tell the language pair", "--source-lang and --target-lang", "dict.<src>.txt")
-    assert_user_error(run(*argv, "--source-lang", "src", "--target-lang", "tgt", input="a b\n"),
-                      "fairseq-deep-interactive", os.path.join(str(empty), "dict.src.txt"), "no such dictionary")
+    argv = [
+        "fairseq-deep-interactive",
+        str(empty),
+        "--path",
+        str(save / "checkpoint_last.pt"),
+        "--cpu",
+    ]
+    assert_user_error(
+        run(*argv, input="a b\n"),
+        "fairseq-deep-interactive",
+        str(empty),
+        "cannot tell the language pair",
+        "--source-lang and --target-lang",
+        "dict.<src>.txt",
+    )
+    assert_user_error(
+        run(*argv, "--source-lang", "src", "--target-lang", "tgt", input="a b\n"),
+        "fairseq-deep-interactive",
+        os.path.join(str(empty), "dict.src.txt"),
+        "no such dictionary",
+    )
 
 
 def test_no_noise(trained):
     """fairseq-deep-train prints none of hydra's and torch's deprecation warnings (stderr), nor
     fairseq's "--user-dir=... has already been imported" (issue 26, item 5)."""
     _, proc = trained
-    assert "Warning" not in proc.stderr and "deprecat" not in proc.stderr.lower(), proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr and "deprecat" not in proc.stderr.lower(), proc.stderr[
+        -3000:
+    ]
     assert "has already been imported" not in proc.stdout + proc.stderr
 
 
@@ -246,7 +396,11 @@ def test_train_logs_progress_from_the_first_update(trained):
     """fairseq-deep-train logs a progress line with an ETA after its first update, through fairseq's
     logging (stdout), not only every --log-interval updates (issue 26, item 2)."""
     _, proc = trained
-    first = [line for line in proc.stdout.splitlines() if "fairseq_deep.progress | progress: update 1 " in line]
+    first = [
+        line
+        for line in proc.stdout.splitlines()
+        if "fairseq_deep.progress | progress: update 1 " in line
+    ]
     assert first and "epoch 1" in first[0] and "(--max-epoch 1)" in first[0], proc.stdout[-3000:]
 
 
@@ -254,10 +408,12 @@ def test_no_tensorboardx_noise_without_tensorboardx():
     """Without tensorboardX, fairseq's import logs "Please install tensorboardX" (its text-to-speech
     task, which these scripts never run): not on our scripts' output (issue 26, item 5).  The
     filter is precise: another record of the same logger still shows."""
-    code = ("import sys, logging; sys.modules['tensorboardX'] = None; "
-            "sys.argv = ['fairseq-deep-train', '--help']; "
-            "from fairseq_deep import cli; "
-            "logging.getLogger('fairseq.tasks.text_to_speech').warning('still shown'); cli.train()")
+    code = (
+        "import sys, logging; sys.modules['tensorboardX'] = None; "
+        "sys.argv = ['fairseq-deep-train', '--help']; "
+        "from fairseq_deep import cli; "
+        "logging.getLogger('fairseq.tasks.text_to_speech').warning('still shown'); cli.train()"
+    )
     proc = run(sys.executable, "-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tensorboardX" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
@@ -270,8 +426,9 @@ def test_what_counts_as_a_user_error():
     assert not is_user_error(KeyError("--x"))
     from fairseq_deep.errors import CheckpointError
 
-    assert is_user_error(CheckpointError("x.pt is not a complete checkpoint")) and issubclass(CheckpointError, RuntimeError)
-
+    assert is_user_error(CheckpointError("x.pt is not a complete checkpoint")) and issubclass(
+        CheckpointError, RuntimeError
+    )
 
 
 def test_checkpoint_of_another_plugin_or_other_model_code(synthetic_bin, trained, tmp_path):
@@ -282,16 +439,41 @@ def test_checkpoint_of_another_plugin_or_other_model_code(synthetic_bin, trained
 
     save, _ = trained
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=True)
-    other = dict(state, cfg={**state["cfg"], "common": {**state["cfg"]["common"], "user_dir": "/opt/other_plugin"}})
+    other = dict(
+        state,
+        cfg={**state["cfg"], "common": {**state["cfg"]["common"], "user_dir": "/opt/other_plugin"}},
+    )
     model_args = vars(other["cfg"]["model"]).copy()
     model_args.update(arch="other_transformer", _name="other_transformer")
     other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
     torch.save(other, tmp_path / "other.pt")
-    renamed = dict(state, model={k.replace("self_attn.q_proj", "self_attn.qkv_proj"): v
-                                 for k, v in state["model"].items()})
+    renamed = dict(
+        state,
+        model={
+            k.replace("self_attn.q_proj", "self_attn.qkv_proj"): v
+            for k, v in state["model"].items()
+        },
+    )
     torch.save(renamed, tmp_path / "renamed.pt")
-    generate = ["fairseq-deep-generate", str(synthetic_bin), "--cpu", "--gen-subset", "test", "--beam", "1"]
-    assert_user_error(run(*generate, "--path", str(tmp_path / "other.pt")), "fairseq-deep-generate",
-                      str(tmp_path / "other.pt"), "--arch other_transformer", "--user-dir /opt/other_plugin")
-    assert_user_error(run(*generate, "--path", str(tmp_path / "renamed.pt")), "fairseq-deep-generate",
-                      str(tmp_path / "renamed.pt"), "missing (encoder.layers.0.self_attn.q_proj.weight")
+    generate = [
+        "fairseq-deep-generate",
+        str(synthetic_bin),
+        "--cpu",
+        "--gen-subset",
+        "test",
+        "--beam",
+        "1",
+    ]
+    assert_user_error(
+        run(*generate, "--path", str(tmp_path / "other.pt")),
+        "fairseq-deep-generate",
+        str(tmp_path / "other.pt"),
+        "--arch other_transformer",
+        "--user-dir /opt/other_plugin",
+    )
+    assert_user_error(
+        run(*generate, "--path", str(tmp_path / "renamed.pt")),
+        "fairseq-deep-generate",
+        str(tmp_path / "renamed.pt"),
+        "missing (encoder.layers.0.self_attn.q_proj.weight",
+    )

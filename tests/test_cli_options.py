@@ -12,66 +12,227 @@ import textwrap
 
 import pytest
 
-T = ["DATA", "--arch", "transformer_dlcl", "--optimizer", "adam", "--max-tokens", "100", "--cpu"]  # a train command
+T = [
+    "DATA",
+    "--arch",
+    "transformer_dlcl",
+    "--optimizer",
+    "adam",
+    "--max-tokens",
+    "100",
+    "--cpu",
+]  # a train command
 G = ["DATA", "--path", "x.pt", "--cpu"]  # a generate command
 
 # (entry point "module:function", program name, argv, fragments of the one line)
 CASES = [
     # fairseq-train: required
-    ("cli:train", "fairseq-deep-train", T[1:], ["the following arguments are required: data", "fairseq-preprocess"]),
-    ("cli:train", "fairseq-deep-train", ["DATA", "--optimizer", "adam"], ["--arch ARCH is required"]),
-    ("cli:train", "fairseq-deep-train", ["DATA", "--arch", "transformer_dlcl", "--max-tokens", "100"],
-     ["--optimizer is required", "--optimizer adam"]),
-    ("cli:train", "fairseq-deep-train", ["DATA", "--arch", "transformer_dlcl", "--optimizer", "adam", "--cpu"],
-     ["--max-tokens or --batch-size"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--model-from", "none.pt"], ["--model-from none.pt: no such checkpoint file"]),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        T[1:],
+        ["the following arguments are required: data", "fairseq-preprocess"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        ["DATA", "--optimizer", "adam"],
+        ["--arch ARCH is required"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        ["DATA", "--arch", "transformer_dlcl", "--max-tokens", "100"],
+        ["--optimizer is required", "--optimizer adam"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        ["DATA", "--arch", "transformer_dlcl", "--optimizer", "adam", "--cpu"],
+        ["--max-tokens or --batch-size"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--model-from", "none.pt"],
+        ["--model-from none.pt: no such checkpoint file"],
+    ),
     # fairseq-train: typed
-    ("cli:train", "fairseq-deep-train", ["DATA", "--arch", "transformer_dlcl", "--optimizer", "adam", "--max-tokens", "abc"],
-     ["argument --max-tokens: invalid int value: 'abc'"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--lr", "fast"], ["argument --lr: invalid value: 'fast'"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--max-update", "1.5"], ["argument --max-update: invalid int value: '1.5'"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--dropout", "high"], ["argument --dropout: invalid float value: 'high'"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--encoder-layers", "two"], ["argument --encoder-layers: invalid int value"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--stop-time-hours", "1h"], ["argument --stop-time-hours: invalid float value"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--adam-betas", "0.9,0.98x"], ["--adam-betas 0.9,0.98x: not two numbers",
-                                                                            "--adam-betas '(0.9, 0.98)'"]),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        ["DATA", "--arch", "transformer_dlcl", "--optimizer", "adam", "--max-tokens", "abc"],
+        ["argument --max-tokens: invalid int value: 'abc'"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--lr", "fast"],
+        ["argument --lr: invalid value: 'fast'"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--max-update", "1.5"],
+        ["argument --max-update: invalid int value: '1.5'"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--dropout", "high"],
+        ["argument --dropout: invalid float value: 'high'"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--encoder-layers", "two"],
+        ["argument --encoder-layers: invalid int value"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--stop-time-hours", "1h"],
+        ["argument --stop-time-hours: invalid float value"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--adam-betas", "0.9,0.98x"],
+        ["--adam-betas 0.9,0.98x: not two numbers", "--adam-betas '(0.9, 0.98)'"],
+    ),
     # fairseq-train: choices
-    ("cli:train", "fairseq-deep-train", [*T, "--optimizer", "adamx"], ["argument --optimizer: invalid choice: 'adamx'",
-                                                                       "did you mean adamax, adam"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--criterion", "label_smoothed_cross_entropi"],
-     ["did you mean label_smoothed_cross_entropy"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--lr-scheduler", "inverse_sqr"], ["did you mean inverse_sqrt"]),
-    ("cli:train", "fairseq-deep-train", [*T, "--dlcl-stacks", "all"], ["argument --dlcl-stacks: invalid choice: 'all'",
-                                                                       "(choose from both, encoder, decoder, none)"]),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--optimizer", "adamx"],
+        ["argument --optimizer: invalid choice: 'adamx'", "did you mean adamax, adam"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--criterion", "label_smoothed_cross_entropi"],
+        ["did you mean label_smoothed_cross_entropy"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--lr-scheduler", "inverse_sqr"],
+        ["did you mean inverse_sqrt"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--dlcl-stacks", "all"],
+        [
+            "argument --dlcl-stacks: invalid choice: 'all'",
+            "(choose from both, encoder, decoder, none)",
+        ],
+    ),
     ("cli:train", "fairseq-deep-train", [*T, "--activation-fn", "rel"], ["did you mean relu"]),
     ("cli:train", "fairseq-deep-train", [*T, "--task", "translaton"], ["did you mean translation"]),
     # fairseq-generate and -interactive
-    ("cli:generate", "fairseq-deep-generate", G[1:], ["the following arguments are required: data"]),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        G[1:],
+        ["the following arguments are required: data"],
+    ),
     ("cli:generate", "fairseq-deep-generate", ["DATA", "--cpu"], ["--path CHECKPOINT is required"]),
-    ("cli:generate", "fairseq-deep-generate", [*G, "--beam", "wide"], ["argument --beam: invalid int value: 'wide'"]),
-    ("cli:generate", "fairseq-deep-generate", [*G, "--batch-size", "x"], ["argument --batch-size/--max-sentences: invalid int"]),
-    ("cli:generate", "fairseq-deep-generate", [*G, "--lenpen", "x"], ["argument --lenpen: invalid float value"]),
-    ("cli:generate", "fairseq-deep-generate", [*G, "--scoring", "bleux"], ["argument --scoring: invalid choice", "did you mean bleu"]),
-    ("cli:interactive", "fairseq-deep-interactive", ["DATA", "--cpu"], ["--path CHECKPOINT is required"]),
-    ("cli:interactive", "fairseq-deep-interactive", [*G, "--nbest", "x"], ["argument --nbest: invalid int value"]),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        [*G, "--beam", "wide"],
+        ["argument --beam: invalid int value: 'wide'"],
+    ),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        [*G, "--batch-size", "x"],
+        ["argument --batch-size/--max-sentences: invalid int"],
+    ),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        [*G, "--lenpen", "x"],
+        ["argument --lenpen: invalid float value"],
+    ),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        [*G, "--scoring", "bleux"],
+        ["argument --scoring: invalid choice", "did you mean bleu"],
+    ),
+    (
+        "cli:interactive",
+        "fairseq-deep-interactive",
+        ["DATA", "--cpu"],
+        ["--path CHECKPOINT is required"],
+    ),
+    (
+        "cli:interactive",
+        "fairseq-deep-interactive",
+        [*G, "--nbest", "x"],
+        ["argument --nbest: invalid int value"],
+    ),
     # the scripts with parsers of their own
-    ("grow:cli_main", "fairseq-deep-grow", ["--out", "o.pt"], ["the following arguments are required: --checkpoint"]),
-    ("grow:cli_main", "fairseq-deep-grow", ["--checkpoint", "a.pt", "--out", "o.pt", "--encoder-layers", "x"],
-     ["argument --encoder-layers: invalid int value"]),
-    ("grow:cli_main", "fairseq-deep-grow", ["--checkpoint", "a.pt", "--out", "o.pt", "--method", "double"],
-     ["argument --method: invalid choice"]),
-    ("cli:average_checkpoints_main", "fairseq-deep-average-checkpoints", ["--output", "a.pt"],
-     ["the following arguments are required: --inputs"]),
-    ("cli:average_checkpoints_main", "fairseq-deep-average-checkpoints",
-     ["--inputs", "d", "--output", "a.pt", "--num-epoch-checkpoints", "x"], ["invalid int value"]),
-    ("prepare:cli_main", "fairseq-deep-prepare", ["--source-lang", "de"], ["the following arguments are required"]),
-    ("study:cli_main", "fairseq-deep-study", ["--out", "o"], ["the following arguments are required: --data"]),
-    ("diagnostics.layer_weights:cli_main", "fairseq-deep-layer-weights", ["ck.pt"], ["required: --out-dir"]),
-    ("diagnostics.plot_training:cli_main", "fairseq-deep-plot-training", ["--out-dir", "o"], ["required: runs"]),
+    (
+        "grow:cli_main",
+        "fairseq-deep-grow",
+        ["--out", "o.pt"],
+        ["the following arguments are required: --checkpoint"],
+    ),
+    (
+        "grow:cli_main",
+        "fairseq-deep-grow",
+        ["--checkpoint", "a.pt", "--out", "o.pt", "--encoder-layers", "x"],
+        ["argument --encoder-layers: invalid int value"],
+    ),
+    (
+        "grow:cli_main",
+        "fairseq-deep-grow",
+        ["--checkpoint", "a.pt", "--out", "o.pt", "--method", "double"],
+        ["argument --method: invalid choice"],
+    ),
+    (
+        "cli:average_checkpoints_main",
+        "fairseq-deep-average-checkpoints",
+        ["--output", "a.pt"],
+        ["the following arguments are required: --inputs"],
+    ),
+    (
+        "cli:average_checkpoints_main",
+        "fairseq-deep-average-checkpoints",
+        ["--inputs", "d", "--output", "a.pt", "--num-epoch-checkpoints", "x"],
+        ["invalid int value"],
+    ),
+    (
+        "prepare:cli_main",
+        "fairseq-deep-prepare",
+        ["--source-lang", "de"],
+        ["the following arguments are required"],
+    ),
+    (
+        "study:cli_main",
+        "fairseq-deep-study",
+        ["--out", "o"],
+        ["the following arguments are required: --data"],
+    ),
+    (
+        "diagnostics.layer_weights:cli_main",
+        "fairseq-deep-layer-weights",
+        ["ck.pt"],
+        ["required: --out-dir"],
+    ),
+    (
+        "diagnostics.plot_training:cli_main",
+        "fairseq-deep-plot-training",
+        ["--out-dir", "o"],
+        ["required: runs"],
+    ),
     ("cli:list_archs_main", "fairseq-deep-list-archs", ["a", "b"], ["unrecognized arguments: b"]),
 ]
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import contextlib, importlib, io, json, logging, sys
     results = []
     for target, prog, argv in json.loads(sys.argv[1]):
@@ -91,20 +252,28 @@ DRIVER = textwrap.dedent('''
             logging.getLogger().removeHandler(handler)
         results.append([code, err.getvalue()])
     print(json.dumps(results))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cli_options")
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps([c[:3] for c in CASES])], cwd=cwd,
-                          capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps([c[:3] for c in CASES])],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[1]}:{' '.join(c[2])[-40:]}" for c in CASES])
+@pytest.mark.parametrize(
+    "index", range(len(CASES)), ids=[f"{c[1]}:{' '.join(c[2])[-40:]}" for c in CASES]
+)
 def test_a_mistake_ends_in_one_line_and_exit_status_2(results, index):
     _, prog, argv, fragments = CASES[index]
     code, err = results[index]

@@ -12,12 +12,25 @@ from helpers import PLUGIN_DIR, random_batch, run_cli, tiny_dictionary
 
 from fairseq_deep.models.deep_att.encoder import column_directions
 from fairseq_deep.modules.fast_forward_lstm import (
-    FFLSTMCell, FFLSTMStack, ff_input, reverse_index,
+    FFLSTMCell,
+    FFLSTMStack,
+    ff_input,
+    reverse_index,
 )
 
 H = 8
-TINY = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", str(H),
-        "--decoder-hidden-size", str(H), "--dropout", "0"]
+TINY = [
+    "--encoder-embed-dim",
+    "8",
+    "--decoder-embed-dim",
+    "8",
+    "--encoder-hidden-size",
+    str(H),
+    "--decoder-hidden-size",
+    str(H),
+    "--dropout",
+    "0",
+]
 DEPTH = ["--encoder-layers", "3", "--decoder-layers", "2"]
 
 
@@ -25,8 +38,17 @@ def build(arch, extra=(), depth=True, seed=1, perturb=True):
     """A tiny model through fairseq's own parser and presets; recurrent parameters (zero at init,
     Sec. 4.3) are perturbed so that the recurrence matters."""
     parser = options.get_training_parser()
-    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *TINY,
-            *(DEPTH if depth else ()), *extra]
+    argv = [
+        "dummy-data",
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        "--cpu",
+        *TINY,
+        *(DEPTH if depth else ()),
+        *extra,
+    ]
     args = options.parse_args_and_arch(parser, argv)
     d = tiny_dictionary()
     task = tasks.translation.TranslationTask(args, d, d)
@@ -51,8 +73,10 @@ def eq4_transcription(f, w_r, th_rho, th_phi, th_pi, hidden):
     for b in range(B):
         h, s = torch.zeros(hidden), torch.zeros(hidden)
         for t in range(f.size(0)):
-            blocks = [f[t, b, i * hidden:(i + 1) * hidden] + w_r[i * hidden:(i + 1) * hidden] @ h
-                      for i in range(4)]
+            blocks = [
+                f[t, b, i * hidden : (i + 1) * hidden] + w_r[i * hidden : (i + 1) * hidden] @ h
+                for i in range(4)
+            ]
             z, z_rho, z_phi, z_pi = blocks
             s = tanh(z) * sig(z_rho + s * th_rho) + sig(z_phi + s * th_phi) * s
             h = tanh(s) * sig(z_pi + s * th_pi)
@@ -74,7 +98,9 @@ def test_cell_is_eq4():
     # no input matrix in the cell: only W_r (4H x H) and three vectors, all recurrent, all zero at init
     fresh = FFLSTMCell(H)
     assert {n: tuple(p.shape) for n, p in fresh.named_parameters()} == {
-        "weight_r": (4 * H, H), "theta": (3, H)}
+        "weight_r": (4 * H, H),
+        "theta": (3, H),
+    }
     assert all(p.param_group == "recurrent" and not p.any() for p in fresh.parameters())
 
 
@@ -87,7 +113,7 @@ def test_ff_input_wiring(mode, width):
     x = ff_input(f, h, mode)
     assert x.shape == (4, 2, width)
     if mode == "half":  # the FIRST half of f ([z, z_rho]), then h
-        torch.testing.assert_close(x, torch.cat([f[..., :2 * H], h], -1))
+        torch.testing.assert_close(x, torch.cat([f[..., : 2 * H], h], -1))
     stack = FFLSTMStack(5, H, [False, False, False], ff_mode=mode)
     assert [l.proj.in_features for l in stack.layers] == [5, width, width]
 
@@ -101,8 +127,8 @@ def test_stack_feeds_half_f_and_dropped_h_to_the_next_layer():
     stack(x, torch.tensor([4, 4]))
     f1, h1, _ = stack.layers[0](x)
     got = seen[0]
-    torch.testing.assert_close(got[..., :2 * H], f1[..., :2 * H])  # Half(f): not dropped
-    dropped = got[..., 2 * H:]  # Dr(h): zero or h / (1 - p)
+    torch.testing.assert_close(got[..., : 2 * H], f1[..., : 2 * H])  # Half(f): not dropped
+    dropped = got[..., 2 * H :]  # Dr(h): zero or h / (1 - p)
     kept = dropped != 0
     assert 0 < kept.float().mean() < 1
     torch.testing.assert_close(dropped[kept], 2 * h1[kept])
@@ -138,10 +164,15 @@ def test_backward_layer_reads_the_future():
     assert not torch.allclose(first(bwd, x), first(bwd, y))
 
 
-@pytest.mark.parametrize("arch,extra", [
-    ("deep_att_ff", []), ("deep_ed_ff", []), ("deep_att", ["--ff-mode", "whole"]),
-    ("deep_att", ["--ff-mode", "none", "--ff-encoder-columns", "1"]),
-])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("deep_att_ff", []),
+        ("deep_ed_ff", []),
+        ("deep_att", ["--ff-mode", "whole"]),
+        ("deep_att", ["--ff-mode", "none", "--ff-encoder-columns", "1"]),
+    ],
+)
 def test_padding_never_mixes_into_real_positions(arch, extra):
     """A left-padded batch of different lengths gives, at every real position, what each sentence
     gives alone: per-sentence reversal respects lengths in both columns."""
@@ -151,11 +182,11 @@ def test_padding_never_mixes_into_real_positions(arch, extra):
     T = max(lengths)
     src = torch.full((len(lengths), T), d.pad())
     for b, n in enumerate(lengths):
-        src[b, T - n:] = torch.randint(d.nspecial, len(d), (n,), generator=g)
+        src[b, T - n :] = torch.randint(d.nspecial, len(d), (n,), generator=g)
     batch = model.encoder(src, torch.tensor(lengths))["encoder_out"][0]
     for b, n in enumerate(lengths):
-        alone = model.encoder(src[b:b + 1, T - n:], torch.tensor([n]))["encoder_out"][0]
-        got = batch[:, b:b + 1] if arch == "deep_ed_ff" else batch[T - n:, b:b + 1]
+        alone = model.encoder(src[b : b + 1, T - n :], torch.tensor([n]))["encoder_out"][0]
+        got = batch[:, b : b + 1] if arch == "deep_ed_ff" else batch[T - n :, b : b + 1]
         torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-6)
 
 
@@ -165,14 +196,20 @@ def test_padding_never_mixes_into_real_positions(arch, extra):
 def test_interface_sizes_follow_the_paper():
     """Sec. 4.2: c_t has 5120 (Deep-ED) and 1280 (Deep-Att) dimensions at 512 cells."""
     for arch, size in (("deep_att_ff", 1280), ("deep_ed_ff", 5120)):
-        args = options.parse_args_and_arch(options.get_training_parser(),
-                                           ["x", "--task", "translation", "--arch", arch])
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), ["x", "--task", "translation", "--arch", arch]
+        )
         from fairseq_deep.models.deep_att.encoder import DeepAttEncoder
 
         enc = DeepAttEncoder(args, tiny_dictionary(), torch.nn.Embedding(24, 256, padding_idx=1))
         assert enc.output_dim == size
-        assert (args.encoder_layers, args.decoder_layers, args.encoder_embed_dim,
-                args.encoder_hidden_size, args.dropout) == (9, 7, 256, 512, 0.1)
+        assert (
+            args.encoder_layers,
+            args.decoder_layers,
+            args.encoder_embed_dim,
+            args.encoder_hidden_size,
+            args.dropout,
+        ) == (9, 7, 256, 512, 0.1)
 
 
 def test_deep_ed_vector_is_last_and_max():
@@ -182,17 +219,24 @@ def test_deep_ed_vector_is_last_and_max():
     x = model.encoder.embed_tokens(src).transpose(0, 1)
     f1, h1, _ = model.encoder.columns[0].layers[0](x)
     f2, h2, _ = model.encoder.columns[1].layers[0](x)  # runs backward
-    ref = torch.cat([h1[-1, 0], h2[:, 0].max(0).values, f1[:, 0].max(0).values, f2[:, 0].max(0).values])
+    ref = torch.cat(
+        [h1[-1, 0], h2[:, 0].max(0).values, f1[:, 0].max(0).values, f2[:, 0].max(0).values]
+    )
     torch.testing.assert_close(e, ref)
 
 
 # ------------------------------------------------------------------------- incremental == full
 
 
-@pytest.mark.parametrize("arch,extra", [
-    ("deep_att_ff", []), ("deep_ed_ff", []), ("deep_att", ["--ff-mode", "whole"]),
-    ("deep_att", ["--ff-mode", "none", "--ff-proj-ratio", "1"]),
-])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("deep_att_ff", []),
+        ("deep_ed_ff", []),
+        ("deep_att", ["--ff-mode", "whole"]),
+        ("deep_att", ["--ff-mode", "none", "--ff-proj-ratio", "1"]),
+    ],
+)
 def test_incremental_decoding_equals_full_pass(arch, extra):
     model, d, _ = build(arch, extra)
     src, lengths, prev = random_batch(d, bsz=3, src_len=7, tgt_len=6)
@@ -200,7 +244,7 @@ def test_incremental_decoding_equals_full_pass(arch, extra):
     enc = model.encoder(src, lengths)
     state, steps, attn = {}, [], []
     for t in range(prev.size(1)):
-        out, ex = model.decoder(prev[:, :t + 1], enc, incremental_state=state)
+        out, ex = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
         steps.append(out)
         attn.append(ex["attn"][0])
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)
@@ -222,7 +266,9 @@ def test_beam_search_scores_equal_teacher_forced_scores():
         for hyp in hyps[b]:
             tokens = hyp["tokens"]
             prev = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]])[None]
-            lprobs = model.get_normalized_probs(model(src[b:b + 1], lengths[b:b + 1], prev), True)
+            lprobs = model.get_normalized_probs(
+                model(src[b : b + 1], lengths[b : b + 1], prev), True
+            )
             ref = lprobs[0].gather(-1, tokens[:, None])[:, 0]
             torch.testing.assert_close(hyp["positional_scores"], ref, rtol=1e-4, atol=1e-5)
 
@@ -246,8 +292,9 @@ def test_reorder_encoder_out_reorders_every_tensor():
 def test_initialisation():
     model, _, _ = build("deep_att_ff", perturb=False)
     rec = [p for p in model.parameters() if getattr(p, "param_group", None) == "recurrent"]
-    other = torch.cat([p.flatten() for p in model.parameters()
-                       if getattr(p, "param_group", None) != "recurrent"])
+    other = torch.cat(
+        [p.flatten() for p in model.parameters() if getattr(p, "param_group", None) != "recurrent"]
+    )
     assert rec and all(not p.any() for p in rec)
     assert abs(other.std().item() - 0.07) < 0.01 and abs(other.mean().item()) < 0.01
     assert not model.encoder.embed_tokens.weight[1].any()  # padding row
@@ -255,9 +302,26 @@ def test_initialisation():
 
 def _optimizer(model, rule="sgd"):
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        "x", "--task", "translation", "--arch", "deep_att_ff", "--optimizer", "deep_att",
-        "--lr", "4e-5", "--lr-recurrent", "5e-4", "--l2-strength", "2", "--update-rule", rule])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            "x",
+            "--task",
+            "translation",
+            "--arch",
+            "deep_att_ff",
+            "--optimizer",
+            "deep_att",
+            "--lr",
+            "4e-5",
+            "--lr-recurrent",
+            "5e-4",
+            "--l2-strength",
+            "2",
+            "--update-rule",
+            rule,
+        ],
+    )
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     cfg = convert_namespace_to_omegaconf(args)
@@ -271,8 +335,11 @@ def test_parameter_groups_get_their_learning_rates_and_eq12():
     assert set(groups) == {"feedforward", "embedding", "recurrent"}
     assert (groups["feedforward"]["lr"], groups["embedding"]["lr"]) == (4e-5, 4e-5)
     assert groups["recurrent"]["lr"] == pytest.approx(5e-4)
-    assert (groups["feedforward"]["weight_decay"], groups["embedding"]["weight_decay"],
-            groups["recurrent"]["weight_decay"]) == (2.0, 0.0, 2.0)
+    assert (
+        groups["feedforward"]["weight_decay"],
+        groups["embedding"]["weight_decay"],
+        groups["recurrent"]["weight_decay"],
+    ) == (2.0, 0.0, 2.0)
     rec = {id(p) for p in groups["recurrent"]["params"]}
     assert rec == {id(p) for n, p in model.named_parameters() if "weight_r" in n or "theta" in n}
     emb = {id(p) for p in groups["embedding"]["params"]}
@@ -282,8 +349,11 @@ def test_parameter_groups_get_their_learning_rates_and_eq12():
     assert opt.get_lr() == 2e-5
     assert groups["recurrent"]["lr"] == pytest.approx(2.5e-4)
     # one step is Eq. 12: v <- v - l (g + r v), embeddings without r
-    params = {"ff": model.decoder.output_projection.weight, "emb": model.encoder.embed_tokens.weight,
-              "rec": model.decoder.stack.layers[0].cell.weight_r}
+    params = {
+        "ff": model.decoder.output_projection.weight,
+        "emb": model.encoder.embed_tokens.weight,
+        "rec": model.decoder.stack.layers[0].cell.weight_r,
+    }
     before = {k: p.detach().clone() for k, p in params.items()}
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.5)
@@ -308,11 +378,17 @@ def test_adam_rule_decays_outside_adam():
 
 def test_presets_fix_what_their_name_says():
     def parse(*argv):
-        return options.parse_args_and_arch(options.get_training_parser(),
-                                           ["x", "--task", "translation", *argv])
+        return options.parse_args_and_arch(
+            options.get_training_parser(), ["x", "--task", "translation", *argv]
+        )
 
     a = parse("--arch", "deep_att_ff_5x3")
-    assert (a.encoder_layers, a.decoder_layers, a.ff_mode, a.ff_encoder_columns) == (5, 3, "half", 2)
+    assert (a.encoder_layers, a.decoder_layers, a.ff_mode, a.ff_encoder_columns) == (
+        5,
+        3,
+        "half",
+        2,
+    )
     a = parse("--arch", "deep_att_ff_9x7_1col_w1024")
     assert (a.ff_encoder_columns, a.encoder_hidden_size, a.encoder_embed_dim) == (1, 1024, 256)
     a = parse("--arch", "deep_att_noff_2x2")
@@ -328,35 +404,90 @@ def test_presets_fix_what_their_name_says():
 
 # ---------------------------------------------------------------------------- the command line
 
-TRAIN = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--cpu",
-         "--user-dir", PLUGIN_DIR, "--optimizer", "deep_att", "--lr", "0.01",
-         "--lr-recurrent", "0.02", "--l2-strength", "0.01", "--batch-size", "32",
-         "--max-update", "4", "--save-interval-updates", "2", "--no-epoch-checkpoints",
-         "--log-format", "simple", "--log-interval", "1", "--seed", "1", "--num-workers", "0",
-         "--disable-validation",
-         *TINY]
-GEN = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--cpu",
-       "--user-dir", PLUGIN_DIR, "--gen-subset", "test", "--beam", "3", "--batch-size", "16",
-       "--max-len-b", "10", "--num-workers", "0"]
+TRAIN = [
+    "--task",
+    "translation",
+    "--source-lang",
+    "src",
+    "--target-lang",
+    "tgt",
+    "--cpu",
+    "--user-dir",
+    PLUGIN_DIR,
+    "--optimizer",
+    "deep_att",
+    "--lr",
+    "0.01",
+    "--lr-recurrent",
+    "0.02",
+    "--l2-strength",
+    "0.01",
+    "--batch-size",
+    "32",
+    "--max-update",
+    "4",
+    "--save-interval-updates",
+    "2",
+    "--no-epoch-checkpoints",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "1",
+    "--seed",
+    "1",
+    "--num-workers",
+    "0",
+    "--disable-validation",
+    *TINY,
+]
+GEN = [
+    "--task",
+    "translation",
+    "--source-lang",
+    "src",
+    "--target-lang",
+    "tgt",
+    "--cpu",
+    "--user-dir",
+    PLUGIN_DIR,
+    "--gen-subset",
+    "test",
+    "--beam",
+    "3",
+    "--batch-size",
+    "16",
+    "--max-len-b",
+    "10",
+    "--num-workers",
+    "0",
+]
 
 
 def _hyps(stdout):
-    return sorted(re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", stdout, flags=re.M), key=lambda h: int(h[0]))
+    return sorted(
+        re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", stdout, flags=re.M), key=lambda h: int(h[0])
+    )
 
 
-@pytest.mark.parametrize("arch,extra", [
-    ("deep_att_ff_2x2", []),  # Deep-Att with F-F (Tables 2, 5)
-    ("deep_att_noff_1x1", []),  # without F-F: Bahdanau's model (Table 2)
-    ("deep_ed_ff_uni", ["--encoder-layers", "2", "--decoder-layers", "2"]),  # Deep-ED, Uni
-])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("deep_att_ff_2x2", []),  # Deep-Att with F-F (Tables 2, 5)
+        ("deep_att_noff_1x1", []),  # without F-F: Bahdanau's model (Table 2)
+        ("deep_ed_ff_uni", ["--encoder-layers", "2", "--decoder-layers", "2"]),  # Deep-ED, Uni
+    ],
+)
 def test_cli_train_generate(synthetic_bin, tmp_path, arch, extra):
     save = tmp_path / "ckpt"
-    proc = run_cli("fairseq-train", str(synthetic_bin), "--arch", arch, *extra, *TRAIN,
-                   "--save-dir", str(save))
+    proc = run_cli(
+        "fairseq-train", str(synthetic_bin), "--arch", arch, *extra, *TRAIN, "--save-dir", str(save)
+    )
     losses = [float(x) for x in re.findall(r"\| loss ([\d.]+)", proc.stdout + proc.stderr)]
     assert losses and all(x == x for x in losses)
     assert "deep_att optimizer groups" in proc.stdout + proc.stderr
-    out = run_cli("fairseq-generate", str(synthetic_bin), "--path", str(save / "checkpoint_last.pt"), *GEN)
+    out = run_cli(
+        "fairseq-generate", str(synthetic_bin), "--path", str(save / "checkpoint_last.pt"), *GEN
+    )
     assert len(_hyps(out.stdout)) == 101
     if arch == "deep_att_ff_2x2":  # an ensemble of two checkpoints (Sec. 4.4.2)
         a, b = save / "checkpoint_1_2.pt", save / "checkpoint_last.pt"
@@ -378,5 +509,6 @@ def test_ensemble_of_a_model_with_itself_is_the_model():
     two = SequenceGenerator([model, model], d, beam_size=3, max_len_b=6).forward(sample)
     for h1, h2 in zip(one, two):
         assert [h["tokens"].tolist() for h in h1] == [h["tokens"].tolist() for h in h2]
-        torch.testing.assert_close(torch.stack([h["score"] for h in h1]),
-                                   torch.stack([h["score"] for h in h2]))
+        torch.testing.assert_close(
+            torch.stack([h["score"] for h in h1]), torch.stack([h["score"] for h in h2])
+        )

@@ -35,8 +35,12 @@ from fairseq_deep.modules.fast_forward_lstm import FFLSTMLayer
 
 REDUCED = [torch.float16, torch.bfloat16]
 IDS = ["fp16", "bf16"]
-ARCHS = [("deep_att_ff", []), ("deep_ed_ff", []), ("deep_att", ["--ff-mode", "whole"]),
-         ("deep_att", ["--ff-mode", "none", "--ff-proj-ratio", "1"])]
+ARCHS = [
+    ("deep_att_ff", []),
+    ("deep_ed_ff", []),
+    ("deep_att", ["--ff-mode", "whole"]),
+    ("deep_att", ["--ff-mode", "none", "--ff-proj-ratio", "1"]),
+]
 ARCH_IDS = ["deep_att_ff", "deep_ed_ff", "whole", "noff"]
 LOGPROB_ATOL = {torch.float16: 0.01, torch.bfloat16: 0.01}
 INCREMENTAL_ATOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -57,8 +61,11 @@ def rounded_reference(model, dtype, src, lengths, prev):
 
 def max_abs_f(model, src, lengths, prev) -> float:
     seen = []
-    hooks = [m.register_forward_hook(lambda m, i, out: seen.append(out[0].abs().max().item()))
-             for m in model.modules() if isinstance(m, FFLSTMLayer)]
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: seen.append(out[0].abs().max().item()))
+        for m in model.modules()
+        if isinstance(m, FFLSTMLayer)
+    ]
     with torch.no_grad():
         model(src, lengths, prev)
     for hook in hooks:
@@ -154,7 +161,7 @@ def test_incremental_decoding_equals_full_pass(arch, extra, dtype):
         enc = model.encoder(src, lengths)
         state, steps, attn = {}, [], []
         for t in range(prev.size(1)):
-            out, ex = model.decoder(prev[:, :t + 1], enc, incremental_state=state)
+            out, ex = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
             steps.append(out)
             attn.append(ex["attn"][0])
     assert full.dtype == dtype and torch.isfinite(full).all()

@@ -15,12 +15,13 @@ import time
 
 import pytest
 import torch
-
 from fairseq.sequence_generator import SequenceGenerator
-
-from fairseq_deep.modules.residual_schemes import AdminResidual, DeepNormResidual, unprofiled_admin_layers
-
 from helpers import assert_incremental_equals_full, build_model, dtype_marker, random_batch
+
+from fairseq_deep.modules.residual_schemes import (
+    DeepNormResidual,
+    unprofiled_admin_layers,
+)
 
 CHECKPOINT = ["--checkpoint-activations"]
 
@@ -36,7 +37,10 @@ FAMILIES = [  # (--arch, flags): every history and every residual / initialisati
     ("transformer_dsinit", []),
     ("transformer_rezero", ["--rezero-init", "0.3"]),  # 0 would make every layer the identity
     # dropout on: the checkpoint's recomputation in backward draws the forward's masks again
-    ("transformer_deepnorm", ["--dropout", "0.3", "--attention-dropout", "0.1", "--activation-dropout", "0.1"]),
+    (
+        "transformer_deepnorm",
+        ["--dropout", "0.3", "--attention-dropout", "0.1", "--activation-dropout", "0.1"],
+    ),
 ]
 
 
@@ -51,7 +55,9 @@ def train_step(model, batch):
     return out.detach(), grads, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("arch,flags", FAMILIES, ids=[a + ("-dropout" if "--dropout" in f else "") for a, f in FAMILIES])
+@pytest.mark.parametrize(
+    "arch,flags", FAMILIES, ids=[a + ("-dropout" if "--dropout" in f else "") for a, f in FAMILIES]
+)
 def test_checkpoint_activations_give_the_same_outputs_and_gradients(arch, flags):
     depth = ["--encoder-layers", "3", "--decoder-layers", "3", *flags]
     plain, task = build_model(arch, depth)
@@ -63,7 +69,11 @@ def test_checkpoint_activations_give_the_same_outputs_and_gradients(arch, flags)
     out, grads, state = train_step(plain, batch)
     out_ck, grads_ck, state_ck = train_step(checkpointed, batch)
     torch.testing.assert_close(out_ck, out, rtol=0, atol=0)
-    assert grads_ck.keys() == grads.keys() == {n for n, p in plain.named_parameters() if p.requires_grad}
+    assert (
+        grads_ck.keys()
+        == grads.keys()
+        == {n for n, p in plain.named_parameters() if p.requires_grad}
+    )
     for name in grads:
         torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
     # Admin: the profile of the first batch (taken in the checkpointed forward, not again when
@@ -87,7 +97,9 @@ def test_incremental_decoding_with_checkpointed_layers_equals_full(arch):
 
 def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():
     """fairseq's EMA deep-copies the model: the copy's wrapped forward must use the copy's weights."""
-    model, task = build_model("transformer_mla2", ["--encoder-layers", "3", "--decoder-layers", "2", *CHECKPOINT])
+    model, task = build_model(
+        "transformer_mla2", ["--encoder-layers", "3", "--decoder-layers", "2", *CHECKPOINT]
+    )
     copy_ = copy.deepcopy(model)
     with torch.no_grad():
         for p in copy_.parameters():
@@ -97,25 +109,41 @@ def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_layers():
     model.zero_grad()
     out_copy, grads, _ = train_step(copy_, batch)
     assert not torch.allclose(out, out_copy)
-    assert all(p.grad is None for p in model.parameters()) and len(grads) == len(list(copy_.parameters()))
+    assert all(p.grad is None for p in model.parameters()) and len(grads) == len(
+        list(copy_.parameters())
+    )
 
 
-NARROW = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
-          "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+NARROW = [
+    "--encoder-embed-dim",
+    "8",
+    "--decoder-embed-dim",
+    "8",
+    "--encoder-ffn-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "16",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 
 
 def test_a_1000_layer_deepnorm_encoder_builds_trains_and_decodes():
     """DeepNet's depth (Wang et al. 2022) at width 8: one checkpointed forward and backward, an
     Adam step, and beam search, in process."""
     start = time.perf_counter()
-    model, task = build_model("transformer_deepnorm", [*NARROW, "--encoder-layers", "1000", "--decoder-layers", "2",
-                                                       *CHECKPOINT])
+    model, task = build_model(
+        "transformer_deepnorm",
+        [*NARROW, "--encoder-layers", "1000", "--decoder-layers", "2", *CHECKPOINT],
+    )
     built = time.perf_counter() - start
     encoder = model.encoder.layers
     assert len(encoder) == 1000 and all(isinstance(layer, DeepNormResidual) for layer in encoder)
     assert all(hasattr(layer, "precheckpoint_forward") for layer in encoder)
     # Sec. 3: encoder alpha = 0.81 (N^4 M)^(1/16) for N = 1000, M = 2
-    assert encoder[0].deepnorm_alpha == pytest.approx(0.81 * (1000 ** 4 * 2) ** (1 / 16))
+    assert encoder[0].deepnorm_alpha == pytest.approx(0.81 * (1000**4 * 2) ** (1 / 16))
 
     model.train()
     batch = random_batch(task.source_dictionary, bsz=2, src_len=6, tgt_len=4)
@@ -127,14 +155,20 @@ def test_a_1000_layer_deepnorm_encoder_builds_trains_and_decodes():
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
-    for name in ("encoder.layers.0.fc1.weight", "encoder.layers.999.fc2.weight", "encoder.embed_tokens.weight"):
+    for name in (
+        "encoder.layers.0.fc1.weight",
+        "encoder.layers.999.fc2.weight",
+        "encoder.embed_tokens.weight",
+    ):
         assert grads[name].abs().sum() > 0, name  # the gradient reaches the bottom of the stack
     before = encoder[0].fc1.weight.detach().clone()
     torch.optim.Adam(model.parameters(), lr=1e-3).step()
     assert not torch.equal(encoder[0].fc1.weight, before)
 
     model.eval()
-    generator = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_a=0, max_len_b=5)
+    generator = SequenceGenerator(
+        [model], task.target_dictionary, beam_size=2, max_len_a=0, max_len_b=5
+    )
     with torch.no_grad():
         hypos = generator.forward({"net_input": {"src_tokens": src, "src_lengths": lengths}})
     assert len(hypos) == 2 and all(len(h) == 2 and h[0]["tokens"].numel() <= 6 for h in hypos)

@@ -12,8 +12,8 @@ PACKAGE = ROOT / "fairseq_deep"
 
 
 def layout_block(text: str) -> str:
-    section = text[text.index("## Layout"):]
-    return section[section.index("```") + 3:section.index("```", section.index("```") + 3)]
+    section = text[text.index("## Layout") :]
+    return section[section.index("```") + 3 : section.index("```", section.index("```") + 3)]
 
 
 def named_modules(block: str) -> set:
@@ -52,7 +52,11 @@ def package_modules() -> set:
 def test_the_layout_names_every_module():
     block = layout_block((ROOT / "docs" / "design.md").read_text())
     named = named_modules(block)
-    folders = {line.split()[0] for line in block.splitlines() if line.strip() and line.split()[0].endswith("/")}
+    folders = {
+        line.split()[0]
+        for line in block.splitlines()
+        if line.strip() and line.split()[0].endswith("/")
+    }
     missing = []
     for module in sorted(package_modules()):
         if module.endswith("/"):
@@ -68,8 +72,12 @@ def test_the_layout_names_every_module():
 def test_the_layout_reader_sees_a_missing_module():
     """The check itself: a layout without one module's line misses exactly that module."""
     block = layout_block((ROOT / "docs" / "design.md").read_text())
-    without = "\n".join(line for line in block.splitlines() if not line.strip().startswith("triton_common.py"))
-    assert named_modules(block) - named_modules(without) == {"fairseq_deep/modules/triton_common.py"}
+    without = "\n".join(
+        line for line in block.splitlines() if not line.strip().startswith("triton_common.py")
+    )
+    assert named_modules(block) - named_modules(without) == {
+        "fairseq_deep/modules/triton_common.py"
+    }
 
 
 def _imports(path: Path, module: str):
@@ -97,8 +105,10 @@ def test_no_import_cycle():
         if parts[-1] == "__init__":
             parts = parts[:-1]
         modules[".".join(parts)] = path
-    graph = {name: {m for m in _imports(path, name) if m in modules and m not in (name, "fairseq_deep")}
-             for name, path in modules.items()}
+    graph = {
+        name: {m for m in _imports(path, name) if m in modules and m not in (name, "fairseq_deep")}
+        for name, path in modules.items()
+    }
 
     def cycle_from(start):
         stack, seen = [(start, [start])], set()
@@ -119,14 +129,24 @@ def test_no_import_cycle():
 def test_every_preset_goes_through_register_preset():
     """design.md, "Presets": no module but models/presets.py calls fairseq's
     register_model_architecture (a preset registered by hand escapes fix_option/fix_depth)."""
-    callers = [path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py")
-               if path != PACKAGE / "models" / "presets.py" and "register_model_architecture(" in path.read_text()]
+    callers = [
+        path.relative_to(ROOT).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "models" / "presets.py"
+        and "register_model_architecture(" in path.read_text()
+    ]
     assert not callers, f"register_model_architecture called outside models/presets.py: {callers}"
 
 
 # ---- "Options: one home each": readers take their options from the dataclass ----------------------
 
-SIZES = ("encoder_embed_dim", "decoder_embed_dim", "encoder_hidden_size", "decoder_hidden_size", "dropout")
+SIZES = (
+    "encoder_embed_dim",
+    "decoder_embed_dim",
+    "encoder_hidden_size",
+    "decoder_hidden_size",
+    "dropout",
+)
 
 
 def _built_twice(arch, build):
@@ -152,31 +172,44 @@ def _same(a, b):
 
 
 def test_rnmt_plus_reads_its_options_from_its_dataclass():
-    from fairseq_deep.models.rnmt_plus import RNMTPlusDecoder, RNMTPlusEncoder
-
     from helpers import tiny_dictionary
+
+    from fairseq_deep.models.rnmt_plus import RNMTPlusDecoder, RNMTPlusEncoder
 
     d = tiny_dictionary()
 
     def build(args):
-        enc = RNMTPlusEncoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), output_dim=32)
-        return torch.nn.ModuleList([enc, RNMTPlusDecoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()),
-                                                         encoder_output_dim=32)])
+        enc = RNMTPlusEncoder(
+            args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), output_dim=32
+        )
+        return torch.nn.ModuleList(
+            [
+                enc,
+                RNMTPlusDecoder(
+                    args,
+                    d,
+                    torch.nn.Embedding(len(d), 16, padding_idx=d.pad()),
+                    encoder_output_dim=32,
+                ),
+            ]
+        )
 
     _same(*_built_twice("rnmt_plus", build))
 
 
 def test_deep_att_reads_its_options_from_its_dataclass():
+    from helpers import tiny_dictionary
+
     from fairseq_deep.models.deep_att.decoder import DeepAttDecoder
     from fairseq_deep.models.deep_att.encoder import DeepAttEncoder
-
-    from helpers import tiny_dictionary
 
     d = tiny_dictionary()
 
     def build(args):
         enc = DeepAttEncoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()))
-        dec = DeepAttDecoder(args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), enc.output_dim)
+        dec = DeepAttDecoder(
+            args, d, torch.nn.Embedding(len(d), 16, padding_idx=d.pad()), enc.output_dim
+        )
         return torch.nn.ModuleList([enc, dec])
 
     _same(*_built_twice("deep_att", build))
@@ -188,16 +221,30 @@ def test_deep_att_reads_its_options_from_its_dataclass():
 #: modules of its own floor or below.  The package root (it imports the registering submodules and
 #: installs the patches) is not on a floor.
 FLOORS = {
-    "fairseq_deep.errors": 0, "fairseq_deep.quiet": 0, "fairseq_deep.data": 0,
+    "fairseq_deep.errors": 0,
+    "fairseq_deep.quiet": 0,
+    "fairseq_deep.data": 0,
     "fairseq_deep.modules": 1,
-    "fairseq_deep.models": 2, "fairseq_deep.checkpoint_init": 2, "fairseq_deep.criterions": 2,
-    "fairseq_deep.optim": 2, "fairseq_deep.tasks": 2, "fairseq_deep.diagnostics.grad_norm": 2,
+    "fairseq_deep.models": 2,
+    "fairseq_deep.checkpoint_init": 2,
+    "fairseq_deep.criterions": 2,
+    "fairseq_deep.optim": 2,
+    "fairseq_deep.tasks": 2,
+    "fairseq_deep.diagnostics.grad_norm": 2,
     "fairseq_deep.patches.better_transformer": 2,
-    "fairseq_deep.patches": 3, "fairseq_deep.model_options": 3, "fairseq_deep.progress": 3,
-    "fairseq_deep.runs": 3, "fairseq_deep.prepare": 3,
+    "fairseq_deep.patches": 3,
+    "fairseq_deep.model_options": 3,
+    "fairseq_deep.progress": 3,
+    "fairseq_deep.runs": 3,
+    "fairseq_deep.prepare": 3,
     "fairseq_deep.cli": 4,
-    "fairseq_deep.grow": 5, "fairseq_deep.grow_report": 5, "fairseq_deep.export": 5, "fairseq_deep.own_data": 5,
-    "fairseq_deep.quickstart": 5, "fairseq_deep.study": 5, "fairseq_deep.diagnostics": 5,
+    "fairseq_deep.grow": 5,
+    "fairseq_deep.grow_report": 5,
+    "fairseq_deep.export": 5,
+    "fairseq_deep.own_data": 5,
+    "fairseq_deep.quickstart": 5,
+    "fairseq_deep.study": 5,
+    "fairseq_deep.diagnostics": 5,
 }
 
 
@@ -220,14 +267,20 @@ def test_no_import_runs_back_up():
             continue
         for imported in set(_imports(path, name)):
             where = PACKAGE.parent / imported.replace(".", "/")
-            if not imported.startswith("fairseq_deep.") or not (where.is_dir() or where.with_suffix(".py").is_file()):
+            if not imported.startswith("fairseq_deep.") or not (
+                where.is_dir() or where.with_suffix(".py").is_file()
+            ):
                 continue  # fairseq, torch, ... or a name imported from a module
             if floor_of(imported) > floor_of(name):
-                up.append(f"{name} (floor {floor_of(name)}) imports {imported} (floor {floor_of(imported)})")
+                up.append(
+                    f"{name} (floor {floor_of(name)}) imports {imported} (floor {floor_of(imported)})"
+                )
     assert not up, "imports that run back up a floor:\n" + "\n".join(sorted(up))
 
 
 def test_the_floor_check_sees_an_import_up():
     """The check itself: a model importing the command-line layer is on a lower floor."""
     assert floor_of("fairseq_deep.models.transformer_dlcl") < floor_of("fairseq_deep.cli")
-    assert floor_of("fairseq_deep.patches.better_transformer") < floor_of("fairseq_deep.patches.scripts")
+    assert floor_of("fairseq_deep.patches.better_transformer") < floor_of(
+        "fairseq_deep.patches.scripts"
+    )

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
@@ -31,8 +30,21 @@ FAMILIES = [
     # gradients of the next updates and so rank 0's parameters.
     # --seed 1: a run that skips some updates but not all on both fairseq stacks (with --seed 5,
     # fairseq 0.12.2's run skips none, and the check below would test nothing)
-    pytest.param("rnmt_plus", ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "1",
-                               "--adaptive-clip-threshold", "0.01", "--seed", "1"], id="rnmt_plus-adaptive_clip"),
+    pytest.param(
+        "rnmt_plus",
+        [
+            "--task",
+            "translation_deep",
+            "--adaptive-clip",
+            "--adaptive-clip-warmup",
+            "1",
+            "--adaptive-clip-threshold",
+            "0.01",
+            "--seed",
+            "1",
+        ],
+        id="rnmt_plus-adaptive_clip",
+    ),
 ]
 
 UPDATES = 4
@@ -40,13 +52,45 @@ UPDATES = 4
 
 def train_args(data, save_dir, arch, flags):
     return [
-        str(data), "--user-dir", PLUGIN_DIR, "--task", "translation", "--arch", arch, *tiny_flags(arch),
-        "--encoder-layers", "2", "--decoder-layers", "2",
-        "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "4", "--max-tokens", "300", "--max-update", str(UPDATES),
-        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir),
-        "--seed", "5", "--cpu", "--num-workers", "0", "--log-interval", "1",
-        "--log-format", "json", "--no-progress-bar", *flags,
+        str(data),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        *tiny_flags(arch),
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "4",
+        "--max-tokens",
+        "300",
+        "--max-update",
+        str(UPDATES),
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--seed",
+        "5",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-interval",
+        "1",
+        "--log-format",
+        "json",
+        "--no-progress-bar",
+        *flags,
     ]
 
 
@@ -65,17 +109,41 @@ def run(argv):
 
 
 def inner_stats(log: str, key: str = "loss"):
-    return {int(s["num_updates"]): float(s[key]) for s in
-            (json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", log)) if key in s}
+    return {
+        int(s["num_updates"]): float(s[key])
+        for s in (json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", log))
+        if key in s
+    }
 
 
 @pytest.mark.parametrize("arch,flags", FAMILIES)
 def test_two_processes_equal_update_freq_two(synthetic_bin, tmp_path, arch, flags):
-    single = run([sys.executable, "-m", "fairseq_cli.train",
-                  *train_args(synthetic_bin, tmp_path / "one", arch, flags), "--update-freq", "2"])
-    pair = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                "-m", "fairseq_cli.train", *train_args(synthetic_bin, tmp_path / "two", arch, flags)])
+    single = run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_cli.train",
+            *train_args(synthetic_bin, tmp_path / "one", arch, flags),
+            "--update-freq",
+            "2",
+        ]
+    )
+    pair = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "fairseq_cli.train",
+            *train_args(synthetic_bin, tmp_path / "two", arch, flags),
+        ]
+    )
 
     assert "distributed init (rank 1)" in pair and "distributed_world_size': 2" in pair
     assert "unused parameters" not in pair.lower()
@@ -94,8 +162,13 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, tmp_path, arch, flag
     for name in a["model"]:
         if dtype_marker(name):
             continue
-        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            a["model"][name],
+            b["model"][name],
+            rtol=1e-4,
+            atol=1e-5,
+            msg=lambda m, n=name: f"{n}: {m}",
+        )
     la = [s for _, k, _, s in a["extra_state"]["metrics"]["train"] if k == "loss"][0]
     lb = [s for _, k, _, s in b["extra_state"]["metrics"]["train"] if k == "loss"][0]
     assert la["count"] == lb["count"]  # the same target tokens were seen

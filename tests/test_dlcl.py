@@ -5,7 +5,6 @@ import re
 
 import pytest
 import torch
-
 from helpers import build_model, parse_model_args, random_batch
 
 from fairseq_deep.modules.layer_history import DynamicLinearCombination
@@ -53,7 +52,9 @@ def test_postnorm_residual_setting_is_fairseq_postnorm_transformer():
 
 def test_postnorm_without_dlcl_layer_norm_keeps_fairseq_layers():
     ref, task = build_model("transformer", LAYERS, seed=1)
-    dlcl, _ = build_model("transformer_dlcl_postnorm", [*LAYERS, *RESIDUAL, "--dlcl-no-layer-norm"], seed=2)
+    dlcl, _ = build_model(
+        "transformer_dlcl_postnorm", [*LAYERS, *RESIDUAL, "--dlcl-no-layer-norm"], seed=2
+    )
     _load_into(dlcl, ref)
     d = task.source_dictionary
     torch.testing.assert_close(_outputs(dlcl, d), _outputs(ref, d), rtol=1e-5, atol=1e-5)
@@ -88,12 +89,15 @@ def _perturb_history(model, seed=0):
                 m.weight.add_(0.3 * torch.randn(m.weight.shape, generator=g))
 
 
-@pytest.mark.parametrize("arch,flags", [
-    ("transformer_dlcl", []),
-    ("transformer_dlcl_postnorm", []),
-    ("transformer_dlcl", ["--dlcl-softmax-weights", "--dlcl-normalize-embed"]),
-    ("transformer_dlcl", ["--dlcl-stacks", "decoder", "--dlcl-init", "one"]),
-])
+@pytest.mark.parametrize(
+    "arch,flags",
+    [
+        ("transformer_dlcl", []),
+        ("transformer_dlcl_postnorm", []),
+        ("transformer_dlcl", ["--dlcl-softmax-weights", "--dlcl-normalize-embed"]),
+        ("transformer_dlcl", ["--dlcl-stacks", "decoder", "--dlcl-init", "one"]),
+    ],
+)
 def test_incremental_decoding_equals_full_pass(arch, flags):
     model, task = build_model(arch, [*LAYERS, *flags])
     _perturb_history(model)
@@ -103,8 +107,10 @@ def test_incremental_decoding_equals_full_pass(arch, flags):
         enc = model.encoder(src, lengths)
         full, _ = model.decoder(prev, encoder_out=enc)
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                 for t in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+            for t in range(prev.size(1))
+        ]
     assert all(s.size(1) == 1 for s in steps)  # one new position per step, nothing recomputed
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
@@ -159,7 +165,9 @@ def test_unknown_option_value_names_the_option(capsys):
 
 
 def test_preset_with_conflicting_depth_names_the_option():
-    with pytest.raises(ValueError, match=r"--encoder-layers 20.*--arch transformer_dlcl --encoder-layers 20"):
+    with pytest.raises(
+        ValueError, match=r"--encoder-layers 20.*--arch transformer_dlcl --encoder-layers 20"
+    ):
         parse_model_args("transformer_dlcl_30l", ["--encoder-layers", "20"])
     with pytest.raises(ValueError, match=r"--arch transformer_postnorm --encoder-layers 12"):
         parse_model_args("transformer_postnorm_16l", ["--encoder-layers", "12"])
@@ -189,12 +197,20 @@ def test_softmax_logits_do_not_load_as_plain_weights():
 
 def test_presets_follow_the_paper():
     a = parse_model_args("transformer_dlcl_30l")
-    assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim) == (30, 6, 16)  # TINY sets dims
+    assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim) == (
+        30,
+        6,
+        16,
+    )  # TINY sets dims
     assert a.encoder_normalize_before and a.dlcl_stacks == "both" and a.dlcl_init == "avg"
     b = parse_model_args("transformer_postnorm_20l")
     assert not b.encoder_normalize_before and b.dlcl_stacks == "none" and b.encoder_layers == 20
     big = options_without_tiny("transformer_dlcl_big")
-    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads) == (1024, 4096, 16)
+    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads) == (
+        1024,
+        4096,
+        16,
+    )
 
 
 def options_without_tiny(arch):
@@ -205,10 +221,14 @@ def options_without_tiny(arch):
 
 
 def test_fixed_weights_are_a_buffer():
-    model, _ = build_model("transformer_dlcl", [*LAYERS, "--dlcl-fixed-weights", "--dlcl-init", "one"])
+    model, _ = build_model(
+        "transformer_dlcl", [*LAYERS, "--dlcl-fixed-weights", "--dlcl-init", "one"]
+    )
     names = {n for n, _ in model.named_parameters()}
     assert "encoder.history.weight" not in names
-    assert torch.equal(model.encoder.history.weight, torch.ones(4, 4).tril())  # All-One, lower triangle
+    assert torch.equal(
+        model.encoder.history.weight, torch.ones(4, 4).tril()
+    )  # All-One, lower triangle
     assert "encoder.history.weight" in model.state_dict()  # still saved in checkpoints
 
 
@@ -224,11 +244,14 @@ def test_weighted_sum_gradients_match_autograd():
     torch.testing.assert_close(weighted_sum(w, entries), sum(w[k] * entries[k] for k in range(4)))
 
 
-@pytest.mark.parametrize("arch,flags", [
-    ("transformer_dlcl", []),
-    ("transformer_dlcl_postnorm", []),
-    ("transformer_dlcl", ["--dlcl-softmax-weights"]),
-])
+@pytest.mark.parametrize(
+    "arch,flags",
+    [
+        ("transformer_dlcl", []),
+        ("transformer_dlcl_postnorm", []),
+        ("transformer_dlcl", ["--dlcl-softmax-weights"]),
+    ],
+)
 def test_inference_path_equals_autograd_path(arch, flags):
     """Without autograd (beam search) the rows are summed with Python-float weights; with autograd
     by one autograd node: both compute Eq. 8/9."""
@@ -273,13 +296,20 @@ def test_training_rows_equal_the_per_entry_products(normalize_before, softmax):
             p.add_(0.3 * torch.randn(p.shape, dtype=p.dtype))
     x = torch.randn(3, 2, 6, dtype=torch.double, requires_grad=True)
     params = [x, *hist.parameters(), *(p for layer in layers for p in layer.parameters())]
-    losses = {"readout": lambda ins, out: (out ** 2).sum(), "inner": lambda ins, out: (ins[2] ** 2).sum()}
+    losses = {
+        "readout": lambda ins, out: (out**2).sum(),
+        "inner": lambda ins, out: (ins[2] ** 2).sum(),
+    }
     for name, loss_of in losses.items():
-        (ins, out), (ref_ins, ref_out) = (_history_pass(hist, cls, x, layers) for cls in (_TrainingState, EntryState))
+        (ins, out), (ref_ins, ref_out) = (
+            _history_pass(hist, cls, x, layers) for cls in (_TrainingState, EntryState)
+        )
         torch.testing.assert_close(out, ref_out)
         ref = _grads(loss_of(ref_ins, ref_out), params)
         loss = loss_of(ins, out)
-        for again in range(2):  # a second backward over the same graph starts clean
+        for _again in range(2):  # a second backward over the same graph starts clean
             for g, r in zip(_grads(loss, params, retain_graph=True), ref):
                 torch.testing.assert_close(g, r, msg=name)
-    assert torch.autograd.gradcheck(lambda x: _history_pass(hist, _TrainingState, x, layers)[1], (x,))
+    assert torch.autograd.gradcheck(
+        lambda x: _history_pass(hist, _TrainingState, x, layers)[1], (x,)
+    )

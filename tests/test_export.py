@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 from fairseq.models.transformer import TransformerModel
-
 from helpers import build_model, parse_model_args, run_cli, tiny_dictionary
 from test_cli_errors import assert_in_process_user_error, assert_user_error, in_process
 from test_grow import save_tiny
@@ -36,8 +35,11 @@ def randomise(model, seed=0):
     with torch.no_grad():
         for name, p in [*model.named_parameters(), *model.named_buffers()]:
             if "layer_norm" in name or "layernorm" in name:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5 if name.endswith("weight") else
-                        torch.randn(p.shape, generator=g) * 0.1)
+                p.copy_(
+                    torch.rand(p.shape, generator=g) + 0.5
+                    if name.endswith("weight")
+                    else torch.randn(p.shape, generator=g) * 0.1
+                )
             elif name.endswith("admin_omega"):  # the profile (a buffer)
                 p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.5)
             elif name.endswith("admin_omega_learned"):  # what training learned (a parameter)
@@ -50,7 +52,9 @@ def stock_of(arch, extra):
     model, task = build_model(arch, extra)
     randomise(model)
     folded, changes, notes = reduction.fold(model)
-    stock = ex.stock_model(ex.stock_args(parse_model_args(arch, extra), changes), task, folded, "test")
+    stock = ex.stock_model(
+        ex.stock_args(parse_model_args(arch, extra), changes), task, folded, "test"
+    )
     return model, stock, notes, ex.max_difference(model, stock, task)
 
 
@@ -59,8 +63,10 @@ REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, emb
     ("transformer_postnorm", layers(3, 2)),
     ("transformer_dlcl", ["--dlcl-stacks", "none", *layers(2, 2)]),
     ("transformer_deepnorm", [*layers(6, 3), "--share-all-embeddings"]),
-    ("transformer_deepnorm", [*layers(4, 2), "--deepnorm-alpha", "2.5,0.4",
-                              "--share-decoder-input-output-embed"]),
+    (
+        "transformer_deepnorm",
+        [*layers(4, 2), "--deepnorm-alpha", "2.5,0.4", "--share-decoder-input-output-embed"],
+    ),
     ("transformer_deepnorm", [*layers(2, 2), "--layernorm-embedding", "--no-scale-embedding"]),
     ("transformer_admin", [*layers(6, 3), "--share-all-embeddings"]),
     ("transformer_admin", [*layers(3, 2), "--encoder-learned-pos"]),
@@ -74,7 +80,9 @@ REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, emb
 ]
 
 
-@pytest.mark.parametrize("arch,extra", REDUCIBLE, ids=[f"{a}{'_' + '_'.join(e)}" for a, e in REDUCIBLE])
+@pytest.mark.parametrize(
+    "arch,extra", REDUCIBLE, ids=[f"{a}{'_' + '_'.join(e)}" for a, e in REDUCIBLE]
+)
 def test_the_fold_is_an_identity(arch, extra):
     model, stock, notes, difference = stock_of(arch, extra)
     assert why_not_transformer(_family(arch), model) is None
@@ -82,7 +90,9 @@ def test_the_fold_is_an_identity(arch, extra):
     assert all(type(m).__module__.split(".")[0] in ("fairseq", "torch") for m in stock.modules())
     folds = "deepnorm" in arch or "admin" in arch or "--admin" in extra
     assert bool(notes) == folds, notes
-    assert difference < TOLERANCE if folds else difference == 0, difference  # nothing folded: bit for bit
+    assert difference < TOLERANCE if folds else difference == 0, (
+        difference
+    )  # nothing folded: bit for bit
 
 
 def _family(arch):
@@ -94,8 +104,11 @@ def _family(arch):
 @pytest.mark.parametrize("arch", ["transformer_deepnorm", "transformer_admin"])
 def test_the_check_sees_a_scale_left_unfolded(arch, monkeypatch):
     """The identity above has teeth: the same models without the fold differ."""
-    monkeypatch.setattr(reduction, "residual_scales",
-                        lambda layer: torch.ones(len(reduction.sublayer_names(layer)), layer.embed_dim))
+    monkeypatch.setattr(
+        reduction,
+        "residual_scales",
+        lambda layer: torch.ones(len(reduction.sublayer_names(layer)), layer.embed_dim),
+    )
     assert stock_of(arch, layers(3, 2))[3] > 1e-2
 
 
@@ -112,8 +125,11 @@ REFUSED = [
     ("transformer_rezero", layers(2, 2), "ReZero"),
     ("rnmt_plus", layers(2, 2), "RNMT+ is a recurrent model"),
     ("deep_att", layers(2, 2), "Deep-Att is a recurrent model"),
-    ("hybrid_transformer_rnmt", ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16",
-                                 *layers(2, 2)], "the hybrids combine RNMT+ LSTM stacks"),
+    (
+        "hybrid_transformer_rnmt",
+        ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16", *layers(2, 2)],
+        "the hybrids combine RNMT+ LSTM stacks",
+    ),
 ]
 
 
@@ -150,16 +166,36 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
         assert sorted(os.listdir(tmp_path)) == before, "an export that failed left something behind"
 
     before = sorted(os.listdir(tmp_path))
-    refused(checkpoint, "--data", data, "--out", tmp_path / "o", "--format", "fairseq",
-            fragments=["does not reduce to fairseq's transformer: DLCL", "fairseq-deep-interactive"])
+    refused(
+        checkpoint,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        "--format",
+        "fairseq",
+        fragments=["does not reduce to fairseq's transformer: DLCL", "fairseq-deep-interactive"],
+    )
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "notes.txt", "--data", data, "--out", tmp_path / "o",
-            fragments=["is not a checkpoint"])
+    refused(
+        tmp_path / "notes.txt",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        fragments=["is not a checkpoint"],
+    )
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "weights.pt", "--data", data, "--out", tmp_path / "o",
-            fragments=["not a fairseq checkpoint"])
+    refused(
+        tmp_path / "weights.pt",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        fragments=["not a fairseq checkpoint"],
+    )
 
     ours, _ = tiny_export_input(tmp_path, "transformer_postnorm", layers(2, 2), "postnorm.pt")
     state = torch.load(ours, weights_only=True)
@@ -167,31 +203,71 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
     model_args.update(arch="transformer", _name="transformer")  # fairseq's own: not a model of ours
     torch.save(state, tmp_path / "fairseq.pt")
     before = sorted(os.listdir(tmp_path))
-    refused(tmp_path / "fairseq.pt", "--data", data, "--out", tmp_path / "o",
-            fragments=["fairseq's own --arch transformer"])
+    refused(
+        tmp_path / "fairseq.pt",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        fragments=["fairseq's own --arch transformer"],
+    )
     (tmp_path / "empty").mkdir()
     before = sorted(os.listdir(tmp_path))
-    refused(ours, "--data", tmp_path / "empty", "--out", tmp_path / "o",
-            fragments=["has no dict.src.txt nor dict.tgt.txt"])
-    refused(ours, "--data", tmp_path / "nowhere", "--out", tmp_path / "o", fragments=["no such folder"])
+    refused(
+        ours,
+        "--data",
+        tmp_path / "empty",
+        "--out",
+        tmp_path / "o",
+        fragments=["has no dict.src.txt nor dict.tgt.txt"],
+    )
+    refused(
+        ours, "--data", tmp_path / "nowhere", "--out", tmp_path / "o", fragments=["no such folder"]
+    )
     refused(ours, "--data", data, "--out", tmp_path / "empty", fragments=["--out", "exists"])
     other = tmp_path / "other"
     other.mkdir()
     for lang in ("src", "tgt"):
         tiny_dictionary(7).save(str(other / f"dict.{lang}.txt"))
     before = sorted(os.listdir(tmp_path))
-    refused(ours, "--data", other, "--out", tmp_path / "o", fragments=["embeds 24 symbols", "has 11"])
-    refused(ours, "--data", data, "--out", tmp_path / "o", "--format", "fairseq", "--quantization", "int8",
-            fragments=["--quantization applies to --format ctranslate2"])
+    refused(
+        ours, "--data", other, "--out", tmp_path / "o", fragments=["embeds 24 symbols", "has 11"]
+    )
+    refused(
+        ours,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        "--format",
+        "fairseq",
+        "--quantization",
+        "int8",
+        fragments=["--quantization applies to --format ctranslate2"],
+    )
 
 
 def test_the_script_in_its_own_process(tmp_path):
     """One run as a user runs it: a refusal is one line on stderr, exit status 2."""
     checkpoint, data = tiny_export_input(tmp_path, "transformer_rezero", layers(2, 2))
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
-    proc = subprocess.run([sys.executable, "-m", "fairseq_deep.export", "--checkpoint", str(checkpoint),
-                           "--data", str(data), "--out", str(tmp_path / "o")], capture_output=True,
-                          text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_deep.export",
+            "--checkpoint",
+            str(checkpoint),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert_user_error(proc, "fairseq-deep-export", "ReZero", "fairseq-deep-interactive")
     assert not (tmp_path / "o").exists()
 
@@ -210,21 +286,42 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
     summary = ex.export(str(tmp_path / "grown.pt"), str(data), str(tmp_path / "out"), "fairseq")
     assert summary["grown"][-1]["encoder_layers"] == [2, 4] and summary["folded"]
     assert summary["max_logprob_difference"] < TOLERANCE
-    assert sorted(os.listdir(tmp_path / "out")) == ["dict.src.txt", "dict.tgt.txt", ex.SUMMARY,
-                                                    ex.STOCK_CHECKPOINT]
-    saved = torch.load(tmp_path / "out" / ex.STOCK_CHECKPOINT, weights_only=True)  # plain types only
-    assert saved["cfg"]["model"]["arch"] == "transformer" and saved["cfg"]["model"]["encoder_layers"] == 4
-    assert saved["cfg"]["common"]["user_dir"] is None and saved["cfg"]["task"]["_name"] == "translation"
-    hub = TransformerModel.from_pretrained(str(tmp_path / "out"), checkpoint_file=ex.STOCK_CHECKPOINT)
-    assert type(hub.models[0]) is TransformerModel and isinstance(hub.translate("w1 w2 w3", beam=2), str)
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "dict.src.txt",
+        "dict.tgt.txt",
+        ex.SUMMARY,
+        ex.STOCK_CHECKPOINT,
+    ]
+    saved = torch.load(
+        tmp_path / "out" / ex.STOCK_CHECKPOINT, weights_only=True
+    )  # plain types only
+    assert (
+        saved["cfg"]["model"]["arch"] == "transformer"
+        and saved["cfg"]["model"]["encoder_layers"] == 4
+    )
+    assert (
+        saved["cfg"]["common"]["user_dir"] is None
+        and saved["cfg"]["task"]["_name"] == "translation"
+    )
+    hub = TransformerModel.from_pretrained(
+        str(tmp_path / "out"), checkpoint_file=ex.STOCK_CHECKPOINT
+    )
+    assert type(hub.models[0]) is TransformerModel and isinstance(
+        hub.translate("w1 w2 w3", beam=2), str
+    )
 
 
 # -- CTranslate2: its scores are fairseq's, for each kind of fold --------------------------------
 
 
-@pytest.mark.parametrize("arch,extra", [("transformer_prenorm", layers(3, 2)),
-                                        ("transformer_deepnorm", [*layers(3, 2), "--share-all-embeddings"]),
-                                        ("transformer_admin", layers(3, 2))])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("transformer_prenorm", layers(3, 2)),
+        ("transformer_deepnorm", [*layers(3, 2), "--share-all-embeddings"]),
+        ("transformer_admin", layers(3, 2)),
+    ],
+)
 def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     checkpoint, data = tiny_export_input(tmp_path, arch, extra)
@@ -235,14 +332,17 @@ def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
     torch.save(state, checkpoint)
     ex.export(str(checkpoint), str(data), str(tmp_path / "ct2"))
     config = json.loads((tmp_path / "ct2" / "config.json").read_text())
-    assert config["add_source_eos"] and config["decoder_start_token"] == "</s>"  # fairseq's source + </s>
+    assert (
+        config["add_source_eos"] and config["decoder_start_token"] == "</s>"
+    )  # fairseq's source + </s>
     d = task.source_dictionary
     g = torch.Generator().manual_seed(3)
     sources = [torch.randint(d.nspecial, len(d), (n,), generator=g).tolist() for n in (3, 6, 9)]
     targets = [torch.randint(d.nspecial, len(d), (n,), generator=g).tolist() for n in (4, 2, 7)]
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
-    scored = translator.score_batch([[d[i] for i in s] for s in sources],
-                                    [[d[i] for i in t] for t in targets])
+    scored = translator.score_batch(
+        [[d[i] for i in s] for s in sources], [[d[i] for i in t] for t in targets]
+    )
     for s, t, result in zip(sources, targets, scored):
         src = torch.tensor([s + [d.eos()]])
         prev = torch.tensor([[d.eos()] + t])
@@ -255,13 +355,50 @@ def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
 
 # -- a trained model, through the real fairseq-generate and CTranslate2 -------------------------
 
-TRAIN = ["--arch", "transformer_admin", *layers(2, 1), "--encoder-embed-dim", "32",
-         "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-         "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--share-all-embeddings",
-         "--dropout", "0", "--optimizer", "adam", "--lr", "0.01", "--lr-scheduler", "inverse_sqrt",
-         "--warmup-updates", "20", "--max-tokens", "1024", "--max-update", "300",
-         "--criterion", "cross_entropy", "--seed", "1", "--cpu", "--num-workers", "0",
-         "--no-progress-bar", "--log-interval", "100", "--no-epoch-checkpoints", "--disable-validation"]
+TRAIN = [
+    "--arch",
+    "transformer_admin",
+    *layers(2, 1),
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--share-all-embeddings",
+    "--dropout",
+    "0",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.01",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--warmup-updates",
+    "20",
+    "--max-tokens",
+    "1024",
+    "--max-update",
+    "300",
+    "--criterion",
+    "cross_entropy",
+    "--seed",
+    "1",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-interval",
+    "100",
+    "--no-epoch-checkpoints",
+    "--disable-validation",
+]
 
 
 def hypotheses(stdout: str):
@@ -282,12 +419,28 @@ def trained(synthetic_bin, tmp_path_factory):
     run_cli("fairseq-deep-train", str(synthetic_bin), *TRAIN, "--save-dir", str(root / "ck"))
     checkpoint = root / "ck" / "checkpoint_last.pt"
     generate = ["--gen-subset", "test", "--batch-size", "64", "--cpu"]
-    found = {beam: hypotheses(run_cli("fairseq-deep-generate", str(synthetic_bin), "--path",
-                                      str(checkpoint), "--beam", str(beam), *generate).stdout)
-             for beam in (1, 4)}
+    found = {
+        beam: hypotheses(
+            run_cli(
+                "fairseq-deep-generate",
+                str(synthetic_bin),
+                "--path",
+                str(checkpoint),
+                "--beam",
+                str(beam),
+                *generate,
+            ).stdout
+        )
+        for beam in (1, 4)
+    }
     ex.export(str(checkpoint), str(synthetic_bin), str(root / "stock"), "fairseq")
-    return {"checkpoint": checkpoint, "hypotheses": found, "stock": root / "stock", "root": root,
-            "generate": generate}
+    return {
+        "checkpoint": checkpoint,
+        "hypotheses": found,
+        "stock": root / "stock",
+        "root": root,
+        "generate": generate,
+    }
 
 
 PLAIN_GENERATE = """import sys
@@ -298,16 +451,34 @@ assert not [m for m in sys.modules if m.startswith("fairseq_deep")], "fairseq_de
 """
 
 
-def test_plain_fairseq_generate_decodes_the_stock_checkpoint_as_the_original(trained, synthetic_bin):
+def test_plain_fairseq_generate_decodes_the_stock_checkpoint_as_the_original(
+    trained, synthetic_bin
+):
     """No --user-dir, no fairseq_deep in the process, torch's default weights-only loader."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     stock_checkpoint = str(trained["stock"] / ex.STOCK_CHECKPOINT)
-    proc = subprocess.run([sys.executable, "-c", PLAIN_GENERATE, str(synthetic_bin), "--path",
-                           stock_checkpoint, "--beam", "4", *trained["generate"]],
-                          capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PLAIN_GENERATE,
+            str(synthetic_bin),
+            "--path",
+            stock_checkpoint,
+            "--beam",
+            "4",
+            *trained["generate"],
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock, original = hypotheses(proc.stdout), trained["hypotheses"][4]
-    assert len(stock) >= 96 and set(stock) <= set(original)  # plain fairseq may drop a last partial batch
+    assert len(stock) >= 96 and set(stock) <= set(
+        original
+    )  # plain fairseq may drop a last partial batch
     for key, (score, text) in stock.items():
         assert text == original[key][1], key
         assert abs(score - original[key][0]) < 1e-4, (key, score, original[key][0])
@@ -320,8 +491,17 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
 
     out = trained["root"] / "ct2"
     if not out.exists():
-        proc = run_cli(sys.executable, "-m", "fairseq_deep.export", "--checkpoint",
-                       str(trained["checkpoint"]), "--data", str(synthetic_bin), "--out", str(out))
+        proc = run_cli(
+            sys.executable,
+            "-m",
+            "fairseq_deep.export",
+            "--checkpoint",
+            str(trained["checkpoint"]),
+            "--data",
+            str(synthetic_bin),
+            "--out",
+            str(out),
+        )
         assert "CTranslate2 model of transformer_admin" in proc.stdout
     source = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
     dataset = data_utils.load_indexed_dataset(str(synthetic_bin / "test.src-tgt.src"), source)
@@ -333,7 +513,9 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
     original = trained["hypotheses"][beam]
     assert len(results) == len(original) == 101
     for key, result in enumerate(results):
-        assert " ".join(ex.fairseq_hypothesis(result.hypotheses[0], settings)) == original[key][1], key
+        assert (
+            " ".join(ex.fairseq_hypothesis(result.hypotheses[0], settings)) == original[key][1]
+        ), key
         assert math.isfinite(result.scores[0])
 
 
@@ -350,8 +532,13 @@ def test_parts_that_state_nothing_are_refused():
     model, _ = build_model("transformer_postnorm", layers(2, 2))
     assert why_not_transformer("transformer_dlcl", model) is None
     residual_schemes._mix(model.encoder.layers[1], DoubledResidual)
-    assert "(DoubledTransformerEncoderLayerBase) have a residual connection of their own" in \
-        why_not_transformer("transformer_dlcl", model)
+    assert (
+        "(DoubledTransformerEncoderLayerBase) have a residual connection of their own"
+        in why_not_transformer("transformer_dlcl", model)
+    )
     model, _ = build_model("transformer_postnorm", layers(2, 2))
     model.decoder.history.__class__ = type("NewHistory", (LayerHistory,), {})
-    assert why_not_transformer("transformer_dlcl", model) == "a combination of earlier layers (its decoder)"
+    assert (
+        why_not_transformer("transformer_dlcl", model)
+        == "a combination of earlier layers (its decoder)"
+    )

@@ -18,13 +18,23 @@ import sys
 
 import pytest
 import torch
-
-from helpers import (assert_same_scores_and_grads, interpreted, needs_triton, not_interpreted, random_batch,
-                     run_interpreted_tests)
+from helpers import (
+    assert_same_scores_and_grads,
+    interpreted,
+    needs_triton,
+    not_interpreted,
+    random_batch,
+    run_interpreted_tests,
+)
 from test_deep_att import build
 
 from fairseq_deep.modules import kernel_choice
-from fairseq_deep.modules.fast_forward_lstm import FFLSTMCell, FFLSTMRecurrence, loop_recurrence, lstm_recurrence
+from fairseq_deep.modules.fast_forward_lstm import (
+    FFLSTMCell,
+    FFLSTMRecurrence,
+    loop_recurrence,
+    lstm_recurrence,
+)
 
 IMPL = ["--deep-att-cell-impl", "triton"]
 
@@ -46,7 +56,7 @@ def _inputs(T, B, H, dtype, seed=0, transposed=False):
         return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
     f = rand(B, T, 4 * H).transpose(0, 1) if transposed else rand(T, B, 4 * H)
-    tensors = (f, rand(4 * H, H, scale=H ** -0.5 * 2), rand(3, H), rand(B, H, scale=0.5), rand(B, H))
+    tensors = (f, rand(4 * H, H, scale=H**-0.5 * 2), rand(3, H), rand(B, H, scale=0.5), rand(B, H))
     return tuple(t.requires_grad_() for t in tensors)
 
 
@@ -93,8 +103,11 @@ CASES = [
 
 
 @interpreted
-@pytest.mark.parametrize("T,B,H,dtype,transposed", CASES,
-                         ids=[f"T{c[0]}-B{c[1]}-H{c[2]}-{str(c[3])[6:]}{'-strided' if c[4] else ''}" for c in CASES])
+@pytest.mark.parametrize(
+    "T,B,H,dtype,transposed",
+    CASES,
+    ids=[f"T{c[0]}-B{c[1]}-H{c[2]}-{str(c[3])[6:]}{'-strided' if c[4] else ''}" for c in CASES],
+)
 def test_fused_recurrence_equals_loop(T, B, H, dtype, transposed):
     _check_against_loop(_inputs(T, B, H, dtype, transposed=transposed), *TOL[dtype])
 
@@ -122,7 +135,9 @@ def test_hand_written_backward_equals_autograd_through_eq4(T):
     """The loop's training path (FFLSTMRecurrence: a backward written out, dW_r and d theta summed
     over all steps at once) gives autograd's gradients through lstm_recurrence, for f, W_r, every
     theta (the output gate's peephole reads s_t, the others s_{t-1}) and the initial (h, s)."""
-    ref, ours, g_ref, g_ours = _outputs_and_grads(FFLSTMRecurrence.apply, _inputs(T, 3, 4, torch.float64))
+    ref, ours, g_ref, g_ours = _outputs_and_grads(
+        FFLSTMRecurrence.apply, _inputs(T, 3, 4, torch.float64)
+    )
     for a, b in zip(ref, ours):
         assert torch.equal(a, b)
     for name, a, b in zip(("f", "W_r", "theta", "h0", "s0"), g_ref, g_ours):
@@ -146,7 +161,7 @@ def _cell_pair(H=6, seed=0):
     torch.manual_seed(seed)
     loop = FFLSTMCell(H)
     with torch.no_grad():
-        loop.weight_r.normal_(0, 1.2 * H ** -0.5)
+        loop.weight_r.normal_(0, 1.2 * H**-0.5)
         loop.theta.normal_(0, 1.0)
     fused = FFLSTMCell(H, impl="triton")
     fused.load_state_dict(loop.state_dict())
@@ -174,7 +189,9 @@ def test_reduced_precision_runs_the_kernels_in_float32(dtype):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
     for name in g_a:
         assert g_b[name].dtype == dtype
-        torch.testing.assert_close(g_b[name].float(), g_a[name].float(), atol=2e-2, rtol=2e-2, msg=name)
+        torch.testing.assert_close(
+            g_b[name].float(), g_a[name].float(), atol=2e-2, rtol=2e-2, msg=name
+        )
 
 
 @interpreted
@@ -225,7 +242,7 @@ def test_incremental_decoding_with_triton_equals_full_decoding(arch):
         enc = fused.encoder(src, lengths)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            steps.append(fused.decoder(prev[:, :t + 1], enc, incremental_state=state)[0])
+            steps.append(fused.decoder(prev[:, : t + 1], enc, incremental_state=state)[0])
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
 
 
@@ -268,28 +285,56 @@ def test_checkpoints_keep_their_choice(tmp_path):
     model, d, args = build("deep_att_ff")
     del args.deep_att_cell_impl
     path = str(tmp_path / "old.pt")
-    history = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
-                "lr_scheduler_state": {}, "num_updates": 0}]
-    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
-                "extra_state": {"train_iterator": None}}, path)
+    history = [
+        {
+            "criterion_name": "CrossEntropyCriterion",
+            "optimizer_name": "Adam",
+            "lr_scheduler_state": {},
+            "num_updates": 0,
+        }
+    ]
+    torch.save(
+        {
+            "args": args,
+            "model": model.state_dict(),
+            "optimizer_history": history,
+            "extra_state": {"train_iterator": None},
+        },
+        path,
+    )
     from fairseq import tasks
 
     task = tasks.translation.TranslationTask(args, d, d)
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
     assert {c.impl for c in _cells(loaded)} == {"auto"}
     args.deep_att_cell_impl = "loop"
-    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
-                "extra_state": {"train_iterator": None}}, path)
+    torch.save(
+        {
+            "args": args,
+            "model": model.state_dict(),
+            "optimizer_history": history,
+            "extra_state": {"train_iterator": None},
+        },
+        path,
+    )
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
     assert {c.impl for c in _cells(loaded)} == {"loop"}
     # a model trained with triton decodes with the loop by --model-overrides, as the docs say
     args.deep_att_cell_impl = "triton"
-    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history,
-                "extra_state": {"train_iterator": None}}, path)
+    torch.save(
+        {
+            "args": args,
+            "model": model.state_dict(),
+            "optimizer_history": history,
+            "extra_state": {"train_iterator": None},
+        },
+        path,
+    )
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task)
     assert {c.impl for c in _cells(loaded)} == {"triton"}
-    (loaded,), _ = checkpoint_utils.load_model_ensemble([path], task=task,
-                                                        arg_overrides={"deep_att_cell_impl": "loop"})
+    (loaded,), _ = checkpoint_utils.load_model_ensemble(
+        [path], task=task, arg_overrides={"deep_att_cell_impl": "loop"}
+    )
     assert {c.impl for c in _cells(loaded)} == {"loop"}
     cell = FFLSTMCell(4)
     del cell.impl  # a cell pickled before the option: no instance attribute
@@ -302,8 +347,11 @@ def test_checkpoints_keep_their_choice(tmp_path):
 @not_interpreted
 def test_cpu_without_the_interpreter_is_refused():
     cell = FFLSTMCell(4, impl="triton")
-    with pytest.raises(RuntimeError, match=r"--deep-att-cell-impl triton .*need a CUDA device or Triton's CPU "
-                                           r"interpreter \(TRITON_INTERPRET=1.*--deep-att-cell-impl loop"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"--deep-att-cell-impl triton .*need a CUDA device or Triton's CPU "
+        r"interpreter \(TRITON_INTERPRET=1.*--deep-att-cell-impl loop",
+    ):
         cell(torch.randn(3, 2, 16))
 
 
@@ -315,7 +363,9 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--deep-att-cell-impl loop"):
         FFLSTMCell(4, impl="triton")
-    with pytest.raises(ValueError, match="--deep-att-cell-impl 'cudnn': choose one of auto, loop, triton"):
+    with pytest.raises(
+        ValueError, match="--deep-att-cell-impl 'cudnn': choose one of auto, loop, triton"
+    ):
         FFLSTMCell(4, impl="cudnn")
     FFLSTMCell(4)(torch.randn(2, 1, 16))  # the default needs nothing
 
@@ -337,10 +387,15 @@ def test_kernels_compile_for_an_h100():
     options = fused._launch_options(128 * 512)
     for kernel in (fused._fwd_step, fused._bwd_step):
         const = {"BLOCK": options["BLOCK"]}
-        signature = {name: "constexpr" if name in const else "i32" if name in ("N", "H") else "*fp32"
-                     for name in kernel.arg_names}
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=const),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": options["num_warps"]})
+        signature = {
+            name: "constexpr" if name in const else "i32" if name in ("N", "H") else "*fp32"
+            for name in kernel.arg_names
+        }
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=const),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": options["num_warps"]},
+        )
         assert compiled.asm.get("cubin"), kernel.__name__
 
 
@@ -358,7 +413,9 @@ def test_triton_equals_loop_on_cuda(H, autocast, monkeypatch):
     of f, the initial state and the parameters, the no-gradient forward and one step (T = 1), against
     the loop, with nonzero theta and initial state."""
     T, B = 20, 16
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 means fp32, for both
+    monkeypatch.setattr(
+        torch.backends.cuda.matmul, "allow_tf32", False
+    )  # fp32 means fp32, for both
     loop, fused = (m.cuda() for m in _cell_pair(H))
     torch.manual_seed(4)
     f = torch.randn(T, B, 4 * H, device="cuda")
@@ -371,15 +428,25 @@ def test_triton_equals_loop_on_cuda(H, autocast, monkeypatch):
             out, (h, s) = m(fi, st)
         assert out.dtype == torch.float32
         (out.pow(2).sum() + h.sum() + s.sum()).backward()
-        grads = {"f": fi.grad, "h0": st[0].grad, "s0": st[1].grad,
-                 **{n: p.grad for n, p in m.named_parameters()}}
+        grads = {
+            "f": fi.grad,
+            "h0": st[0].grad,
+            "s0": st[1].grad,
+            **{n: p.grad for n, p in m.named_parameters()},
+        }
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
             inference = m(f, state)[0]
             step = m(f[:1], (h, s))
         results.append((out, h, s, grads, inference, step))
     (out_a, h_a, s_a, g_a, inf_a, step_a), (out_b, h_b, s_b, g_b, inf_b, step_b) = results
-    for name, a, b in (("out", out_a, out_b), ("h", h_a, h_b), ("s", s_a, s_b), ("inference", inf_a, inf_b),
-                       ("step out", step_a[0], step_b[0]), ("step s", step_a[1][1], step_b[1][1])):
+    for name, a, b in (
+        ("out", out_a, out_b),
+        ("h", h_a, h_b),
+        ("s", s_a, s_b),
+        ("inference", inf_a, inf_b),
+        ("step out", step_a[0], step_b[0]),
+        ("step s", step_a[1][1], step_b[1][1]),
+    ):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=name)
     for name in g_a:  # relative to each gradient's largest entry
         scale = g_a[name].abs().max().clamp_min(1e-6)

@@ -25,18 +25,30 @@ import sys
 
 import pytest
 import torch
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-from torch import nn
-
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
 from helpers import build_family, dtype_marker, random_batch, run_cli
+from torch import nn
 
 from benchmarks import precision_matrix
 
 enable_wrap = pytest.importorskip("fairscale.nn").enable_wrap
 
-TRANSFORMER_FAMILIES = [f for f in precision_matrix.FAMILIES
-                        if f.startswith(("transformer_", "hybrid_transformer_rnmt", "hybrid_rnmt_transformer",
-                                         "hybrid_cascaded", "hybrid_multicolumn"))]
+TRANSFORMER_FAMILIES = [
+    f
+    for f in precision_matrix.FAMILIES
+    if f.startswith(
+        (
+            "transformer_",
+            "hybrid_transformer_rnmt",
+            "hybrid_rnmt_transformer",
+            "hybrid_cascaded",
+            "hybrid_multicolumn",
+        )
+    )
+]
 
 
 class Recorder(nn.Module):
@@ -64,8 +76,11 @@ def _transformer_layer(module) -> bool:
 
 def _stacks(model):
     """Every list of Transformer layers our builders make (encoder, decoder, a hybrid's parts)."""
-    return {name: lst for name, lst in model.named_modules()
-            if isinstance(lst, nn.ModuleList) and any(_transformer_layer(m) for m in lst)}
+    return {
+        name: lst
+        for name, lst in model.named_modules()
+        if isinstance(lst, nn.ModuleList) and any(_transformer_layer(m) for m in lst)
+    }
 
 
 def _build(family, flags, wrap: bool):
@@ -81,8 +96,11 @@ def _unwrapped_names(state):
     return {k.replace("module.", ""): v for k, v in state.items()}
 
 
-@pytest.mark.parametrize("flags", [["--min-params-to-wrap", "0"], ["--checkpoint-activations"]],
-                         ids=["wrap-all", "checkpoint"])
+@pytest.mark.parametrize(
+    "flags",
+    [["--min-params-to-wrap", "0"], ["--checkpoint-activations"]],
+    ids=["wrap-all", "checkpoint"],
+)
 @pytest.mark.parametrize("family", TRANSFORMER_FAMILIES)
 def test_every_layer_is_wrapped_and_computes_as_unwrapped(family, flags):
     (plain, d), (wrapped, _) = _build(family, flags, wrap=False), _build(family, flags, wrap=True)
@@ -93,11 +111,15 @@ def test_every_layer_is_wrapped_and_computes_as_unwrapped(family, flags):
             assert isinstance(layer, Recorder), f"{family}: {name}[{i}] is not wrapped"
             assert not isinstance(layer.module, Recorder), f"{family}: {name}[{i}] is wrapped twice"
             if "--checkpoint-activations" in flags:
-                assert hasattr(layer.module, "precheckpoint_forward"), f"{family}: {name}[{i}] is not checkpointed"
+                assert hasattr(layer.module, "precheckpoint_forward"), (
+                    f"{family}: {name}[{i}] is not checkpointed"
+                )
             assert not layer._modules.keys() - {"module"}, (
-                f"{family}: {name}[{i}] got {sorted(layer._modules.keys() - {'module'})} after it was wrapped")
+                f"{family}: {name}[{i}] got {sorted(layer._modules.keys() - {'module'})} after it was wrapped"
+            )
             assert {id(p) for p in layer.module.parameters()} == layer.parameters_at_wrap, (
-                f"{family}: {name}[{i}]'s parameters changed after it was wrapped")
+                f"{family}: {name}[{i}]'s parameters changed after it was wrapped"
+            )
 
     assert _unwrapped_names(wrapped.state_dict()).keys() == plain.state_dict().keys()
     for key, value in _unwrapped_names(wrapped.state_dict()).items():
@@ -108,7 +130,9 @@ def test_every_layer_is_wrapped_and_computes_as_unwrapped(family, flags):
     for model in (plain, wrapped):
         model.train()
         count = sum(p.numel() for p in model.parameters())
-        torch.manual_seed(0)  # the same dropout masks (the presets' attention and activation dropout)
+        torch.manual_seed(
+            0
+        )  # the same dropout masks (the presets' attention and activation dropout)
         out = model(*batch)[0]
         out.log_softmax(-1).sum().backward()
         assert sum(p.numel() for p in model.parameters()) == count  # nothing made in the forward
@@ -133,9 +157,23 @@ def _fsdp_trainer(data, *extra):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--arch", "transformer_dlcl", *precision_matrix._TRANSFORMER_TINY, "--cpu",
-        "--optimizer", "adam", "--lr", "1e-3", "--ddp-backend", "fully_sharded", *extra])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            str(data),
+            "--arch",
+            "transformer_dlcl",
+            *precision_matrix._TRANSFORMER_TINY,
+            "--cpu",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--ddp-backend",
+            "fully_sharded",
+            *extra,
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     cfg.common.tpu = False  # what fairseq's call_main gets from patches/precision.py
     task = tasks.setup_task(cfg.task)
@@ -153,24 +191,41 @@ def test_bf16_trains_fully_sharded_without_a_loss_scale(synthetic_bin):
     assert trainer.optimizer.scaler is None
     assert cfg.common.bf16 and not cfg.common.fp16
     fp16, _ = _fsdp_trainer(synthetic_bin, "--fp16")  # fairseq's own --fp16 path, unchanged
-    assert isinstance(fp16.optimizer, MemoryEfficientFP16Optimizer) and fp16.optimizer.scaler is not None
-    with pytest.raises(ValueError, match="not compatible with --bf16"):  # bfloat16 parameters: fairseq's refusal
+    assert (
+        isinstance(fp16.optimizer, MemoryEfficientFP16Optimizer)
+        and fp16.optimizer.scaler is not None
+    )
+    with pytest.raises(
+        ValueError, match="not compatible with --bf16"
+    ):  # bfloat16 parameters: fairseq's refusal
         _fsdp_trainer(synthetic_bin, "--bf16", "--memory-efficient-bf16")
 
 
 def test_deep_att_refuses_fully_sharded_fp16_in_one_line():
-    from fairseq_deep.errors import UserError
     from helpers import build_model
 
-    with pytest.raises(UserError, match="fully_sharded with --fp16 is not supported by --arch deep_att_ff"):
+    from fairseq_deep.errors import UserError
+
+    with pytest.raises(
+        UserError, match="fully_sharded with --fp16 is not supported by --arch deep_att_ff"
+    ):
         build_model("deep_att_ff", ["--ddp-backend", "fully_sharded", "--fp16"])
-    build_model("deep_att_ff", ["--ddp-backend", "fully_sharded", "--bf16"])  # bfloat16 has float32's range
+    build_model(
+        "deep_att_ff", ["--ddp-backend", "fully_sharded", "--bf16"]
+    )  # bfloat16 has float32's range
 
 
-@pytest.mark.parametrize("precision,dtype,mixed", [("--bf16", "torch.bfloat16", True),
-                                                   ("--fp16", "torch.float16", True), (None, "torch.float32", False)])
-def test_through_call_main_one_process_gets_a_group_and_the_precision(synthetic_bin, tmp_path, precision, dtype,
-                                                                       mixed):
+@pytest.mark.parametrize(
+    "precision,dtype,mixed",
+    [
+        ("--bf16", "torch.bfloat16", True),
+        ("--fp16", "torch.float16", True),
+        (None, "torch.float32", False),
+    ],
+)
+def test_through_call_main_one_process_gets_a_group_and_the_precision(
+    synthetic_bin, tmp_path, precision, dtype, mixed
+):
     """fairseq-train's way in, fairseq's call_main, under --ddp-backend fully_sharded:
 
     - fairscale 0.4's FSDP asks torch.distributed for a reduce-scatter group in its constructor, and
@@ -191,13 +246,22 @@ def test_through_call_main_one_process_gets_a_group_and_the_precision(synthetic_
         "from fairseq.distributed import fsdp_enable_wrap, utils\n"
         "args = options.parse_args_and_arch(options.get_training_parser(), sys.argv[1:])\n"
         "def main(cfg):\n"
-        "    print('group', dist.is_initialized() and dist.get_world_size(), dist.is_initialized() and dist.get_backend())\n"
+        "    group = dist.is_initialized()\n"
+        "    print('group', group and dist.get_world_size(), group and dist.get_backend())\n"
         "    if cfg.distributed_training.ddp_backend == 'fully_sharded':\n"
         "        with fsdp_enable_wrap(cfg.distributed_training):\n"
         "            print('wrap', ConfigAutoWrap.kwargs['compute_dtype'], ConfigAutoWrap.kwargs['mixed_precision'])\n"
-        "utils.call_main(convert_namespace_to_omegaconf(args), main)\n")
-    common = [str(synthetic_bin), "--arch", "transformer_dlcl", "--cpu", "--optimizer", "adam",
-              *([precision] if precision else [])]
+        "utils.call_main(convert_namespace_to_omegaconf(args), main)\n"
+    )
+    common = [
+        str(synthetic_bin),
+        "--arch",
+        "transformer_dlcl",
+        "--cpu",
+        "--optimizer",
+        "adam",
+        *([precision] if precision else []),
+    ]
     sharded = run_cli(sys.executable, str(script), *common, "--ddp-backend", "fully_sharded")
     assert "group 1 gloo" in sharded.stdout, sharded.stdout + sharded.stderr[-2000:]
     assert f"wrap {dtype} {mixed}" in sharded.stdout, sharded.stdout + sharded.stderr[-2000:]
@@ -215,13 +279,23 @@ def test_fully_sharded_trains_as_c10d_on_a_gpu(synthetic_bin, tmp_path):
     model = ["--arch", "transformer_dlcl", *precision_matrix._TRANSFORMER_TINY, "--dropout", "0"]
     rows = {}
     for mode in ("c10d_fp32", "fsdp_fp32", "fsdp_fp32_ckpt"):
-        cmd = fsdp_check.train_command(str(synthetic_bin), str(tmp_path / mode), model, fsdp_check.MODES[mode][0],
-                                       updates=5, max_tokens=1000)
+        cmd = fsdp_check.train_command(
+            str(synthetic_bin),
+            str(tmp_path / mode),
+            model,
+            fsdp_check.MODES[mode][0],
+            updates=5,
+            max_tokens=1000,
+        )
         rows[mode] = fsdp_check.run(cmd, str(tmp_path / f"{mode}.log"), timeout=300)
         assert rows[mode]["status"] == 0, rows[mode].get("tail")
     fsdp_check.compare(rows)
     for mode in ("fsdp_fp32", "fsdp_fp32_ckpt"):
         assert rows[mode]["max_loss_diff"] < 1e-3 and rows[mode]["params_equal"], rows[mode]
-    decoded = fsdp_check.generate(str(synthetic_bin), str(tmp_path / "fsdp_fp32" / "checkpoint_last.pt"),
-                                  str(tmp_path / "generate.log"), timeout=300)
+    decoded = fsdp_check.generate(
+        str(synthetic_bin),
+        str(tmp_path / "fsdp_fp32" / "checkpoint_last.pt"),
+        str(tmp_path / "generate.log"),
+        timeout=300,
+    )
     assert decoded["status"] == 0 and decoded["hypotheses"] > 0, decoded

@@ -18,12 +18,15 @@ import time
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from benchmarks import gpu_session
 from benchmarks.gpu_session import STEPS, Phase, Step
 from fairseq_deep import study
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 VALUES = {"py": sys.executable, "data": "DATA", "spm": "SPM", "ref": "REF", "work": "WORK"}
+
+
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_every_step_parses(monkeypatch, step):
     argv = gpu_session.expand(step.argv, VALUES)
@@ -61,12 +64,23 @@ def test_the_ledger_decides_the_next_window(tmp_path, capsys):
     ordinary = [s.name for s in STEPS if not s.own_window]
     assert [s.name for s in gpu_session.pending({})] == ordinary
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps([{"step": n, "status": "exit 0", "seconds": 1.0} for n in ordinary[:-1]]
-                                  + [{"step": ordinary[-1], "status": "skipped (9 s left)", "seconds": 0}]))
-    gpu_session.main(["record", str(summary), "--commit", "abc1234", "--device", "H", "--ledger", ledger])
+    summary.write_text(
+        json.dumps(
+            [{"step": n, "status": "exit 0", "seconds": 1.0} for n in ordinary[:-1]]
+            + [{"step": ordinary[-1], "status": "skipped (9 s left)", "seconds": 0}]
+        )
+    )
+    gpu_session.main(
+        ["record", str(summary), "--commit", "abc1234", "--device", "H", "--ledger", ledger]
+    )
     entries = gpu_session.read_ledger(ledger)
-    assert entries[ordinary[0]] == {"date": entries[ordinary[0]]["date"], "commit": "abc1234", "device": "H",
-                                    "status": "exit 0", "seconds": 1.0}
+    assert entries[ordinary[0]] == {
+        "date": entries[ordinary[0]]["date"],
+        "commit": "abc1234",
+        "device": "H",
+        "status": "exit 0",
+        "seconds": 1.0,
+    }
     assert [s.name for s in gpu_session.pending(entries)] == [ordinary[-1]]
     entries[ordinary[-1]] = dict(entries[ordinary[0]])
     own = [s.name for s in STEPS if s.own_window]
@@ -101,18 +115,41 @@ def test_runner_keeps_to_its_budget(tmp_path):
     grandchild = tmp_path / "grandchild.pid"
     steps = [
         # background: spawns a grandchild; both must be gone when the phase ends
-        Step("bg", 0, _py(f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; "
-                          f"time.sleep(60)']); open({str(grandchild)!r},'w').write(str(p.pid)); time.sleep(60)"),
-             timeout=60, concurrent=True),
-        Step("writes", 0, _py("import os; w=r'{work}'; open(os.path.join(w,'table.md'),'w').write('| a |');"
-                              "open(os.path.join(w,'checkpoint_last.pt'),'w').write('x');"
-                              "open(os.path.join(w,'big.log'),'w').write('y'*300000); print('done')"), timeout=30),
+        Step(
+            "bg",
+            0,
+            _py(
+                f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; "
+                f"time.sleep(60)']); open({str(grandchild)!r},'w').write(str(p.pid)); time.sleep(60)"
+            ),
+            timeout=60,
+            concurrent=True,
+        ),
+        Step(
+            "writes",
+            0,
+            _py(
+                "import os; w=r'{work}'; open(os.path.join(w,'table.md'),'w').write('| a |');"
+                "open(os.path.join(w,'checkpoint_last.pt'),'w').write('x');"
+                "open(os.path.join(w,'big.log'),'w').write('y'*300000); print('done')"
+            ),
+            timeout=30,
+        ),
         Step("slow", 0, _py("import time; time.sleep(60)"), timeout=2),
         Step("late", 0, _py("print('never')"), timeout=30),
     ]
     t0 = time.monotonic()
-    phase = Phase("t", steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
-                  budget=10, reserve=0, min_step=1.5, concurrent_budget=3)
+    phase = Phase(
+        "t",
+        steps,
+        str(tmp_path / "out"),
+        str(tmp_path / "work"),
+        {"py": sys.executable},
+        budget=10,
+        reserve=0,
+        min_step=1.5,
+        concurrent_budget=3,
+    )
     phase.run()
     assert time.monotonic() - t0 < 20
     status = {r["step"].name: r["status"] for r in phase.rows}
@@ -120,12 +157,20 @@ def test_runner_keeps_to_its_budget(tmp_path):
     assert status["late"].startswith("skipped") or status["late"] == "exit 0"
     assert status["bg"].startswith("timed out")
     rows = {r["step"].name: r for r in phase.rows}
-    assert rows["writes"]["start"] >= rows["bg"]["start"] + rows["bg"]["seconds"] - 0.5  # alone, after it
+    assert (
+        rows["writes"]["start"] >= rows["bg"]["start"] + rows["bg"]["seconds"] - 0.5
+    )  # alone, after it
     assert not _alive(int(grandchild.read_text()))
     summary = (tmp_path / "out" / "t" / "summary.md").read_text()
     assert "| slow | 0 | timed out" in summary and "| writes | 0 | exit 0 |" in summary
-    assert sorted(os.listdir(tmp_path / "out" / "t")) == ["summary.json", "summary.md"]  # logs: in the tarball
-    assert {r["step"]: r["status"] for r in json.loads((tmp_path / "out" / "t" / "summary.json").read_text())} == status
+    assert sorted(os.listdir(tmp_path / "out" / "t")) == [
+        "summary.json",
+        "summary.md",
+    ]  # logs: in the tarball
+    assert {
+        r["step"]: r["status"]
+        for r in json.loads((tmp_path / "out" / "t" / "summary.json").read_text())
+    } == status
     with tarfile.open(tmp_path / "out" / "t.tar.gz") as tar:
         names = tar.getnames()
         assert "t/writes/table.md" in names and not any("checkpoint" in n for n in names)
@@ -145,13 +190,29 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     wheels.mkdir()
     (wheels / "a-0-py3-none-any.whl").write_bytes(b"wheel")
     gpu = tmp_path / "gpu"
-    gpu_session.main(["stage", "--gpu-dir", str(gpu), "--wheels", str(wheels), "--multi30k", str(raw),
-                      "--test", "test", "--vocab-size", "60"])
+    gpu_session.main(
+        [
+            "stage",
+            "--gpu-dir",
+            str(gpu),
+            "--wheels",
+            str(wheels),
+            "--multi30k",
+            str(raw),
+            "--test",
+            "test",
+            "--vocab-size",
+            "60",
+        ]
+    )
     assert (gpu / "wheels" / "a-0-py3-none-any.whl").exists()
     assert (gpu / "m30k" / "spm.model").exists() and (gpu / "m30k" / "ref.gz").exists()
     assert (gpu / "m30k" / "data-bin" / "test.de-en.de.idx").exists()
     printed = capsys.readouterr().out
-    assert gpu_session.DEVICE_COMMAND in printed and "-m benchmarks.gpu_session run --out $OUT" in printed
+    assert (
+        gpu_session.DEVICE_COMMAND in printed
+        and "-m benchmarks.gpu_session run --out $OUT" in printed
+    )
     args = gpu_session.get_parser().parse_args(["run"])  # the defaults point where stage wrote
     assert args.data.endswith(os.path.join(".gpu", "m30k", "data-bin"))
 
@@ -159,8 +220,16 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
 def test_a_step_without_enough_budget_is_skipped(tmp_path):
     ran = tmp_path / "ran"
     steps = [Step("first", 0, _py(f"open({str(ran)!r}, 'w').write('x')"), timeout=30)]
-    phase = Phase("t", steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
-                  budget=5, reserve=0, min_step=30)
+    phase = Phase(
+        "t",
+        steps,
+        str(tmp_path / "out"),
+        str(tmp_path / "work"),
+        {"py": sys.executable},
+        budget=5,
+        reserve=0,
+        min_step=30,
+    )
     phase.run()
     assert phase.rows[0]["status"].startswith("skipped") and not ran.exists()
     assert "| first | 0 | skipped" in (tmp_path / "out" / "t" / "summary.md").read_text()
@@ -169,10 +238,22 @@ def test_a_step_without_enough_budget_is_skipped(tmp_path):
 def test_a_window_leaves_few_files_and_every_log_in_the_tarball(tmp_path):
     """Issue 24: the device tool brings back few files: the output folder gets the summaries and the
     tarball whatever the number of steps; each step's output goes into the tarball."""
-    steps = [Step(s.name, s.issue, _py(f"print('table of {s.name}')"), timeout=30, concurrent=s.concurrent)
-             for s in STEPS]
-    Phase("window", steps, str(tmp_path / "out"), str(tmp_path / "work"), {"py": sys.executable},
-          budget=120, reserve=0, min_step=1).run()
+    steps = [
+        Step(
+            s.name, s.issue, _py(f"print('table of {s.name}')"), timeout=30, concurrent=s.concurrent
+        )
+        for s in STEPS
+    ]
+    Phase(
+        "window",
+        steps,
+        str(tmp_path / "out"),
+        str(tmp_path / "work"),
+        {"py": sys.executable},
+        budget=120,
+        reserve=0,
+        min_step=1,
+    ).run()
     files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "out") for f in fs]
     assert len(files) <= 7, files
     with tarfile.open(tmp_path / "out" / "window.tar.gz") as tar:
@@ -198,7 +279,9 @@ def test_the_plan_fits_one_gpu_and_its_budget():
         if args.updates >= 1000:  # every run at once: none waits for a slot and misses its 1,000
             assert len(runs) <= args.jobs and sum(runs) <= args.memory_gb
     first = gpu_session.pending({})
-    assert gpu_session.COLLAPSE_MEMORY_GB + 4 * 10 <= 80  # the fully sharded runs: 4 at once, under 10 GB each
+    assert (
+        gpu_session.COLLAPSE_MEMORY_GB + 4 * 10 <= 80
+    )  # the fully sharded runs: 4 at once, under 10 GB each
     args = gpu_session.get_parser().parse_args(["run"])
     concurrent = max(s.timeout for s in first if s.concurrent)
     assert concurrent <= args.concurrent_budget

@@ -5,15 +5,18 @@ import os
 
 import pytest
 import torch
-from torch import nn
-
 from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 from fairseq.logging import metrics
-
 from helpers import PLUGIN_DIR, TINY, build_model, parse_model_args, random_batch, run_cli
+from torch import nn
 
-from fairseq_deep.diagnostics.grad_norm import GradNormRatioProbe, encoder_end_layers, grad_norm_ratio
-from fairseq_deep.diagnostics.plot_training import main as plot_main, parse_log_lines
+from fairseq_deep.diagnostics.grad_norm import (
+    GradNormRatioProbe,
+    encoder_end_layers,
+    grad_norm_ratio,
+)
+from fairseq_deep.diagnostics.plot_training import main as plot_main
+from fairseq_deep.diagnostics.plot_training import parse_log_lines
 from fairseq_deep.optim.noam import noam_lr
 from fairseq_deep.tasks.translation_deep import TranslationDeepTask
 
@@ -29,8 +32,13 @@ MODELS = [
 def _sample(dictionary, seed=0):
     src, lengths, prev = random_batch(dictionary, bsz=3, seed=seed)
     target = torch.cat([prev[:, 1:], prev[:, :1]], dim=1)
-    return {"id": torch.arange(3), "nsentences": 3, "ntokens": target.numel(), "target": target,
-            "net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}}
+    return {
+        "id": torch.arange(3),
+        "nsentences": 3,
+        "ntokens": target.numel(),
+        "target": target,
+        "net_input": {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev},
+    }
 
 
 def _loss(model, sample):
@@ -46,8 +54,10 @@ def test_probe_measures_the_gradient_at_first_and_last_encoder_layer(arch, extra
     sample = _sample(task.source_dictionary)
     first, last = encoder_end_layers(model)
     outputs = {}
-    handles = [first.register_forward_hook(lambda m, i, o: outputs.__setitem__("first", o)),
-               last.register_forward_hook(lambda m, i, o: outputs.__setitem__("last", o))]
+    handles = [
+        first.register_forward_hook(lambda m, i, o: outputs.__setitem__("first", o)),
+        last.register_forward_hook(lambda m, i, o: outputs.__setitem__("last", o)),
+    ]
     g1, gn = torch.autograd.grad(_loss(model, sample), [outputs["first"], outputs["last"]])
     for h in handles:
         h.remove()
@@ -63,10 +73,14 @@ def test_probe_measures_the_gradient_at_first_and_last_encoder_layer(arch, extra
 
 def test_ratio_of_an_update_pools_its_micro_batches():
     """||dL/dh|| over an update: the squared norms of its micro-batches (and workers) add up."""
-    logs = [{"_gnorm_ratio_first_sq": 9.0, "_gnorm_ratio_last_sq": 1.0},
-            {"_gnorm_ratio_first_sq": 16.0, "_gnorm_ratio_last_sq": 24.0}]
+    logs = [
+        {"_gnorm_ratio_first_sq": 9.0, "_gnorm_ratio_last_sq": 1.0},
+        {"_gnorm_ratio_first_sq": 16.0, "_gnorm_ratio_last_sq": 24.0},
+    ]
     assert grad_norm_ratio(logs) == pytest.approx(1.0)
-    assert math.isnan(grad_norm_ratio([{"_gnorm_ratio_first_sq": 0.0, "_gnorm_ratio_last_sq": 0.0}]))
+    assert math.isnan(
+        grad_norm_ratio([{"_gnorm_ratio_first_sq": 0.0, "_gnorm_ratio_last_sq": 0.0}])
+    )
 
 
 def test_model_without_encoder_layers_is_told_the_fix():
@@ -91,15 +105,20 @@ def _task(model_task, **options):
     return TranslationDeepTask(args, model_task.source_dictionary, model_task.target_dictionary)
 
 
-@pytest.mark.parametrize("ratio,ta", [(True, "last"), (True, "none"), (False, "all"), (False, "none")])
+@pytest.mark.parametrize(
+    "ratio,ta", [(True, "last"), (True, "none"), (False, "all"), (False, "none")]
+)
 def test_task_logs_ratio_and_weights_into_metrics(ratio, ta):
-    model, model_task = build_model("transformer_ta", ["--encoder-layers", "3", "--decoder-layers", "2"])
+    model, model_task = build_model(
+        "transformer_ta", ["--encoder-layers", "3", "--decoder-layers", "2"]
+    )
     task = _task(model_task, ratio=ratio, ta=ta)
     criterion = CrossEntropyCriterion(task, sentence_avg=False)
     logs = []
     for seed in range(2):  # two micro-batches of one update
-        _, _, log = task.train_step(_sample(task.source_dictionary, seed), model, criterion,
-                                    _Optimizer(), update_num=0)
+        _, _, log = task.train_step(
+            _sample(task.source_dictionary, seed), model, criterion, _Optimizer(), update_num=0
+        )
         logs.append(log)
     first, last = encoder_end_layers(model)
     assert not first._forward_hooks and not last._forward_hooks  # nothing left behind
@@ -124,13 +143,47 @@ def test_task_logs_ratio_and_weights_into_metrics(ratio, ta):
 # --- a real short run: fairseq-train, resume, generate, plots ------------------------------------
 
 TRAIN = [
-    "--user-dir", PLUGIN_DIR, "--task", "translation_deep", "--arch", "transformer_ta",
-    "--encoder-layers", "4", "--decoder-layers", "2", *TINY, "--share-all-embeddings",
-    "--optimizer", "adam", "--lr-scheduler", "noam", "--noam-r0", "1.0", "--noam-d-model", "16",
-    "--warmup-updates", "6", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "1500", "--log-interval", "1", "--log-format", "simple",
-    "--log-grad-norm-ratio", "--log-ta-weights", "last", "--no-epoch-checkpoints", "--cpu",
-    "--num-workers", "0", "--seed", "3",
+    "--user-dir",
+    PLUGIN_DIR,
+    "--task",
+    "translation_deep",
+    "--arch",
+    "transformer_ta",
+    "--encoder-layers",
+    "4",
+    "--decoder-layers",
+    "2",
+    *TINY,
+    "--share-all-embeddings",
+    "--optimizer",
+    "adam",
+    "--lr-scheduler",
+    "noam",
+    "--noam-r0",
+    "1.0",
+    "--noam-d-model",
+    "16",
+    "--warmup-updates",
+    "6",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--max-tokens",
+    "1500",
+    "--log-interval",
+    "1",
+    "--log-format",
+    "simple",
+    "--log-grad-norm-ratio",
+    "--log-ta-weights",
+    "last",
+    "--no-epoch-checkpoints",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--seed",
+    "3",
 ]
 
 
@@ -138,13 +191,31 @@ TRAIN = [
 def short_run(synthetic_bin, tmp_path_factory):
     out = tmp_path_factory.mktemp("ta_run")
     save, tb = out / "ckpt", out / "tb"
-    first = run_cli("fairseq-train", str(synthetic_bin), *TRAIN, "--save-dir", str(save),
-                    "--max-update", "6", "--tensorboard-logdir", str(tb))
-    w_first = torch.load(save / "checkpoint_last.pt")["model"]["encoder.transparent_attention.weight"]
-    resumed = run_cli("fairseq-train", str(synthetic_bin), *TRAIN, "--save-dir", str(save),
-                      "--max-update", "9")
-    return {"dir": out, "save": save, "tb": tb, "first": first.stdout + first.stderr,
-            "resumed": resumed.stdout + resumed.stderr, "w_first": w_first}
+    first = run_cli(
+        "fairseq-train",
+        str(synthetic_bin),
+        *TRAIN,
+        "--save-dir",
+        str(save),
+        "--max-update",
+        "6",
+        "--tensorboard-logdir",
+        str(tb),
+    )
+    w_first = torch.load(save / "checkpoint_last.pt")["model"][
+        "encoder.transparent_attention.weight"
+    ]
+    resumed = run_cli(
+        "fairseq-train", str(synthetic_bin), *TRAIN, "--save-dir", str(save), "--max-update", "9"
+    )
+    return {
+        "dir": out,
+        "save": save,
+        "tb": tb,
+        "first": first.stdout + first.stderr,
+        "resumed": resumed.stdout + resumed.stderr,
+        "w_first": w_first,
+    }
 
 
 def test_ratio_is_logged_positive_and_finite(short_run):
@@ -167,14 +238,30 @@ def test_resume_keeps_weights_and_schedule(short_run):
     assert [x for x, _ in series["gnorm_ratio"]] == [7, 8, 9]
     for step, lr in series["lr"]:
         assert lr == pytest.approx(noam_lr(int(step), 1.0, 16, 6), rel=1e-3)
-    w_last = torch.load(short_run["save"] / "checkpoint_last.pt")["model"]["encoder.transparent_attention.weight"]
+    w_last = torch.load(short_run["save"] / "checkpoint_last.pt")["model"][
+        "encoder.transparent_attention.weight"
+    ]
     assert w_last.shape == (5, 2) and not torch.equal(w_last, short_run["w_first"])
 
 
 def test_beam_search_on_the_trained_model(short_run, synthetic_bin):
-    gen = run_cli("fairseq-generate", str(synthetic_bin), "--user-dir", PLUGIN_DIR,
-                  "--task", "translation_deep", "--path", str(short_run["save"] / "checkpoint_last.pt"),
-                  "--beam", "3", "--max-tokens", "2000", "--cpu", "--gen-subset", "valid")
+    gen = run_cli(
+        "fairseq-generate",
+        str(synthetic_bin),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation_deep",
+        "--path",
+        str(short_run["save"] / "checkpoint_last.pt"),
+        "--beam",
+        "3",
+        "--max-tokens",
+        "2000",
+        "--cpu",
+        "--gen-subset",
+        "valid",
+    )
     hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 101
 
@@ -193,7 +280,7 @@ def test_plots_from_log_and_from_tensorboard(short_run, tmp_path):
 
 def test_log_parser_reads_console_and_log_file_lines():
     lines = [
-        "2026-01-01 00:00:01 | INFO | train_inner | epoch 001:      2 / 22 loss=9.4, num_updates=2, gnorm_ratio=2.5, ta_s0_6=0.2",
+        "2026-01-01 00:00:01 | INFO | train_inner | epoch 001:      2 / 22 loss=9.4, num_updates=2, gnorm_ratio=2.5, ta_s0_6=0.2",  # noqa: E501
         "epoch 001:      4 / 22 loss=8.9, nll_loss=8.8, num_updates=4, lr=0.1, gnorm_ratio=1.5",  # --log-file
         "epoch 001 | loss 8.9 | num_updates 22 | gnorm_ratio 1.4",  # end of epoch: not a train_inner record
         "epoch 001 | valid on 'valid' subset | loss 8.5 | num_updates 22",

@@ -12,9 +12,16 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from helpers import (
+    TINY,
+    TINY_RNMT,
+    build_model,
+    dtype_marker,
+    parse_model_args,
+    random_batch,
+    run_cli,
+)
 from omegaconf import OmegaConf
-
-from helpers import TINY, TINY_RNMT, build_model, dtype_marker, parse_model_args, random_batch, run_cli
 
 from fairseq_deep.errors import UserError
 from fairseq_deep.grow import depth_options, grow
@@ -31,11 +38,26 @@ def save_tiny(arch, extra, path, seed=1):
             if name.endswith("rezero_alpha"):
                 p.fill_(0.5)
     args = parse_model_args(arch, extra)
-    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
-    state = {"cfg": cfg, "args": None, "model": model.state_dict(), "criterion": {},
-             "optimizer_history": [{"criterion_name": "X", "optimizer_name": "Y", "lr_scheduler_state": {},
-                                    "num_updates": 5}],
-             "task_state": {}, "extra_state": {"train_iterator": {"epoch": 2}}, "last_optimizer_state": {"state": {}}}
+    cfg = OmegaConf.to_container(
+        convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True
+    )
+    state = {
+        "cfg": cfg,
+        "args": None,
+        "model": model.state_dict(),
+        "criterion": {},
+        "optimizer_history": [
+            {
+                "criterion_name": "X",
+                "optimizer_name": "Y",
+                "lr_scheduler_state": {},
+                "num_updates": 5,
+            }
+        ],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": 2}},
+        "last_optimizer_state": {"state": {}},
+    }
     checkpoint_utils.torch_persistent_save(state, str(path))
     return model, task
 
@@ -55,20 +77,36 @@ def layers(n, m=None):
     return ["--encoder-layers", str(n), "--decoder-layers", str(n if m is None else m)]
 
 
-HYBRID = ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16"]  # the hybrids' RNMT+ parts (default 1024)
+HYBRID = [
+    "--encoder-hidden-size",
+    "8",
+    "--decoder-hidden-size",
+    "16",
+]  # the hybrids' RNMT+ parts (default 1024)
 
 
 # -- growing to the same depth is the identity -----------------------------------------------------
 
 SAME = [
-    ("transformer_dlcl", layers(2)), ("transformer_dlcl_postnorm", ["--dlcl-softmax-weights", *layers(2)]),
-    ("transformer_ta", layers(2)), ("transformer_hier_agg", layers(3, 2)), ("transformer_iterative_agg", layers(3, 2)),
-    ("transformer_linear_agg", layers(2)), ("transformer_mla2", layers(2)), ("transformer_deepnorm", layers(2)),
-    ("transformer_admin", layers(2)), ("transformer_rezero", layers(2)),
-    ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)]), ("rnmt_plus_512_ta", ["--decoder-layers", "2"]),
-    ("deep_att", layers(3, 2)), ("deep_ed_ff", layers(3, 2)), ("hybrid_transformer_rnmt", [*HYBRID, *layers(2)]),
+    ("transformer_dlcl", layers(2)),
+    ("transformer_dlcl_postnorm", ["--dlcl-softmax-weights", *layers(2)]),
+    ("transformer_ta", layers(2)),
+    ("transformer_hier_agg", layers(3, 2)),
+    ("transformer_iterative_agg", layers(3, 2)),
+    ("transformer_linear_agg", layers(2)),
+    ("transformer_mla2", layers(2)),
+    ("transformer_deepnorm", layers(2)),
+    ("transformer_admin", layers(2)),
+    ("transformer_rezero", layers(2)),
+    ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)]),
+    ("rnmt_plus_512_ta", ["--decoder-layers", "2"]),
+    ("deep_att", layers(3, 2)),
+    ("deep_ed_ff", layers(3, 2)),
+    ("hybrid_transformer_rnmt", [*HYBRID, *layers(2)]),
     ("hybrid_rnmt_transformer", [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "2"]),
-    ("transformer_dsinit", layers(2)), ("transformer_dense", layers(2)), ("transformer_mla3", layers(3, 2)),
+    ("transformer_dsinit", layers(2)),
+    ("transformer_dense", layers(2)),
+    ("transformer_mla3", layers(3, 2)),
 ]
 
 
@@ -77,14 +115,20 @@ SAME = [
 def test_same_depth_changes_nothing(arch, extra, method, tmp_path):
     model, task = save_tiny(arch, extra, tmp_path / "in.pt")
     args = parse_model_args(arch, extra)
-    enc = getattr(args, depth_options(ARCH_MODEL_NAME_REGISTRY[arch], args)[0])  # a hybrid's RNMT+ encoder: its own
-    summary = grow(str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), enc, args.decoder_layers, method)
+    enc = getattr(
+        args, depth_options(ARCH_MODEL_NAME_REGISTRY[arch], args)[0]
+    )  # a hybrid's RNMT+ encoder: its own
+    summary = grow(
+        str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), enc, args.decoder_layers, method
+    )
     assert summary["encoder_layers"] == [enc, enc]
     grown = load(tmp_path / "out.pt", task)
     d = task.source_dictionary
     assert torch.equal(logits(model, d), logits(grown, d))  # bit for bit
     old, new = model.state_dict(), grown.state_dict()
-    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old if not dtype_marker(k))
+    assert old.keys() == new.keys() and all(
+        torch.equal(old[k], new[k]) for k in old if not dtype_marker(k)
+    )
 
 
 # -- --method identity -----------------------------------------------------------------------------
@@ -95,7 +139,13 @@ IDENTITY = [  # (arch, flags, grown encoder, decoder, tolerance): where the fami
     ("transformer_linear_agg", layers(2), 4, 3, 0.0),  # W_l = 0 for the new layers
     ("transformer_rezero", layers(2), 4, 3, 0.0),  # alpha = 0
     ("transformer_prenorm", layers(2), 4, 3, 0.0),  # output projections 0: x + 0 + 0
-    ("transformer_ta_prenorm", layers(2), 4, 3, 1e-6),  # the top entry's logit split among its copies
+    (
+        "transformer_ta_prenorm",
+        layers(2),
+        4,
+        3,
+        1e-6,
+    ),  # the top entry's logit split among its copies
     ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)], 6, 5, 0.0),
 ]
 
@@ -110,21 +160,29 @@ def test_identity_method_keeps_the_outputs(arch, extra, n, m, tol, tmp_path):
     torch.testing.assert_close(logits(grown, d), logits(model, d), rtol=0, atol=tol)
     # ... and the stack method, the same depths, does change them (the test can tell)
     grow(str(tmp_path / "in.pt"), str(tmp_path / "stack.pt"), n, m, "stack")
-    assert not torch.allclose(logits(load(tmp_path / "stack.pt", task), d), logits(model, d), atol=1e-4)
+    assert not torch.allclose(
+        logits(load(tmp_path / "stack.pt", task), d), logits(model, d), atol=1e-4
+    )
 
 
-@pytest.mark.parametrize("arch,extra,fragment", [
-    ("transformer_postnorm", layers(2), "post-norm"),  # LN(x + 0) is not x
-    ("transformer_admin", layers(2), "post-norm"),
-    ("transformer_hier_agg", layers(2), "HierarchicalAggregationHistory"),
-    ("deep_att", layers(2), "LSTM layers"),
-    ("transformer_dlcl", ["--dlcl-softmax-weights", *layers(2)], "--dlcl-softmax-weights"),
-    ("transformer_dsinit", layers(2), "post-norm"),
-    ("transformer_dense", layers(2), "DenseHistory"),
-    ("transformer_mla3", layers(2), "multi-layer attention"),
-    ("transformer_mla2", ["--encoder-normalize-before", "--decoder-normalize-before", *layers(2)],
-     "multi-layer attention"),  # pre-norm, but each layer also reads the layers below
-])
+@pytest.mark.parametrize(
+    "arch,extra,fragment",
+    [
+        ("transformer_postnorm", layers(2), "post-norm"),  # LN(x + 0) is not x
+        ("transformer_admin", layers(2), "post-norm"),
+        ("transformer_hier_agg", layers(2), "HierarchicalAggregationHistory"),
+        ("deep_att", layers(2), "LSTM layers"),
+        ("transformer_dlcl", ["--dlcl-softmax-weights", *layers(2)], "--dlcl-softmax-weights"),
+        ("transformer_dsinit", layers(2), "post-norm"),
+        ("transformer_dense", layers(2), "DenseHistory"),
+        ("transformer_mla3", layers(2), "multi-layer attention"),
+        (
+            "transformer_mla2",
+            ["--encoder-normalize-before", "--decoder-normalize-before", *layers(2)],
+            "multi-layer attention",
+        ),  # pre-norm, but each layer also reads the layers below
+    ],
+)
 def test_identity_method_refused_where_it_cannot_hold(arch, extra, fragment, tmp_path):
     save_tiny(arch, extra, tmp_path / "in.pt")
     with pytest.raises(UserError, match="--method identity") as e:
@@ -150,16 +208,24 @@ def test_stack_copies_layers_and_rebuilds_dlcl_weights(tmp_path):
     old, new = model.state_dict(), grown.state_dict()
     for j, src in enumerate([0, 1, 2, 1, 2]):  # the top 2 of 3 stacked
         for name in ("self_attn.k_proj.weight", "fc2.bias", "final_layer_norm.weight"):
-            assert torch.equal(new[f"encoder.layers.{j}.{name}"], old[f"encoder.layers.{src}.{name}"])
+            assert torch.equal(
+                new[f"encoder.layers.{j}.{name}"], old[f"encoder.layers.{src}.{name}"]
+            )
     for u, src in enumerate([0, 1, 2, 3, 2, 3]):  # the norms of the units (pre-norm: one per entry)
         if u:
-            assert torch.equal(new[f"encoder.history.norms.{u}.weight"], old[f"encoder.history.norms.{src}.weight"])
+            assert torch.equal(
+                new[f"encoder.history.norms.{u}.weight"], old[f"encoder.history.norms.{src}.weight"]
+            )
     w_old, w_new = old["encoder.history.weight"], new["encoder.history.weight"]
     assert w_new.shape == (6, 6)
-    assert torch.equal(w_new[:3, :3], w_old[:3, :3])  # the rows of the old layers keep their weights
+    assert torch.equal(
+        w_new[:3, :3], w_old[:3, :3]
+    )  # the rows of the old layers keep their weights
     for r in range(3, 6):  # new rows (the old readout row included): the paper's average
         assert torch.allclose(w_new[r, : r + 1], torch.full((r + 1,), 1 / (r + 1)))
-    assert torch.equal(new["decoder.history.weight"], old["decoder.history.weight"])  # decoder not grown
+    assert torch.equal(
+        new["decoder.history.weight"], old["decoder.history.weight"]
+    )  # decoder not grown
 
 
 def test_transparent_weights_keep_each_entry_share(tmp_path):
@@ -188,12 +254,21 @@ def test_deepnorm_constants(constants, tmp_path):
     copied layer computes LN(alpha' x + G(x)), another function than the shallow layer; with
     ``keep`` the grown bottom layers compute exactly what the shallow ones did."""
     model, task = save_tiny("transformer_deepnorm", layers(2), tmp_path / "in.pt")
-    summary = grow(str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), 6, 4, "stack", deepnorm_constants=constants)
+    summary = grow(
+        str(tmp_path / "in.pt"),
+        str(tmp_path / "out.pt"),
+        6,
+        4,
+        "stack",
+        deepnorm_constants=constants,
+    )
     grown = load(tmp_path / "out.pt", task)
     depths = (6, 4) if constants == "new" else (2, 2)
     for side in ("encoder", "decoder"):
         alpha = deepnorm_constants(side, *depths)[0]
-        assert all(abs(layer.deepnorm_alpha - alpha) < 1e-12 for layer in getattr(grown, side).layers)
+        assert all(
+            abs(layer.deepnorm_alpha - alpha) < 1e-12 for layer in getattr(grown, side).layers
+        )
     x = torch.randn(5, 2, 16)
     with torch.no_grad():
         same = torch.equal(grown.encoder.layers[0](x, None), model.encoder.layers[0](x, None))
@@ -216,7 +291,10 @@ def test_admin_and_rezero_parameters_travel_with_their_layer(tmp_path):
     assert all(bool(l.admin_profiled) for l in grown.encoder.layers)  # not profiled again
     _, task = save_tiny("transformer_rezero", layers(2), tmp_path / "rz.pt")
     grow(str(tmp_path / "rz.pt"), str(tmp_path / "rz4.pt"), 4, None, "identity")
-    assert [float(l.rezero_alpha) for l in load(tmp_path / "rz4.pt", task).encoder.layers][2:] == [0.0, 0.0]
+    assert [float(l.rezero_alpha) for l in load(tmp_path / "rz4.pt", task).encoder.layers][2:] == [
+        0.0,
+        0.0,
+    ]
 
 
 def test_recurrent_stacks_keep_their_roles(tmp_path):
@@ -238,12 +316,20 @@ def test_recurrent_stacks_keep_their_roles(tmp_path):
 
 
 def test_depth_named_arch_becomes_depth_free(tmp_path):
-    _, task = save_tiny("transformer_dlcl_postnorm_12l", ["--decoder-layers", "1"], tmp_path / "in.pt")
+    _, task = save_tiny(
+        "transformer_dlcl_postnorm_12l", ["--decoder-layers", "1"], tmp_path / "in.pt"
+    )
     summary = grow(str(tmp_path / "in.pt"), str(tmp_path / "out.pt"), 14, None, "stack")
     assert summary["grown_arch"] == "transformer_dlcl_postnorm"
     state = torch.load(tmp_path / "out.pt", weights_only=True)
-    assert state["cfg"]["model"].arch == "transformer_dlcl_postnorm" and state["cfg"]["model"].encoder_layers == 14
-    assert state["last_optimizer_state"] is None and state["extra_state"]["grown"][-1]["method"] == "stack"
+    assert (
+        state["cfg"]["model"].arch == "transformer_dlcl_postnorm"
+        and state["cfg"]["model"].encoder_layers == 14
+    )
+    assert (
+        state["last_optimizer_state"] is None
+        and state["extra_state"]["grown"][-1]["method"] == "stack"
+    )
     assert len(load(tmp_path / "out.pt", task).encoder.layers) == 14
 
 
@@ -252,7 +338,10 @@ def test_freeze_bottom_layers():
     frozen = freeze_bottom_layers(model, "2,1")
     assert frozen > 0
     for name, p in model.named_parameters():
-        bottom = any(name.startswith(p_) for p_ in ("encoder.layers.0.", "encoder.layers.1.", "decoder.layers.0."))
+        bottom = any(
+            name.startswith(p_)
+            for p_ in ("encoder.layers.0.", "encoder.layers.1.", "decoder.layers.0.")
+        )
         assert p.requires_grad != bottom, name
     with pytest.raises(UserError, match="fewer than the 5"):
         freeze_bottom_layers(build_model("transformer_dlcl", layers(4, 3))[0], "5")
@@ -265,8 +354,13 @@ def test_freeze_bottom_layers():
 
 def run_grow(*argv):
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
-    return subprocess.run([sys.executable, "-m", "fairseq_deep.grow", *map(str, argv)], capture_output=True,
-                          text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fairseq_deep.grow", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
 
 
 def assert_one_line(proc, *fragments):
@@ -280,16 +374,35 @@ def assert_one_line(proc, *fragments):
 
 def test_bad_input_through_the_script(tmp_path):
     save_tiny("transformer_dlcl", layers(3), tmp_path / "in.pt")
-    assert_one_line(run_grow("--checkpoint", tmp_path / "in.pt", "--out", tmp_path / "o.pt", "--encoder-layers", "2"),
-                    "--encoder-layers 2 is smaller than the checkpoint's 3 encoder layers")
+    assert_one_line(
+        run_grow(
+            "--checkpoint", tmp_path / "in.pt", "--out", tmp_path / "o.pt", "--encoder-layers", "2"
+        ),
+        "--encoder-layers 2 is smaller than the checkpoint's 3 encoder layers",
+    )
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
-    assert_one_line(run_grow("--checkpoint", tmp_path / "notes.txt", "--out", tmp_path / "o.pt", "--encoder-layers", "4"),
-                    "notes.txt is not a checkpoint")
+    assert_one_line(
+        run_grow(
+            "--checkpoint",
+            tmp_path / "notes.txt",
+            "--out",
+            tmp_path / "o.pt",
+            "--encoder-layers",
+            "4",
+        ),
+        "notes.txt is not a checkpoint",
+    )
     # issue 32: a cut checkpoint is called what fairseq-deep-generate calls it
     data = (tmp_path / "in.pt").read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
-    assert_one_line(run_grow("--checkpoint", tmp_path / "cut.pt", "--out", tmp_path / "o.pt", "--encoder-layers", "4"),
-                    "cut.pt", "is not a complete checkpoint", "probably truncated")
+    assert_one_line(
+        run_grow(
+            "--checkpoint", tmp_path / "cut.pt", "--out", tmp_path / "o.pt", "--encoder-layers", "4"
+        ),
+        "cut.pt",
+        "is not a complete checkpoint",
+        "probably truncated",
+    )
     assert not (tmp_path / "o.pt").exists()
 
 
@@ -298,22 +411,34 @@ def test_bad_input(tmp_path):
 
     save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
     state = torch.load(tmp_path / "in.pt", weights_only=True)
-    other = dict(state, cfg={**state["cfg"], "common": {**state["cfg"]["common"], "user_dir": "/opt/other_plugin"}})
+    other = dict(
+        state,
+        cfg={**state["cfg"], "common": {**state["cfg"]["common"], "user_dir": "/opt/other_plugin"}},
+    )
     model_args = vars(other["cfg"]["model"]).copy()
     model_args.update(arch="other_transformer", _name="other_transformer")
     other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
     torch.save(other, tmp_path / "other.pt")
     with pytest.raises(UserError, match="--arch other_transformer.*--user-dir /opt/other_plugin"):
         grow(str(tmp_path / "other.pt"), str(tmp_path / "o.pt"), 4)
-    model_args.update(arch="transformer", _name="transformer")  # fairseq's own: not a family of ours
+    model_args.update(
+        arch="transformer", _name="transformer"
+    )  # fairseq's own: not a family of ours
     other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
     torch.save(other, tmp_path / "fairseq.pt")
-    with pytest.raises(GrowError, match="fairseq's own --arch transformer.*e.g. --arch transformer_postnorm"):
+    with pytest.raises(
+        GrowError, match="fairseq's own --arch transformer.*e.g. --arch transformer_postnorm"
+    ):
         grow(str(tmp_path / "fairseq.pt"), str(tmp_path / "o.pt"), 4)
-    model_args.update(arch="lstm", _name="lstm")  # issue 32: not a Transformer of ours for fairseq's lstm
+    model_args.update(
+        arch="lstm", _name="lstm"
+    )  # issue 32: not a Transformer of ours for fairseq's lstm
     other["cfg"]["model"] = type(state["cfg"]["model"])(**model_args)
     torch.save(other, tmp_path / "lstm.pt")
-    with pytest.raises(GrowError, match=r"fairseq's own --arch lstm.*\(e.g. --arch rnmt_plus or deep_att, LSTM families\)$"):
+    with pytest.raises(
+        GrowError,
+        match=r"fairseq's own --arch lstm.*\(e.g. --arch rnmt_plus or deep_att, LSTM families\)$",
+    ):
         grow(str(tmp_path / "lstm.pt"), str(tmp_path / "o.pt"), 4)
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")
     with pytest.raises(UserError, match="is not a fairseq checkpoint"):
@@ -335,50 +460,131 @@ def test_a_part_without_a_growth_rule_is_refused(tmp_path, monkeypatch):
     save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
     with monkeypatch.context() as m:
         m.delitem(FAMILIES.declared, TransformerDLCLModel)
-        with pytest.raises(GrowError, match=r"^the family transformer_dlcl \(TransformerDLCLModel\) declares no "
-                                            r"growth rule: [^\n]*$"):
+        with pytest.raises(
+            GrowError,
+            match=r"^the family transformer_dlcl \(TransformerDLCLModel\) declares no "
+            r"growth rule: [^\n]*$",
+        ):
             grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4)
     with monkeypatch.context() as m:
         m.delitem(STACKS.declared, HistoryTransformerEncoder)
-        with pytest.raises(GrowError, match=r"^the encoder of this model \(HistoryTransformerEncoder\) declares no "
-                                            r"growth rule[^\n]*$"):
+        with pytest.raises(
+            GrowError,
+            match=r"^the encoder of this model \(HistoryTransformerEncoder\) declares no "
+            r"growth rule[^\n]*$",
+        ):
             grow(str(tmp_path / "in.pt"), str(tmp_path / "o.pt"), 4)
     assert not (tmp_path / "o.pt").exists()
 
 
 # -- through the real scripts: train shallow, grow, train with the bottom frozen, resume, decode -----
 
-E2E = [("transformer_dlcl", TINY, ["--share-all-embeddings"], 2, 4, "stack"),
-       ("rnmt_plus", TINY_RNMT, [], 2, 3, "interleave")]
+E2E = [
+    ("transformer_dlcl", TINY, ["--share-all-embeddings"], 2, 4, "stack"),
+    ("rnmt_plus", TINY_RNMT, [], 2, 3, "interleave"),
+]
 
 
 @pytest.mark.parametrize("arch,tiny,extra,shallow,deep,method", E2E, ids=[a for a, *_ in E2E])
-def test_grown_checkpoint_trains_resumes_and_decodes(arch, tiny, extra, shallow, deep, method, synthetic_bin, tmp_path):
-    common = [str(synthetic_bin), "--arch", arch, *tiny, *extra, "--decoder-layers", "2",
-              "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "2000", "--seed", "1", "--cpu",
-              "--num-workers", "0", "--no-progress-bar", "--log-interval", "1", "--no-epoch-checkpoints"]
-    run_cli("fairseq-deep-train", *common, "--encoder-layers", str(shallow), "--max-update", "3",
-            "--save-dir", str(tmp_path / "shallow"))
+def test_grown_checkpoint_trains_resumes_and_decodes(
+    arch, tiny, extra, shallow, deep, method, synthetic_bin, tmp_path
+):
+    common = [
+        str(synthetic_bin),
+        "--arch",
+        arch,
+        *tiny,
+        *extra,
+        "--decoder-layers",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--max-tokens",
+        "2000",
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+        "--log-interval",
+        "1",
+        "--no-epoch-checkpoints",
+    ]
+    run_cli(
+        "fairseq-deep-train",
+        *common,
+        "--encoder-layers",
+        str(shallow),
+        "--max-update",
+        "3",
+        "--save-dir",
+        str(tmp_path / "shallow"),
+    )
     grown = tmp_path / "grown.pt"
-    proc = run_cli(sys.executable, "-m", "fairseq_deep.grow", "--checkpoint", str(tmp_path / "shallow" / "checkpoint_last.pt"),
-                   "--out", str(grown), "--encoder-layers", str(deep), "--method", method)
+    proc = run_cli(
+        sys.executable,
+        "-m",
+        "fairseq_deep.grow",
+        "--checkpoint",
+        str(tmp_path / "shallow" / "checkpoint_last.pt"),
+        "--out",
+        str(grown),
+        "--encoder-layers",
+        str(deep),
+        "--method",
+        method,
+    )
     assert f"--encoder-layers {deep}" in proc.stdout and "--restore-file" in proc.stdout
-    deep_args = [*common, "--encoder-layers", str(deep), "--task", "translation_deep",
-                 "--freeze-grown-from", str(shallow), "--save-dir", str(tmp_path / "deep")]
-    run_cli("fairseq-deep-train", *deep_args, "--max-update", "2", "--restore-file", str(grown),
-            "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader")
+    deep_args = [
+        *common,
+        "--encoder-layers",
+        str(deep),
+        "--task",
+        "translation_deep",
+        "--freeze-grown-from",
+        str(shallow),
+        "--save-dir",
+        str(tmp_path / "deep"),
+    ]
+    run_cli(
+        "fairseq-deep-train",
+        *deep_args,
+        "--max-update",
+        "2",
+        "--restore-file",
+        str(grown),
+        "--reset-optimizer",
+        "--reset-lr-scheduler",
+        "--reset-dataloader",
+    )
     before = torch.load(grown, weights_only=True)["model"]
     after = torch.load(tmp_path / "deep" / "checkpoint_last.pt", weights_only=True)
     assert after["optimizer_history"][-1]["num_updates"] == 2  # the schedule restarted from 0
     for key, value in before.items():
         if key.startswith("encoder.layers."):
             frozen = int(key.split(".")[2]) < shallow
-            assert torch.equal(after["model"][key], value) == frozen or not value.is_floating_point(), key
+            assert (
+                torch.equal(after["model"][key], value) == frozen or not value.is_floating_point()
+            ), key
     run_cli("fairseq-deep-train", *deep_args, "--max-update", "4")  # resumes checkpoint_last.pt
     resumed = torch.load(tmp_path / "deep" / "checkpoint_last.pt", weights_only=True)
     assert resumed["optimizer_history"][-1]["num_updates"] == 4
-    out = run_cli("fairseq-deep-generate", str(synthetic_bin), "--path", str(tmp_path / "deep" / "checkpoint_last.pt"),
-                  "--gen-subset", "test", "--beam", "2", "--batch-size", "32", "--cpu").stdout
+    out = run_cli(
+        "fairseq-deep-generate",
+        str(synthetic_bin),
+        "--path",
+        str(tmp_path / "deep" / "checkpoint_last.pt"),
+        "--gen-subset",
+        "test",
+        "--beam",
+        "2",
+        "--batch-size",
+        "32",
+        "--cpu",
+    ).stdout
     assert sum(line.startswith("H-") for line in out.splitlines()) == 101
 
 
@@ -391,11 +597,27 @@ def test_study_li_group_stages(tmp_path):
     baseline, systems = study.expand_group("li", [6, 12, 18])
     assert baseline == "dlcl_18"
     assert [(s.name, s.stages, s.depth) for s in systems] == [
-        ("dlcl_6", [], 6), ("dlcl_18", [], 18), ("dlcl_6_12_18", [6, 12], 18)]
+        ("dlcl_6", [], 6),
+        ("dlcl_18", [], 18),
+        ("dlcl_6_12_18", [6, 12], 18),
+    ]
     with pytest.raises(UserError, match="two depths"):
         study.expand_group("li", [6])
-    args = study.get_parser().parse_args(["--data", str(tmp_path), "--out", str(tmp_path), "--group", "li",
-                                          "--minutes", "30", "--max-update", "300", "--cpu"])
+    args = study.get_parser().parse_args(
+        [
+            "--data",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--group",
+            "li",
+            "--minutes",
+            "30",
+            "--max-update",
+            "300",
+            "--cpu",
+        ]
+    )
     args.train_args_list, args.gen_args_list = [], []
     run_dir = str(tmp_path / "run")
     steps, final = study.stage_commands(args, systems[2], 1, run_dir)
@@ -406,14 +628,25 @@ def test_study_li_group_stages(tmp_path):
 
     stage6, stage12 = steps[0][1], steps[2][1]
     assert value(stage6, "--encoder-layers") == "6" and "--restore-file" not in stage6
-    assert value(stage12, "--encoder-layers") == "12" and value(stage12, "--restore-file").endswith("grown_12.pt")
-    assert value(final, "--encoder-layers") == "18" and value(final, "--restore-file").endswith("grown_18.pt")
+    assert value(stage12, "--encoder-layers") == "12" and value(stage12, "--restore-file").endswith(
+        "grown_12.pt"
+    )
+    assert value(final, "--encoder-layers") == "18" and value(final, "--restore-file").endswith(
+        "grown_18.pt"
+    )
     assert {"--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"} <= set(final)
     # the stages share the budget: a third of the updates each, the training time cumulative
     assert [value(c, "--max-update") for c in (stage6, stage12, final)] == ["100"] * 3
-    assert [float(value(c, "--stop-time-hours")) for c in (stage6, stage12, final)] == pytest.approx([1 / 6, 2 / 6, 3 / 6], abs=1e-5)
+    assert [
+        float(value(c, "--stop-time-hours")) for c in (stage6, stage12, final)
+    ] == pytest.approx([1 / 6, 2 / 6, 3 / 6], abs=1e-5)
     # equal time: the grown checkpoints keep the stages' training time (fairseq-deep-grow's default resets it)
-    assert steps[1][1][-3:] == ["--method", "stack", "--keep-training-time"] and value(steps[1][1], "--encoder-layers") == "12"
+    assert (
+        steps[1][1][-3:] == ["--method", "stack", "--keep-training-time"]
+        and value(steps[1][1], "--encoder-layers") == "12"
+    )
     os.makedirs(run_dir)
-    open(os.path.join(run_dir, "checkpoint_last.pt"), "w").close()  # interrupted: fairseq resumes its own
+    open(
+        os.path.join(run_dir, "checkpoint_last.pt"), "w"
+    ).close()  # interrupted: fairseq resumes its own
     assert "--restore-file" not in study.stage_commands(args, systems[2], 1, run_dir)[1]

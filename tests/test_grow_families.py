@@ -17,9 +17,8 @@ import torch
 from fairseq import checkpoint_utils, options
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from omegaconf import OmegaConf
-
 from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args
+from omegaconf import OmegaConf
 
 from fairseq_deep.grow import grow
 from fairseq_deep.model_options import model_command
@@ -31,7 +30,12 @@ def layers(n, m=None):
     return ["--encoder-layers", str(n), "--decoder-layers", str(n if m is None else m)]
 
 
-HYBRID = ["--encoder-hidden-size", "8", "--decoder-hidden-size", "16"]  # the RNMT+ parts (default: 1024)
+HYBRID = [
+    "--encoder-hidden-size",
+    "8",
+    "--decoder-hidden-size",
+    "16",
+]  # the RNMT+ parts (default: 1024)
 
 
 # (arch, the shallow model's flags, grown encoder and decoder depth, method): every family, and the
@@ -53,9 +57,27 @@ FAMILIES = [
     ("transformer_prenorm", layers(1), 2, 2, "identity"),
     ("deep_att", layers(2, 1), 3, 2, "interleave"),  # the interleaved directions of the columns
     ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
-    ("rnmt_plus", ["--rnmt-transparent", *layers(3, 2)], 4, 3, "stack"),  # RNMT+'s transparent readout
-    ("hybrid_transformer_rnmt", [*HYBRID, *layers(1)], 2, 2, "stack"),  # Transformer encoder, RNMT+ decoder
-    ("hybrid_rnmt_transformer", [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"], 3, 2, "interleave"),
+    (
+        "rnmt_plus",
+        ["--rnmt-transparent", *layers(3, 2)],
+        4,
+        3,
+        "stack",
+    ),  # RNMT+'s transparent readout
+    (
+        "hybrid_transformer_rnmt",
+        [*HYBRID, *layers(1)],
+        2,
+        2,
+        "stack",
+    ),  # Transformer encoder, RNMT+ decoder
+    (
+        "hybrid_rnmt_transformer",
+        [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"],
+        3,
+        2,
+        "interleave",
+    ),
 ]
 
 
@@ -67,7 +89,9 @@ def dictionary(synthetic_bin):
 def save_shallow(arch, extra, dictionary, path):
     """A tiny model of ``arch`` on the corpus' dictionary, saved as fairseq-train saves it."""
     model, _ = build_model(arch, extra, dictionary=dictionary)
-    with torch.no_grad():  # as trained: ReZero's alphas are not the initial 0, Admin's omegas profiled
+    with (
+        torch.no_grad()
+    ):  # as trained: ReZero's alphas are not the initial 0, Admin's omegas profiled
         for name, p in model.named_parameters():
             if name.endswith("rezero_alpha"):
                 p.fill_(0.5)
@@ -75,19 +99,35 @@ def save_shallow(arch, extra, dictionary, path):
             if name.endswith("admin_profiled"):
                 b.fill_(True)
     args = parse_model_args(arch, extra)
-    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
-    state = {"cfg": cfg, "args": None, "model": model.state_dict(), "criterion": {},
-             "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
-                                    "lr_scheduler_state": {}, "num_updates": 7}],
-             "task_state": {}, "extra_state": {"train_iterator": {"epoch": 3}},
-             "last_optimizer_state": {"state": {}}}
+    cfg = OmegaConf.to_container(
+        convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True
+    )
+    state = {
+        "cfg": cfg,
+        "args": None,
+        "model": model.state_dict(),
+        "criterion": {},
+        "optimizer_history": [
+            {
+                "criterion_name": "CrossEntropyCriterion",
+                "optimizer_name": "Adam",
+                "lr_scheduler_state": {},
+                "num_updates": 7,
+            }
+        ],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": 3}},
+        "last_optimizer_state": {"state": {}},
+    }
     checkpoint_utils.torch_persistent_save(state, str(path))
 
 
 def train_config(argv):
     """fairseq-train's configuration of a command line (parsed once: hydra's composition is the
     slow part of an in-process run)."""
-    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    return convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_training_parser(), argv)
+    )
 
 
 def fairseq_train(cfg, **changes):
@@ -98,7 +138,9 @@ def fairseq_train(cfg, **changes):
     for key, value in changes.items():
         group, option = key.split("__")
         cfg[group][option] = value
-    if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq keeps the best loss on the function
+    if hasattr(
+        checkpoint_utils.save_checkpoint, "best"
+    ):  # fairseq keeps the best loss on the function
         del checkpoint_utils.save_checkpoint.best
     train.main(cfg)
 
@@ -106,9 +148,29 @@ def fairseq_train(cfg, **changes):
 @pytest.fixture(scope="module")
 def generate_config(synthetic_bin):
     """fairseq-generate's configuration: no model flags (they come from the checkpoint)."""
-    argv = [str(synthetic_bin), "--path", "PATH", "--gen-subset", "test", "--beam", "2", "--batch-size", "128",
-            "--max-len-a", "0", "--max-len-b", "6", "--cpu", "--num-workers", "0", "--results-path", "OUT"]
-    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
+    argv = [
+        str(synthetic_bin),
+        "--path",
+        "PATH",
+        "--gen-subset",
+        "test",
+        "--beam",
+        "2",
+        "--batch-size",
+        "128",
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        "6",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--results-path",
+        "OUT",
+    ]
+    return convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_generation_parser(), argv)
+    )
 
 
 def fairseq_generate(generate_config, path, out_dir):
@@ -139,8 +201,9 @@ def assert_moved_a_little(start, end):
 
 
 @pytest.mark.parametrize("arch,extra,n,m,method", FAMILIES, ids=[a for a, *_ in FAMILIES])
-def test_grown_family_trains_resumes_and_decodes(arch, extra, n, m, method, synthetic_bin, dictionary,
-                                                 generate_config, tmp_path):
+def test_grown_family_trains_resumes_and_decodes(
+    arch, extra, n, m, method, synthetic_bin, dictionary, generate_config, tmp_path
+):
     save_shallow(arch, extra, dictionary, tmp_path / "shallow.pt")
     grown = tmp_path / "grown.pt"
     summary = grow(str(tmp_path / "shallow.pt"), str(grown), n, m, method)
@@ -151,11 +214,39 @@ def test_grown_family_trains_resumes_and_decodes(arch, extra, n, m, method, synt
 
     # continue training with the model options the script prints (every one of the grown checkpoint's)
     save_dir = tmp_path / "deep"
-    argv = [str(synthetic_bin), "--user-dir", PLUGIN_DIR, "--task", "translation",
-            *model_command(summary["model_options"]), "--optimizer", "adam", "--lr", str(LR), "--max-tokens", "400",
-            "--seed", "1", "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-interval", "1",
-            "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir), "--max-update", "2",
-            "--restore-file", str(grown), "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
+    argv = [
+        str(synthetic_bin),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        *model_command(summary["model_options"]),
+        "--optimizer",
+        "adam",
+        "--lr",
+        str(LR),
+        "--max-tokens",
+        "400",
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+        "--log-interval",
+        "1",
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--max-update",
+        "2",
+        "--restore-file",
+        str(grown),
+        "--reset-optimizer",
+        "--reset-lr-scheduler",
+        "--reset-dataloader",
+    ]
     cfg = train_config(argv)
     fairseq_train(cfg)
     before = floats(torch.load(grown, weights_only=True)["model"])
@@ -165,12 +256,21 @@ def test_grown_family_trains_resumes_and_decodes(arch, extra, n, m, method, synt
     assert_moved_a_little(before, trained)  # it started from the grown parameters, and trained them
 
     # the same command without the restore and reset options, one more update: resumes checkpoint_last.pt
-    fairseq_train(cfg, checkpoint__restore_file="checkpoint_last.pt", checkpoint__reset_optimizer=False,
-                  checkpoint__reset_lr_scheduler=False, checkpoint__reset_dataloader=False,
-                  optimization__max_update=3)
+    fairseq_train(
+        cfg,
+        checkpoint__restore_file="checkpoint_last.pt",
+        checkpoint__reset_optimizer=False,
+        checkpoint__reset_lr_scheduler=False,
+        checkpoint__reset_dataloader=False,
+        optimization__max_update=3,
+    )
     resumed = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     assert resumed["optimizer_history"][-1]["num_updates"] == 3
-    assert_moved_a_little(trained, floats(resumed["model"]))  # one update from the saved model, not a fresh one
+    assert_moved_a_little(
+        trained, floats(resumed["model"])
+    )  # one update from the saved model, not a fresh one
 
-    hypotheses = fairseq_generate(generate_config, save_dir / "checkpoint_last.pt", tmp_path / "gen_deep")
+    hypotheses = fairseq_generate(
+        generate_config, save_dir / "checkpoint_last.pt", tmp_path / "gen_deep"
+    )
     assert len(hypotheses) == 101

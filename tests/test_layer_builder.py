@@ -2,13 +2,15 @@
 layer i of N, bottom first, and what it returns is wrapped once (activation checkpointing)."""
 
 import pytest
-from torch import nn
 from fairseq.models.transformer import TransformerConfig
-
-from fairseq_deep.models.transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder
-from fairseq_deep.modules.layer_history import LayerHistory
-
 from helpers import parse_model_args, tiny_dictionary
+from torch import nn
+
+from fairseq_deep.models.transformer_stack import (
+    HistoryTransformerDecoder,
+    HistoryTransformerEncoder,
+)
+from fairseq_deep.modules.layer_history import LayerHistory
 
 
 class RecordingEncoder(HistoryTransformerEncoder):

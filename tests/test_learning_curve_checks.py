@@ -9,27 +9,36 @@
 
 import pytest
 import torch
-
 from helpers import build_model, random_batch
 
 
 def _capture(module, store, key):
     def hook(mod, args, kwargs, out):
-        store[key] = {name: kwargs.get(name) for name in ("query", "key", "value", "attn_mask",
-                                                          "key_padding_mask")}
+        store[key] = {
+            name: kwargs.get(name)
+            for name in ("query", "key", "value", "attn_mask", "key_padding_mask")
+        }
+
     return module.register_forward_hook(hook, with_kwargs=True)
 
 
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
 def test_mla_attends_the_two_layers_below_with_the_layers_query(stack):
-    model, task = build_model("transformer_mla2", ["--encoder-layers", "3", "--decoder-layers", "3"])
+    model, task = build_model(
+        "transformer_mla2", ["--encoder-layers", "3", "--decoder-layers", "3"]
+    )
     src, lengths, prev = random_batch(task.source_dictionary, tgt_len=5)
     layers = getattr(model, stack).layers
     inputs, seen, hooks = {}, {}, []
     for i, layer in enumerate(layers):
-        hooks.append(layer.register_forward_pre_hook(
-            lambda mod, args, kwargs, i=i: inputs.__setitem__(i, args[0] if args else kwargs["x"]),
-            with_kwargs=True))
+        hooks.append(
+            layer.register_forward_pre_hook(
+                lambda mod, args, kwargs, i=i: inputs.__setitem__(
+                    i, args[0] if args else kwargs["x"]
+                ),
+                with_kwargs=True,
+            )
+        )
         if hasattr(layer, "lower_attention"):
             hooks.append(_capture(layer.self_attn, seen, (i, "own")))
             hooks.append(_capture(layer.lower_attention.attns[0], seen, (i, "lower")))
@@ -41,10 +50,14 @@ def test_mla_attends_the_two_layers_below_with_the_layers_query(stack):
     for i in (1, 2):  # layers 2 and 3 (post-norm: the states are not normalised first)
         own, lower = seen[(i, "own")], seen[(i, "lower")]
         assert torch.equal(own["key"], inputs[i])  # C_{-1}: H^{l-1}, the layer's input
-        assert torch.equal(lower["key"], inputs[i - 1]) and torch.equal(lower["value"], inputs[i - 1])  # H^{l-2}
+        assert torch.equal(lower["key"], inputs[i - 1]) and torch.equal(
+            lower["value"], inputs[i - 1]
+        )  # H^{l-2}
         assert torch.equal(lower["query"], own["query"])  # Q^l, the same query
         if stack == "decoder":  # causal, as the layer's own self-attention
-            assert lower["attn_mask"] is not None and torch.equal(lower["attn_mask"], own["attn_mask"])
+            assert lower["attn_mask"] is not None and torch.equal(
+                lower["attn_mask"], own["attn_mask"]
+            )
         else:
             assert torch.equal(lower["key_padding_mask"], own["key_padding_mask"])
             assert lower["key_padding_mask"][-1, :2].all()  # the left-padded source
@@ -61,7 +74,9 @@ def test_rnmt_plus_attention_ignores_left_padding_and_every_group_learns():
     out.logsumexp(-1).mean().backward()
     groups = {}
     for name, p in model.named_parameters():
-        groups.setdefault(".".join(name.split(".")[:2]), []).append(p.grad is not None and p.grad.abs().sum() > 0)
+        groups.setdefault(".".join(name.split(".")[:2]), []).append(
+            p.grad is not None and p.grad.abs().sum() > 0
+        )
     assert all(any(v) for v in groups.values()), {k: v for k, v in groups.items() if not any(v)}
     for name in ("decoder.attention", "encoder.layers", "decoder.layers", "encoder.embed_tokens"):
         assert any(groups[name]), name

@@ -14,9 +14,15 @@ On a GPU: ``python -m pytest -m gpu tests/test_ln_lstm_triton.py`` (H = 512 and 
 
 import pytest
 import torch
-
-from helpers import (assert_same_scores_and_grads, interpreted, needs_triton, not_interpreted, random_batch,
-                     run_interpreted_tests, tiny_dictionary)
+from helpers import (
+    assert_same_scores_and_grads,
+    interpreted,
+    needs_triton,
+    not_interpreted,
+    random_batch,
+    run_interpreted_tests,
+    tiny_dictionary,
+)
 
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM, LNLSTMRecurrence, _ln_lstm_recurrence
 
@@ -37,8 +43,14 @@ def _inputs(T, D, B, H, dtype, device="cpu", seed=0):
         t = torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift
         return t.to(dtype=dtype, device=device).requires_grad_()
 
-    return (rand(T, D, B, 4 * H), rand(D, B, H), rand(D, B, H), rand(D, H, 4 * H, scale=H ** -0.5),
-            rand(D, 1, 4 * H, scale=0.3, shift=1.0), rand(D, 1, 4 * H, scale=0.3))
+    return (
+        rand(T, D, B, 4 * H),
+        rand(D, B, H),
+        rand(D, B, H),
+        rand(D, H, 4 * H, scale=H**-0.5),
+        rand(D, 1, 4 * H, scale=0.3, shift=1.0),
+        rand(D, 1, 4 * H, scale=0.3),
+    )
 
 
 def _pad(T, D, B, seed=0):
@@ -88,9 +100,15 @@ CASES = [
 
 
 @interpreted
-@pytest.mark.parametrize("D,dtype,padded,cell_clip,output_tanh", CASES,
-                         ids=[f"{'bi' if c[0] == 2 else 'uni'}-{str(c[1])[6:]}-{'pad' if c[2] else 'nopad'}"
-                              f"-clip{c[3]}-{'tanh' if c[4] else 'linear'}" for c in CASES])
+@pytest.mark.parametrize(
+    "D,dtype,padded,cell_clip,output_tanh",
+    CASES,
+    ids=[
+        f"{'bi' if c[0] == 2 else 'uni'}-{str(c[1])[6:]}-{'pad' if c[2] else 'nopad'}"
+        f"-clip{c[3]}-{'tanh' if c[4] else 'linear'}"
+        for c in CASES
+    ],
+)
 def test_fused_recurrence_equals_loop(D, dtype, padded, cell_clip, output_tanh):
     T, B, H = 3, 3, 5  # H not a power of two: the kernels' masked columns
     inputs = _inputs(T, D, B, H, dtype)
@@ -209,7 +227,9 @@ def test_without_layer_norm_falls_back_to_the_loop():
 @not_interpreted
 def test_cpu_without_the_interpreter_is_refused():
     layer = LayerNormLSTM(4, 5, impl="triton")
-    with pytest.raises(RuntimeError, match=r"need a CUDA device or Triton's CPU interpreter \(TRITON_INTERPRET=1"):
+    with pytest.raises(
+        RuntimeError, match=r"need a CUDA device or Triton's CPU interpreter \(TRITON_INTERPRET=1"
+    ):
         layer(torch.randn(3, 2, 4))
 
 
@@ -222,7 +242,9 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
     monkeypatch.delitem(sys.modules, "fairseq_deep.modules.ln_lstm_triton", raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--rnmt-lstm-impl loop"):
         LayerNormLSTM(4, 5, impl="triton")
-    with pytest.raises(ValueError, match="--rnmt-lstm-impl 'cudnn': choose one of auto, loop, triton"):
+    with pytest.raises(
+        ValueError, match="--rnmt-lstm-impl 'cudnn': choose one of auto, loop, triton"
+    ):
         LayerNormLSTM(4, 5, impl="cudnn")
     LayerNormLSTM(4, 5)(torch.randn(2, 1, 4))  # the default needs nothing
 
@@ -244,10 +266,21 @@ def test_kernels_compile_for_an_h100():
     options = fused._launch_options(1024)
     for kernel, extra in ((fused._fwd_step, {"SAVE": True}), (fused._bwd_step, {})):
         const = dict(HAS_PAD=True, OUTPUT_TANH=True, CLIP=True, BLOCK_H=options["BLOCK_H"], **extra)
-        signature = {name: "constexpr" if name in const else "i32" if name in ("B", "H") else
-                     "*u8" if name == "PAD" else "*fp32" for name in kernel.arg_names}
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=const),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": options["num_warps"]})
+        signature = {
+            name: "constexpr"
+            if name in const
+            else "i32"
+            if name in ("B", "H")
+            else "*u8"
+            if name == "PAD"
+            else "*fp32"
+            for name in kernel.arg_names
+        }
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=const),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": options["num_warps"]},
+        )
         assert compiled.asm.get("cubin"), kernel.__name__
 
 
@@ -258,10 +291,31 @@ def _model(extra):
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
-    argv = ["dummy-data", "--task", "translation", "--arch", "rnmt_plus", "--cpu",
-            "--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "4",
-            "--decoder-hidden-size", "8", "--encoder-layers", "2", "--decoder-layers", "2",
-            "--rnmt-attention-heads", "2", "--dropout", "0", *extra]
+    argv = [
+        "dummy-data",
+        "--task",
+        "translation",
+        "--arch",
+        "rnmt_plus",
+        "--cpu",
+        "--encoder-embed-dim",
+        "8",
+        "--decoder-embed-dim",
+        "8",
+        "--encoder-hidden-size",
+        "4",
+        "--decoder-hidden-size",
+        "8",
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--rnmt-attention-heads",
+        "2",
+        "--dropout",
+        "0",
+        *extra,
+    ]
     args = options.parse_args_and_arch(parser, argv)
     d = tiny_dictionary()
     torch.manual_seed(1)
@@ -275,7 +329,9 @@ def test_the_option_defaults_to_auto_which_is_the_loop_on_a_cpu():
     layers = list(model.encoder.layers) + list(model.decoder.layers)
     assert {layer.impl for layer in layers} == {"auto"}
     loop, _ = _model(["--rnmt-lstm-impl", "loop"])
-    assert {layer.impl for layer in list(loop.encoder.layers) + list(loop.decoder.layers)} == {"loop"}
+    assert {layer.impl for layer in list(loop.encoder.layers) + list(loop.decoder.layers)} == {
+        "loop"
+    }
     loop.load_state_dict(model.state_dict())
     src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=0)
     with torch.no_grad():
@@ -302,7 +358,9 @@ def test_rnmt_plus_with_triton_equals_the_loop():
     scores, with a padded source, in a full forward and in incremental decoding."""
     loop, d = _model([])
     fused, _ = _model(["--rnmt-lstm-impl", "triton"])
-    assert {layer.impl for layer in list(fused.encoder.layers) + list(fused.decoder.layers)} == {"triton"}
+    assert {layer.impl for layer in list(fused.encoder.layers) + list(fused.decoder.layers)} == {
+        "triton"
+    }
     fused.load_state_dict(loop.state_dict())
     src, lengths, prev = random_batch(d, bsz=2, src_len=4, tgt_len=3, seed=0)
     with torch.no_grad():
@@ -312,7 +370,7 @@ def test_rnmt_plus_with_triton_equals_the_loop():
         enc = fused.encoder(src, lengths)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            steps.append(fused.decoder(prev[:, :t + 1], enc, incremental_state=state)[0])
+            steps.append(fused.decoder(prev[:, : t + 1], enc, incremental_state=state)[0])
     torch.testing.assert_close(torch.cat(steps, 1), a, atol=1e-5, rtol=1e-4)
 
 
@@ -354,8 +412,14 @@ def test_triton_equals_loop_on_cuda(H, bidirectional, autocast):
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
             results[-1] += (m(x, mask)[0], m.step(m.input_gates(x[:1])[0], (h, c)))
     (out_a, h_a, c_a, g_a, inf_a, step_a), (out_b, h_b, c_b, g_b, inf_b, step_b) = results
-    for name, a, b in (("out", out_a, out_b), ("h", h_a, h_b), ("c", c_a, c_b), ("inference", inf_a, inf_b),
-                       ("step h", step_a[0], step_b[0]), ("step c", step_a[1], step_b[1])):
+    for name, a, b in (
+        ("out", out_a, out_b),
+        ("h", h_a, h_b),
+        ("c", c_a, c_b),
+        ("inference", inf_a, inf_b),
+        ("step h", step_a[0], step_b[0]),
+        ("step c", step_a[1], step_b[1]),
+    ):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=name)
     # relative to each gradient's largest entry; under autocast W x_t and its gradients run in
     # float16 for both (a float32 difference of the loops can round to the next float16 there)

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from fairseq.optim import FairseqOptimizer
 from fairseq.optim.lr_scheduler import build_lr_scheduler
 from fairseq.optim.lr_scheduler.inverse_square_root_schedule import (
@@ -27,7 +26,9 @@ def _optimizer(lr=1.0):
 
 
 def _scheduler(r0=3.0, d=512, p=40000):
-    return NoamSchedule(NoamLRScheduleConfig(warmup_updates=p, noam_r0=r0, noam_d_model=d), _optimizer())
+    return NoamSchedule(
+        NoamLRScheduleConfig(warmup_updates=p, noam_r0=r0, noam_d_model=d), _optimizer()
+    )
 
 
 def eq2(t, r0, d, p):
@@ -35,7 +36,7 @@ def eq2(t, r0, d, p):
     return r0 / math.sqrt(d) * min((t + 1) / (p * math.sqrt(p)), 1 / math.sqrt(t + 1))
 
 
-@pytest.mark.parametrize("t", [0, 1, 999, 39998, 39999, 40000, 100000, 10 ** 6])
+@pytest.mark.parametrize("t", [0, 1, 999, 39998, 39999, 40000, 100000, 10**6])
 def test_schedule_is_eq_2(t):
     sched = _scheduler()
     assert sched.step_update(t) == pytest.approx(eq2(t, 3.0, 512, 40000), rel=1e-12)
@@ -48,7 +49,9 @@ def test_shape_of_bapna_settings():
     lrs = [noam_lr(t, 3.0, 512, 40000) for t in range(0, 120001, 1000)]
     peak = 3.0 / math.sqrt(512 * 40000)  # ~6.6e-4
     assert noam_lr(39999, 3.0, 512, 40000) == pytest.approx(peak, rel=1e-12)
-    assert max(lrs) <= peak and max(noam_lr(t, 3.0, 512, 40000) for t in range(39990, 40010)) == peak
+    assert (
+        max(lrs) <= peak and max(noam_lr(t, 3.0, 512, 40000) for t in range(39990, 40010)) == peak
+    )
     assert lrs[0] > 0  # the first update already learns
     assert noam_lr(159999, 3.0, 512, 40000) == pytest.approx(peak / 2)  # 4x the steps: half the lr
     up, down = lrs[:40], lrs[41:]
@@ -58,7 +61,9 @@ def test_shape_of_bapna_settings():
 def test_inverse_sqrt_is_one_update_off():
     """Why a scheduler of our own: inverse_sqrt with the same peak differs at every update."""
     p, peak = 100, 3.0 / math.sqrt(512 * 100)
-    inv = InverseSquareRootSchedule(InverseSquareRootLRScheduleConfig(warmup_updates=p, lr=[peak]), _optimizer())
+    inv = InverseSquareRootSchedule(
+        InverseSquareRootLRScheduleConfig(warmup_updates=p, lr=[peak]), _optimizer()
+    )
     noam = _scheduler(p=p)
     assert inv.step_update(0) == 0.0 and noam.step_update(0) > 0
     assert inv.step_update(50) == pytest.approx(noam.step_update(49))
@@ -78,10 +83,24 @@ def test_registered_and_built_from_the_command_line_config():
     from fairseq import options
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        "data", "--arch", "transformer", "--optimizer", "adam", "--lr-scheduler", "noam",
-        "--noam-r0", "3.0", "--warmup-updates", "40000", "--noam-d-model", "512",
-    ])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            "data",
+            "--arch",
+            "transformer",
+            "--optimizer",
+            "adam",
+            "--lr-scheduler",
+            "noam",
+            "--noam-r0",
+            "3.0",
+            "--warmup-updates",
+            "40000",
+            "--noam-d-model",
+            "512",
+        ],
+    )
     sched = build_lr_scheduler(args, _optimizer())
     assert isinstance(sched, NoamSchedule)
     assert sched.optimizer.get_lr() == pytest.approx(eq2(0, 3.0, 512, 40000))

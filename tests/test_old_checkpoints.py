@@ -15,10 +15,11 @@ import os
 import pytest
 import torch
 from fairseq import options, tasks
-
 from helpers import dtype_marker, tiny_dictionary
 
-from tests.data.make_models_before_issue13 import fill_parameters  # pytest.ini: the root on sys.path
+from tests.data.make_models_before_issue13 import (
+    fill_parameters,
+)  # pytest.ini: the root on sys.path
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "models_before_issue13.json")
 with open(DATA) as _f:
@@ -34,6 +35,7 @@ OLD_SAVED_ARGS = {
 
 def _old_saved_args(arch):
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
     return OLD_SAVED_ARGS.get(ARCH_MODEL_NAME_REGISTRY.get(arch), [])
 
 
@@ -43,17 +45,34 @@ def test_old_state_dict_loads_and_gives_the_same_logits(arch):
     d = tiny_dictionary()
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
-        parser, ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *saved["flags"], *_old_saved_args(arch)])
+        parser,
+        [
+            "dummy-data",
+            "--task",
+            "translation",
+            "--arch",
+            arch,
+            "--cpu",
+            *saved["flags"],
+            *_old_saved_args(arch),
+        ],
+    )
     model = tasks.translation.TranslationTask(args, d, d).build_model(args).eval()
     state = model.state_dict()
-    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items() if not dtype_marker(k)} == \
-        {k: e[:2] for k, e in saved["entries"].items()}
+    assert {k: [str(v.dtype), list(v.shape)] for k, v in state.items() if not dtype_marker(k)} == {
+        k: e[:2] for k, e in saved["entries"].items()
+    }
     fill_parameters(model)
-    buffers = {k: torch.tensor(e[2], dtype=getattr(torch, e[0].split(".")[1])).view(e[1])
-               for k, e in saved["entries"].items() if e[2] is not None}
+    buffers = {
+        k: torch.tensor(e[2], dtype=getattr(torch, e[0].split(".")[1])).view(e[1])
+        for k, e in saved["entries"].items()
+        if e[2] is not None
+    }
     model.load_state_dict({**model.state_dict(), **buffers}, strict=True)
     with torch.no_grad():
-        logits, _ = model(torch.tensor(SAVED["src"]), torch.tensor(SAVED["lengths"]), torch.tensor(SAVED["prev"]))
+        logits, _ = model(
+            torch.tensor(SAVED["src"]), torch.tensor(SAVED["lengths"]), torch.tensor(SAVED["prev"])
+        )
     expected = torch.tensor(saved["logits"], dtype=torch.float32).view(saved["logits_shape"])
     # exact on the torch that wrote them; other torch versions' kernels differ in the last bits
     # (torch 2.4, the newest on Python 3.8: at most 6e-8)

@@ -26,7 +26,14 @@ def raw(tmp_path_factory):
 
 
 def env_for(raw, tmp_path, **extra):
-    return {"SRC": "src", "TGT": "tgt", "RAW": raw, "WORK": str(tmp_path / "work"), "DEVICE": "--cpu", **extra}
+    return {
+        "SRC": "src",
+        "TGT": "tgt",
+        "RAW": raw,
+        "WORK": str(tmp_path / "work"),
+        "DEVICE": "--cpu",
+        **extra,
+    }
 
 
 def assignments(text):
@@ -48,32 +55,48 @@ def run_setup(argv, env):
 
 
 def test_run_sh_stops_on_a_mistyped_arch_in_one_line_before_preparing(raw, tmp_path):
-    env = dict(os.environ, **env_for(raw, tmp_path), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["bash", RUN_SH, "transformer_dlcx"], env=env, capture_output=True, text=True,
-                          cwd=str(tmp_path))
+    env = dict(
+        os.environ,
+        **env_for(raw, tmp_path),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        ["bash", RUN_SH, "transformer_dlcx"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("run.sh: error: --arch transformer_dlcx"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("run.sh: error: --arch transformer_dlcx"), (
+        proc.stderr
+    )
     assert "did you mean transformer_dlcl" in lines[0]  # issue 32
     assert not (tmp_path / "work").exists() and proc.stdout == ""  # nothing prepared, nothing said
 
 
-@pytest.mark.parametrize("argv, env_extra, names", [
-    (["transformer_dlcl", "--no-such-flag"], {}, "--no-such-flag"),
-    (["transformer_dlcl", "--encoder-layers", "six"], {}, "--encoder-layers"),
-    (["transformer_dlcl"], {"TGT": "src"}, "both 'src'"),
-    (["transformer_dlcl"], {"TGT": "de"}, "train.de"),
-    (["transformer_dlcl"], {"MINUTES": "ten"}, "MINUTES=ten"),
-    (["transformer_dlcl"], {"RAW": "/no/such/folder"}, "RAW=/no/such/folder"),
-])
+@pytest.mark.parametrize(
+    "argv, env_extra, names",
+    [
+        (["transformer_dlcl", "--no-such-flag"], {}, "--no-such-flag"),
+        (["transformer_dlcl", "--encoder-layers", "six"], {}, "--encoder-layers"),
+        (["transformer_dlcl"], {"TGT": "src"}, "both 'src'"),
+        (["transformer_dlcl"], {"TGT": "de"}, "train.de"),
+        (["transformer_dlcl"], {"MINUTES": "ten"}, "MINUTES=ten"),
+        (["transformer_dlcl"], {"RAW": "/no/such/folder"}, "RAW=/no/such/folder"),
+    ],
+)
 def test_setup_names_each_mistake_before_any_work(raw, tmp_path, argv, env_extra, names):
     with pytest.raises(UserError, match=re.escape(names)):
         run_setup(argv, {**env_for(raw, tmp_path), **env_extra})
     assert not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("emptied, fragment", [("test.tgt", "test.src has 9 lines and"), ("valid", "is empty")])
+@pytest.mark.parametrize(
+    "emptied, fragment", [("test.tgt", "test.src has 9 lines and"), ("valid", "is empty")]
+)
 def test_empty_inputs_are_refused_before_any_folder_is_made(raw, tmp_path, emptied, fragment):
     """Issue 32: an empty test.fr passed and left an empty work folder."""
     import shutil
@@ -97,15 +120,25 @@ def test_decoding_that_would_starve_training_is_a_subset_and_said(raw, tmp_path)
     fraction = float(values["DECODE_FRACTION"])
     assert 0 < fraction < 1
     # what training's warning of a budget too small to learn is told (FAIRSEQ_DEEP_RECIPE_BUDGET)
-    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 60 == pytest.approx(int(values["RESERVE_S"]), abs=1)
-    assert float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE and int(values["DECODE_ALL_S"]) > 12
+    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 60 == pytest.approx(
+        int(values["RESERVE_S"]), abs=1
+    )
+    assert (
+        float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE and int(values["DECODE_ALL_S"]) > 12
+    )
     decode_all = own_data.reserve_parts(9, 0, 7, 0, 128, 6, 20)["decoding"]  # (its words: below)
     line = [x for x in log.splitlines() if "decoding about" in x][0]
     minutes = int(re.search(r"MINUTES=(\d+) decodes them all", line).group(1))
-    assert f"of the 9 test sentences (a subset of every length)" in line
+    assert "of the 9 test sentences (a subset of every length)" in line
     all_s = float(re.search(r"would take about (\d+) s", line).group(1))
-    assert all_s > own_data.DECODE_SHARE * 60 and fraction == pytest.approx(own_data.DECODE_SHARE * 60 / all_s, rel=0.02)
-    assert (minutes - 1) * 60 * own_data.DECODE_SHARE < all_s <= minutes * 60 * own_data.DECODE_SHARE + 1
+    assert all_s > own_data.DECODE_SHARE * 60 and fraction == pytest.approx(
+        own_data.DECODE_SHARE * 60 / all_s, rel=0.02
+    )
+    assert (
+        (minutes - 1) * 60 * own_data.DECODE_SHARE
+        < all_s
+        <= minutes * 60 * own_data.DECODE_SHARE + 1
+    )
     assert decode_all < all_s  # the test sentences' words count
     assert own_data.decode_fraction(100, 0) == 1.0 and own_data.decode_fraction(100, 1000) == 1.0
     assert own_data.decode_fraction(400, 1000) == pytest.approx(0.5)
@@ -118,9 +151,14 @@ def test_setup_derives_the_cpu_budget_width_and_commands(raw, tmp_path):
     train = values["TRAIN"]
     i = train.index("--encoder-embed-dim")
     assert train[i + 1] == "128" and "--cpu" in train and train[-2:] == ["--encoder-layers", "3"]
-    assert "--no-epoch-checkpoints" not in train and train[train.index("--keep-last-epochs") + 1] == "5"
+    assert (
+        "--no-epoch-checkpoints" not in train
+        and train[train.index("--keep-last-epochs") + 1] == "5"
+    )
     assert "--stop-time-hours" not in train  # run.sh adds it after preparation, from what is left
-    assert train[train.index("--save-dir") + 1].endswith(os.path.join("checkpoints", "transformer_dlcl_w128"))
+    assert train[train.index("--save-dir") + 1].endswith(
+        os.path.join("checkpoints", "transformer_dlcl_w128")
+    )
     gen = values["GENERATE"]
     assert gen[gen.index("--post-process") + 1] == "sentencepiece" and "--max-len-a" in gen
     assert "width 128" in log and "30 minutes" in log
@@ -136,10 +174,24 @@ def test_budget_and_sizes_follow_the_device_and_the_environment():
         own_data.settings_from_env({"MINUTES": "0"}, "cpu")
     # the reserve (run.sh trains for the rest) grows with the test set, its sentences' length, the
     # model's width and depth, the start-up time and the beam
-    base = dict(test_sentences=1000, test_words=11, valid_sentences=1000, valid_words=11, width=128, layers=6,
-                startup_s=20)
+    base = dict(
+        test_sentences=1000,
+        test_words=11,
+        valid_sentences=1000,
+        valid_words=11,
+        width=128,
+        layers=6,
+        startup_s=20,
+    )
     reserve = own_data.reserve_seconds(**base)
-    for more in ({"test_sentences": 2000}, {"test_words": 30}, {"width": 256}, {"layers": 12}, {"startup_s": 40}, {"beam": 10}):
+    for more in (
+        {"test_sentences": 2000},
+        {"test_words": 30},
+        {"width": 256},
+        {"layers": 12},
+        {"startup_s": 40},
+        {"beam": 10},
+    ):
         assert own_data.reserve_seconds(**{**base, **more}) > reserve, more
     assert own_data.reserve_seconds(**base, device="cuda") < reserve
     assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
@@ -149,8 +201,17 @@ def test_budget_and_sizes_follow_the_device_and_the_environment():
 def test_checkpoints_averaged_are_the_last_of_the_second_half():
     epochs = [(f"checkpoint{e}.pt", 100 * e) for e in range(3, 8)]  # kept: epochs 3-7
     assert own_data.choose_checkpoints(750, epochs, 5) == [
-        "checkpoint4.pt", "checkpoint5.pt", "checkpoint6.pt", "checkpoint7.pt", "checkpoint_last.pt"]
-    assert own_data.choose_checkpoints(750, epochs, 3) == ["checkpoint6.pt", "checkpoint7.pt", "checkpoint_last.pt"]
+        "checkpoint4.pt",
+        "checkpoint5.pt",
+        "checkpoint6.pt",
+        "checkpoint7.pt",
+        "checkpoint_last.pt",
+    ]
+    assert own_data.choose_checkpoints(750, epochs, 3) == [
+        "checkpoint6.pt",
+        "checkpoint7.pt",
+        "checkpoint_last.pt",
+    ]
     # stopped at an epoch's end: checkpoint_last is that epoch, not counted twice
     assert own_data.choose_checkpoints(700, epochs, 2) == ["checkpoint6.pt", "checkpoint_last.pt"]
     assert own_data.choose_checkpoints(250, [("checkpoint1.pt", 100)], 5) == []  # first half only
@@ -161,15 +222,19 @@ def test_score_prints_one_sacrebleu_line_and_says_what_fairseqs_bleu_is(tmp_path
     ref = tmp_path / "ref.txt"
     ref.write_text("a small house .\nthe cat sat on the mat .\n")
     gen = tmp_path / "generate.out"
-    gen.write_text("S-1\tx\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n"
-                   "D-0\t-0.2\ta small house .\n"
-                   "2026-01-01 | INFO | fairseq_cli.generate | Generate test with beam=5: BLEU4 = 87.50, 90/80\n")
+    gen.write_text(
+        "S-1\tx\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n"
+        "D-0\t-0.2\ta small house .\n"
+        "2026-01-01 | INFO | fairseq_cli.generate | Generate test with beam=5: BLEU4 = 87.50, 90/80\n"
+    )
     out = io.StringIO()
     score = own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
     assert score == pytest.approx(100.0)
     assert (tmp_path / "hyp").read_text() == ref.read_text()  # input order
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("sacreBLEU BLEU = 100.00") and "nrefs:1" in lines[0]
+    assert (
+        len(lines) == 2 and lines[0].startswith("sacreBLEU BLEU = 100.00") and "nrefs:1" in lines[0]
+    )
     assert "BLEU4 = 87.50" in lines[1] and "sacreBLEU" in lines[1]
     gen.write_text("D-5\t-0.2\ta small house .\n")
     with pytest.raises(UserError, match="1 hypotheses for 2 test sentences.*ids 5"):
@@ -180,46 +245,62 @@ def test_score_on_the_sentences_decoded_before_the_deadline_says_so(tmp_path):
     """Issue 26: decoding stopped at FAIRSEQ_DEEP_DEADLINE: sentences 1 and 3 of 4 decoded are
     scored against references 1 and 3 (by the ids of the S-/H-/D- lines), and the line says so."""
     ref = tmp_path / "ref.txt"
-    ref.write_text("one two three four\nthe cat sat on the mat .\nfive six seven eight\na small house is here .\n")
+    ref.write_text(
+        "one two three four\nthe cat sat on the mat .\nfive six seven eight\na small house is here .\n"
+    )
     gen = tmp_path / "generate.out"
-    gen.write_text("2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline "
-                   "(FAIRSEQ_DEEP_DEADLINE; it passed 3 s ago): 2 of 4 sentences decoded\n"
-                   "S-3\tx\nH-3\t-0.1\ta small house is here .\nD-3\t-0.1\ta small house is here .\n"
-                   "S-1\ty\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n")
+    gen.write_text(
+        "2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline "
+        "(FAIRSEQ_DEEP_DEADLINE; it passed 3 s ago): 2 of 4 sentences decoded\n"
+        "S-3\tx\nH-3\t-0.1\ta small house is here .\nD-3\t-0.1\ta small house is here .\n"
+        "S-1\ty\nH-1\t-0.1\tthe cat sat on the mat .\nD-1\t-0.1\tthe cat sat on the mat .\n"
+    )
     out = io.StringIO()
-    assert own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out) == pytest.approx(100.0)
+    assert own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out) == pytest.approx(
+        100.0
+    )
     line = out.getvalue().splitlines()[0]
-    assert line.startswith("sacreBLEU on 2 of 4 test sentences (the budget ran out while decoding; "
-                           "a larger MINUTES decodes all): BLEU = 100.00"), line
+    assert line.startswith(
+        "sacreBLEU on 2 of 4 test sentences (the budget ran out while decoding; "
+        "a larger MINUTES decodes all): BLEU = 100.00"
+    ), line
     # the translations keep the test set's lines: an empty one for each sentence not decoded
-    assert (tmp_path / "hyp").read_text() == "\nthe cat sat on the mat .\n\na small house is here .\n"
+    assert (
+        tmp_path / "hyp"
+    ).read_text() == "\nthe cat sat on the mat .\n\na small house is here .\n"
     # fewer hypotheses without the deadline's warning: said too, with another reason
     gen.write_text("D-1\t-0.1\tthe cat sat on the mat .\n")
     own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
-    assert "sacreBLEU on 1 of 4 test sentences (fairseq-generate decoded only these" in out.getvalue()
+    assert (
+        "sacreBLEU on 1 of 4 test sentences (fairseq-generate decoded only these" in out.getvalue()
+    )
     # a subset decoded on purpose (issue 32)
-    gen.write_text("2026-01-01 | INFO | fairseq_deep.progress | decoding a subset (FAIRSEQ_DEEP_DECODE_FRACTION=0.5): "
-                   "...\nD-1\t-0.1\tthe cat sat on the mat .\n")
+    gen.write_text(
+        "2026-01-01 | INFO | fairseq_deep.progress | decoding a subset (FAIRSEQ_DEEP_DECODE_FRACTION=0.5): "
+        "...\nD-1\t-0.1\tthe cat sat on the mat .\n"
+    )
     own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
-    assert "sacreBLEU on 1 of 4 test sentences (a subset of every length, so that decoding left the budget to " \
-           "training" in out.getvalue()
+    assert (
+        "sacreBLEU on 1 of 4 test sentences (a subset of every length, so that decoding left the budget to "
+        "training" in out.getvalue()
+    )
 
 
 STUBS = {  # fairseq-deep-* stand-ins for a dry run of run.sh: they record what they are given
     "fairseq-deep-prepare": 'mkdir -p "$WORK"\n',
     "fairseq-deep-train": 'echo "$*" > "$STUB_OUT/train.args"\n'
-                          # fairseq's configuration and model printout (the log only), a progress line (shown)
-                          'echo "2026-01-01 | INFO | fairseq_cli.train | {\'_name\': None, \'common\': {}}"\n'
-                          'echo "TransformerDLCLModel("\n'
-                          'echo "2026-01-01 | INFO | fairseq_deep.progress | progress: update 1 | ETA 0:00:09"\n'
-                          'while [ $# -gt 0 ]; do [ "$1" = --save-dir ] && save=$2; shift; done\n'
-                          'mkdir -p "$save" && "$STUB_PYTHON" -c "import sys, torch; torch.save({\'model\': {}, '
-                          '\'optimizer_history\': [{\'num_updates\': 3}]}, sys.argv[1])" "$save/checkpoint_last.pt"\n',
+    # fairseq's configuration and model printout (the log only), a progress line (shown)
+    "echo \"2026-01-01 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\"\n"
+    'echo "TransformerDLCLModel("\n'
+    'echo "2026-01-01 | INFO | fairseq_deep.progress | progress: update 1 | ETA 0:00:09"\n'
+    'while [ $# -gt 0 ]; do [ "$1" = --save-dir ] && save=$2; shift; done\n'
+    'mkdir -p "$save" && "$STUB_PYTHON" -c "import sys, torch; torch.save({\'model\': {}, '
+    "'optimizer_history': [{'num_updates': 3}]}, sys.argv[1])\" \"$save/checkpoint_last.pt\"\n",
     # the deadline it is given, and an output cut short by it: sentence 2 of the 9 decoded
     "fairseq-deep-generate": 'echo "${FAIRSEQ_DEEP_DEADLINE-unset}" > "$STUB_OUT/deadline"\n'
-                             'echo "2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline '
-                             '(FAIRSEQ_DEEP_DEADLINE; it passed 1 s ago): 1 of 9 sentences decoded"\n'
-                             'ref=$(sed -n 3p "$STUB_REF"); printf "S-2\\tx\\nH-2\\t-0.1\\t%s\\nD-2\\t-0.1\\t%s\\n" "$ref" "$ref"\n',
+    'echo "2026-01-01 | WARNING | fairseq_deep.progress | decoding stopped at the deadline '
+    '(FAIRSEQ_DEEP_DEADLINE; it passed 1 s ago): 1 of 9 sentences decoded"\n'
+    'ref=$(sed -n 3p "$STUB_REF"); printf "S-2\\tx\\nH-2\\t-0.1\\t%s\\nD-2\\t-0.1\\t%s\\n" "$ref" "$ref"\n',
 }
 
 
@@ -234,31 +315,57 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
     for name, body in STUBS.items():
         (bin_dir / name).write_text("#!/usr/bin/env bash\nset -eu\n" + body)
         (bin_dir / name).chmod(0o755)
-    env = dict(os.environ, **env_for(raw, tmp_path), MINUTES="3", AVERAGE="0", OMP_NUM_THREADS="1",
-               STUB_OUT=str(tmp_path), STUB_REF=os.path.join(raw, "test.tgt"), STUB_PYTHON=sys.executable,
-               PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
-               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        **env_for(raw, tmp_path),
+        MINUTES="3",
+        AVERAGE="0",
+        OMP_NUM_THREADS="1",
+        STUB_OUT=str(tmp_path),
+        STUB_REF=os.path.join(raw, "test.tgt"),
+        STUB_PYTHON=sys.executable,
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    )
     before = int(time.time())
-    proc = subprocess.run(["bash", RUN_SH], env=env, capture_output=True, text=True, cwd=str(tmp_path))
+    proc = subprocess.run(
+        ["bash", RUN_SH], env=env, capture_output=True, text=True, cwd=str(tmp_path)
+    )
     after = int(time.time())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     deadline = int((tmp_path / "deadline").read_text())
     end = 180 - own_data.END_MARGIN_S
     assert before + end <= deadline <= after + end  # START + BUDGET_S - MARGIN_S
     assert "--stop-time-hours" in (tmp_path / "train.args").read_text()
-    assert "sacreBLEU on 1 of 9 test sentences (the budget ran out while decoding; a larger MINUTES decodes all): " \
-           "BLEU = 100.00" in proc.stdout, proc.stdout
-    assert "decoding stopped at the deadline" in proc.stdout  # shown as decoding's progress lines are
+    assert (
+        "sacreBLEU on 1 of 9 test sentences (the budget ran out while decoding; a larger MINUTES decodes all): "
+        "BLEU = 100.00" in proc.stdout
+    ), proc.stdout
+    assert (
+        "decoding stopped at the deadline" in proc.stdout
+    )  # shown as decoding's progress lines are
     # issue 32: the training command in full, the progress on the console, fairseq's configuration in the log only
     shown = [x for x in proc.stdout.splitlines() if x.startswith("   fairseq-deep-train ")]
-    assert len(shown) == 1 and "--stop-time-hours" in shown[0] and "--arch transformer_dlcl" in shown[0]
-    tokens = shlex.split(shown[0])  # copy-pasteable: the shell gives fairseq-deep-train what run.sh gave it
+    assert (
+        len(shown) == 1
+        and "--stop-time-hours" in shown[0]
+        and "--arch transformer_dlcl" in shown[0]
+    )
+    tokens = shlex.split(
+        shown[0]
+    )  # copy-pasteable: the shell gives fairseq-deep-train what run.sh gave it
     assert " ".join(tokens[1:]) == (tmp_path / "train.args").read_text().strip()
     assert tokens[tokens.index("--adam-betas") + 1] == "(0.9, 0.98)"
-    assert "progress: update 1" in proc.stdout and "'common'" not in proc.stdout and "DLCLModel(" not in proc.stdout
+    assert (
+        "progress: update 1" in proc.stdout
+        and "'common'" not in proc.stdout
+        and "DLCLModel(" not in proc.stdout
+    )
     assert "'common'" in (tmp_path / "work" / "train.log").read_text()
 
 
 def test_run_sh_is_valid_bash():
     subprocess.run(["bash", "-n", RUN_SH], check=True)
-    assert sys.executable  # (the script itself runs end to end in the own-data smoke run, not in CI)
+    assert (
+        sys.executable
+    )  # (the script itself runs end to end in the own-data smoke run, not in CI)

@@ -8,7 +8,7 @@ from fairseq_deep.diagnostics.plot_training import parse_log_lines, plot_runs, s
 
 JSON_LOG = [
     '2026-11-23 04:15:21 | INFO | train_inner | {"epoch": 1, "update": 0.1, "loss": "9.9", "num_updates": "2"}',
-    '2026-11-23 04:15:22 | INFO | valid | {"epoch": 1, "valid_loss": "9.815", "valid_ppl": "900.7", "valid_num_updates": "2"}',
+    '2026-11-23 04:15:22 | INFO | valid | {"epoch": 1, "valid_loss": "9.815", "valid_ppl": "900.7", "valid_num_updates": "2"}',  # noqa: E501
     '2026-11-23 04:15:23 | INFO | valid | {"epoch": 1, "valid_loss": "9.776", "valid_num_updates": "4"}',
 ]
 SIMPLE_LOG = [
@@ -35,12 +35,16 @@ def test_every_series_gets_its_own_colour_and_line_style():
 
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
-    written = plot_runs({"a": parse_log_lines(JSON_LOG), "b": parse_log_lines(SIMPLE_LOG)}, str(tmp_path))
+    written = plot_runs(
+        {"a": parse_log_lines(JSON_LOG), "b": parse_log_lines(SIMPLE_LOG)}, str(tmp_path)
+    )
     assert str(tmp_path / "loss.png") in written
     m = torch.tril(torch.rand(4, 4))
     empty = torch.ones(4, 4).triu(1).bool()
     hidden = empty | (m < 0.3)
-    path = plot_heatmap(m, list("abcd"), list("abcd"), "t", str(tmp_path / "h.png"), mask=hidden, empty=empty)
+    path = plot_heatmap(
+        m, list("abcd"), list("abcd"), "t", str(tmp_path / "h.png"), mask=hidden, empty=empty
+    )
     assert (tmp_path / "h.png").stat().st_size > 0 and path.endswith("h.png")
 
 
@@ -48,7 +52,9 @@ def test_tick_positions_label_every_kth_layer_and_the_last():
     from fairseq_deep.diagnostics.layer_weights import tick_positions
 
     assert tick_positions(7) == list(range(7))
-    assert tick_positions(31) == list(range(0, 31, 2))  # depth 30 + readout: every 2nd, y30 and readout
+    assert tick_positions(31) == list(
+        range(0, 31, 2)
+    )  # depth 30 + readout: every 2nd, y30 and readout
     assert tick_positions(101) == list(range(0, 101, 10))
     assert tick_positions(62)[-1] == 61 and len(tick_positions(62)) <= 17
 
@@ -64,7 +70,9 @@ def test_deep_heatmap_is_readable(tmp_path):
 
     n = 31
     m = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).tril()
-    fig = heatmap_figure(m, [f"layer {r + 1}" for r in range(n - 1)] + ["readout"], layer_labels(n), "dlcl")
+    fig = heatmap_figure(
+        m, [f"layer {r + 1}" for r in range(n - 1)] + ["readout"], layer_labels(n), "dlcl"
+    )
     ax, bar = fig.axes
     assert [t.get_text() for t in ax.get_yticklabels()][-2:] == ["layer 29", "readout"]
     assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["y0 (emb)", "y2"]
@@ -78,5 +86,8 @@ def test_deep_heatmap_is_readable(tmp_path):
     ta = torch.softmax(torch.randn(6, n), dim=1)  # 6 readers of 31 layers: a wide, low figure
     fig = heatmap_figure(ta, [f"dec. attn {j}" for j in range(6)], layer_labels(n), "ta")
     assert fig.get_size_inches()[1] < 6 < fig.get_size_inches()[0]
-    assert fig.axes[0].images[0].get_clim()[0] == 0.0 and fig.axes[0].images[0].get_cmap().name == "viridis"
+    assert (
+        fig.axes[0].images[0].get_clim()[0] == 0.0
+        and fig.axes[0].images[0].get_cmap().name == "viridis"
+    )
     plt.close(fig)

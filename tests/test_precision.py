@@ -14,16 +14,13 @@ The real ``fairseq-train``/``fairseq-generate`` in each precision are in test_pr
 tests that need a CUDA GPU are marked ``gpu`` and skip without one.
 """
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 from fairseq import options
-
 from helpers import build_family, random_batch
 
 from benchmarks.precision_matrix import FAMILIES  # one list of families for the script and tests
-
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM, _ln_lstm_recurrence
 from fairseq_deep.modules.precision import Float32UnderHalf
 
@@ -52,17 +49,25 @@ def test_family_trains_in_reduced_precision(family, dtype):
     src, lengths, prev = random_batch(d)
     with torch.no_grad():
         reference = log_probs(model.eval(), src, lengths, prev)
-    model = model.to(dtype)  # eval(): no dropout, so that the two precisions compute the same function
+    model = model.to(
+        dtype
+    )  # eval(): no dropout, so that the two precisions compute the same function
     lp = log_probs(model, src, lengths, prev)
     assert torch.isfinite(lp).all()
     torch.testing.assert_close(lp.float(), reference, atol=LOGPROB_ATOL[dtype], rtol=0)
     F.nll_loss(lp.view(-1, lp.size(-1)).float(), prev.view(-1), reduction="sum").backward()
     grads = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    assert all(p.grad is None or (p.grad.dtype == p.dtype and torch.isfinite(p.grad).all()) for _, p in grads)
+    assert all(
+        p.grad is None or (p.grad.dtype == p.dtype and torch.isfinite(p.grad).all())
+        for _, p in grads
+    )
     # every parameter takes the cast, but Deep-Att's under float16: all but its output projection stay
     # float32 there (issue 24, tests/test_deep_att_fp16.py)
     kept = dtype == torch.float16 and isinstance(model.encoder, Float32UnderHalf)
-    assert all(p.dtype == (torch.float32 if kept and "output_projection" not in n else dtype) for n, p in grads)
+    assert all(
+        p.dtype == (torch.float32 if kept and "output_projection" not in n else dtype)
+        for n, p in grads
+    )
     assert sum(p.grad is not None for _, p in grads) >= 0.9 * len(grads)
 
 
@@ -90,9 +95,11 @@ def test_incremental_equals_full_in_reduced_precision(family, dtype):
         enc = model.encoder(src, lengths)
         state, steps = {}, []
         for t in range(prev.size(1)):
-            out = model.decoder(prev[:, :t + 1], enc, incremental_state=state)
+            out = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
             steps.append(model.get_normalized_probs(out, log_probs=True))
-    torch.testing.assert_close(torch.cat(steps, 1).float(), full.float(), atol=INCREMENTAL_ATOL[dtype], rtol=0)
+    torch.testing.assert_close(
+        torch.cat(steps, 1).float(), full.float(), atol=INCREMENTAL_ATOL[dtype], rtol=0
+    )
 
 
 # -- the layer-normalized LSTM --------------------------------------------------------------------
@@ -103,7 +110,9 @@ LSTM_GRAD_RTOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 def _lstm_case(bidirectional, padded, cell_clip, output_tanh, seed=0):
     torch.manual_seed(seed)
-    m = LayerNormLSTM(6, 8, bidirectional=bidirectional, cell_clip=cell_clip, output_tanh=output_tanh)
+    m = LayerNormLSTM(
+        6, 8, bidirectional=bidirectional, cell_clip=cell_clip, output_tanh=output_tanh
+    )
     x = torch.randn(7, 3, 6)
     pad = None
     if padded:
@@ -122,8 +131,18 @@ def _plain_loop_grads(m, x, pad):
     if pad is not None:
         p = pad.view(7, 1, 3, 1)
         p = torch.cat([p, p.flip(0)], 1) if D == 2 else p
-    out, hn, cn = _ln_lstm_recurrence(xw, h, c, m.weight_hh, m.ln_weight.unsqueeze(1), m.bias.unsqueeze(1),
-                                      p, m.cell_clip, m.output_tanh, m.eps)
+    out, hn, cn = _ln_lstm_recurrence(
+        xw,
+        h,
+        c,
+        m.weight_hh,
+        m.ln_weight.unsqueeze(1),
+        m.bias.unsqueeze(1),
+        p,
+        m.cell_clip,
+        m.output_tanh,
+        m.eps,
+    )
     out = torch.cat([out[:, 0], out[:, 1].flip(0)], -1) if D == 2 else out[:, 0]
     if pad is not None:
         out = out.masked_fill(pad.unsqueeze(-1), 0.0)
@@ -162,10 +181,18 @@ def test_ln_lstm_backward_state_is_float32_in_reduced_precision(bidirectional, d
 
 
 @pytest.mark.parametrize("dtype", REDUCED, ids=DTYPE_IDS)
-@pytest.mark.parametrize("bidirectional,padded,cell_clip,output_tanh", [
-    (False, False, 0.0, False), (True, True, 0.0, False), (False, True, 0.5, False), (True, False, 0.5, True),
-])
-def test_ln_lstm_reduced_precision_gradients_match_float32(bidirectional, padded, cell_clip, output_tanh, dtype):
+@pytest.mark.parametrize(
+    "bidirectional,padded,cell_clip,output_tanh",
+    [
+        (False, False, 0.0, False),
+        (True, True, 0.0, False),
+        (False, True, 0.5, False),
+        (True, False, 0.5, True),
+    ],
+)
+def test_ln_lstm_reduced_precision_gradients_match_float32(
+    bidirectional, padded, cell_clip, output_tanh, dtype
+):
     m, x, pad = _lstm_case(bidirectional, padded, cell_clip, output_tanh)
     reference = _plain_loop_grads(m, x, pad)
     m.zero_grad()
@@ -176,7 +203,9 @@ def test_ln_lstm_reduced_precision_gradients_match_float32(bidirectional, padded
     for name, p in m.named_parameters():
         assert p.grad.dtype == dtype
         scale = reference[name].abs().max().clamp_min(1e-6)
-        assert ((p.grad.float() - reference[name]).abs().max() / scale).item() < LSTM_GRAD_RTOL[dtype], name
+        assert ((p.grad.float() - reference[name]).abs().max() / scale).item() < LSTM_GRAD_RTOL[
+            dtype
+        ], name
 
 
 def test_ln_lstm_float32_is_untouched_by_the_precision_path():
@@ -187,9 +216,18 @@ def test_ln_lstm_float32_is_untouched_by_the_precision_path():
         D = 2
         p = pad.view(7, 1, 3, 1)
         p = torch.cat([p, p.flip(0)], 1)
-        ref, _, _ = _ln_lstm_recurrence(m.input_gates(x), x.new_zeros(D, 3, 8), x.new_zeros(D, 3, 8),
-                                        m.weight_hh, m.ln_weight.unsqueeze(1), m.bias.unsqueeze(1), p,
-                                        m.cell_clip, m.output_tanh, m.eps)
+        ref, _, _ = _ln_lstm_recurrence(
+            m.input_gates(x),
+            x.new_zeros(D, 3, 8),
+            x.new_zeros(D, 3, 8),
+            m.weight_hh,
+            m.ln_weight.unsqueeze(1),
+            m.bias.unsqueeze(1),
+            p,
+            m.cell_clip,
+            m.output_tanh,
+            m.eps,
+        )
     ref = torch.cat([ref[:, 0], ref[:, 1].flip(0)], -1).masked_fill(pad.unsqueeze(-1), 0.0)
     assert torch.equal(out, ref)
 
@@ -221,7 +259,9 @@ def test_ln_lstm_backward_on_cuda_in_reduced_precision(bidirectional, dtype):
     (out.float().pow(2).sum() + hn.float().sum() + cn.float().sum()).backward()
     for name, p in m.named_parameters():
         scale = reference[name].abs().max().clamp_min(1e-6)
-        assert ((p.grad.float().cpu() - reference[name]).abs().max() / scale).item() < LSTM_GRAD_RTOL[dtype]
+        assert (
+            (p.grad.float().cpu() - reference[name]).abs().max() / scale
+        ).item() < LSTM_GRAD_RTOL[dtype]
 
 
 @pytest.mark.gpu
@@ -248,6 +288,8 @@ def test_bf16_decoding_casts_the_model_and_fp32_does_not():
 
     for flags, dtype in (([], torch.float32), (["--bf16"], torch.bfloat16)):
         model, _ = build("transformer_dlcl")
-        args = options.parse_args_and_arch(options.get_generation_parser(), ["dummy", "--cpu", *flags])
+        args = options.parse_args_and_arch(
+            options.get_generation_parser(), ["dummy", "--cpu", *flags]
+        )
         model.prepare_for_inference_(convert_namespace_to_omegaconf(args))
         assert {p.dtype for p in model.parameters()} == {dtype}

@@ -14,29 +14,61 @@ import pytest
 import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
 from helpers import PLUGIN_DIR, python_module, run_cli
 
 from benchmarks import precision_matrix
-
 from fairseq_deep.optim.adaptive_clip import STATE_KEY
-
 
 # bf16 through the CLI for one family of each kind of model (the in-process tests of
 # test_precision.py cast every family to bfloat16): about 10 s of CPU per run
-BF16_FAMILIES = ["transformer_dlcl", "transformer_admin", "rnmt_plus+clip+sent_ce", "hybrid_cascaded", "deep_att_ff+deep_att_optim"]
+BF16_FAMILIES = [
+    "transformer_dlcl",
+    "transformer_admin",
+    "rnmt_plus+clip+sent_ce",
+    "hybrid_cascaded",
+    "deep_att_ff+deep_att_optim",
+]
 
 
-@pytest.mark.parametrize("precision,families", [("fp16", list(precision_matrix.FAMILIES)),
-                                                ("bf16", BF16_FAMILIES)], ids=["fp16", "bf16"])
-def test_every_family_trains_and_decodes_every_sentence(synthetic_bin, tmp_path, precision, families):
-    args = precision_matrix.parse_args([
-        "--data", str(synthetic_bin), "--work-dir", str(tmp_path), "--scale", "tiny", "--device", "cpu",
-        "--precisions", precision, "--updates", "3", "--max-tokens", "1000", "--jobs", "2",
-        "--batch-size", "64", "--beam", "2", "--one-process", "--families", *families,
-    ])
+@pytest.mark.parametrize(
+    "precision,families",
+    [("fp16", list(precision_matrix.FAMILIES)), ("bf16", BF16_FAMILIES)],
+    ids=["fp16", "bf16"],
+)
+def test_every_family_trains_and_decodes_every_sentence(
+    synthetic_bin, tmp_path, precision, families
+):
+    args = precision_matrix.parse_args(
+        [
+            "--data",
+            str(synthetic_bin),
+            "--work-dir",
+            str(tmp_path),
+            "--scale",
+            "tiny",
+            "--device",
+            "cpu",
+            "--precisions",
+            precision,
+            "--updates",
+            "3",
+            "--max-tokens",
+            "1000",
+            "--jobs",
+            "2",
+            "--batch-size",
+            "64",
+            "--beam",
+            "2",
+            "--one-process",
+            "--families",
+            *families,
+        ]
+    )
     rows = precision_matrix.run_matrix(args)
-    bad = [r for r in rows if not r["trained"] or r.get("decoded") != r["test_size"] or "error" in r]
+    bad = [
+        r for r in rows if not r["trained"] or r.get("decoded") != r["test_size"] or "error" in r
+    ]
     assert not bad, precision_matrix.table(bad)
     assert [r["family"] for r in rows] == families
     if precision == "fp16":
@@ -44,29 +76,78 @@ def test_every_family_trains_and_decodes_every_sentence(synthetic_bin, tmp_path,
 
 
 def _train(data, save, *extra):
-    return run_cli(*python_module("fairseq_cli.train"), str(data), "--user-dir", PLUGIN_DIR,
-                   "--max-tokens", "500", "--max-update", "3", "--lr", "1e-3", "--save-dir", str(save),
-                   "--no-epoch-checkpoints", "--cpu", "--seed", "1", "--log-format", "simple",
-                   "--log-interval", "1", "--disable-validation", *extra, check=False)
+    return run_cli(
+        *python_module("fairseq_cli.train"),
+        str(data),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--max-tokens",
+        "500",
+        "--max-update",
+        "3",
+        "--lr",
+        "1e-3",
+        "--save-dir",
+        str(save),
+        "--no-epoch-checkpoints",
+        "--cpu",
+        "--seed",
+        "1",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--disable-validation",
+        *extra,
+        check=False,
+    )
 
 
 def test_deep_att_optimizer_keeps_its_groups_under_fp16(synthetic_bin, tmp_path):
-    proc = _train(synthetic_bin, tmp_path, "--arch", "deep_att_ff", *precision_matrix._DEEP_ATT_TINY,
-                  "--optimizer", "deep_att", "--lr-recurrent", "5e-4", "--fp16")
+    proc = _train(
+        synthetic_bin,
+        tmp_path,
+        "--arch",
+        "deep_att_ff",
+        *precision_matrix._DEEP_ATT_TINY,
+        "--optimizer",
+        "deep_att",
+        "--lr-recurrent",
+        "5e-4",
+        "--fp16",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(tmp_path / "checkpoint_last.pt")["last_optimizer_state"]
     lrs = {g["name"]: g["lr"] for g in state["param_groups"]}
     assert set(lrs) == {"feedforward", "embedding", "recurrent"}
-    assert lrs["recurrent"] / lrs["feedforward"] == pytest.approx(0.5)  # 5e-4 / 1e-3, kept by the scheduler
+    assert lrs["recurrent"] / lrs["feedforward"] == pytest.approx(
+        0.5
+    )  # 5e-4 / 1e-3, kept by the scheduler
     assert "loss_scale" in state
 
 
 def test_memory_efficient_fp16_trains_or_names_the_alternative(synthetic_bin, tmp_path):
-    ok = _train(synthetic_bin, tmp_path / "a", "--arch", "transformer_dlcl",
-                *precision_matrix._TRANSFORMER_TINY, "--optimizer", "adam", "--memory-efficient-fp16")
+    ok = _train(
+        synthetic_bin,
+        tmp_path / "a",
+        "--arch",
+        "transformer_dlcl",
+        *precision_matrix._TRANSFORMER_TINY,
+        "--optimizer",
+        "adam",
+        "--memory-efficient-fp16",
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
-    refused = _train(synthetic_bin, tmp_path / "b", "--arch", "deep_att_ff", *precision_matrix._DEEP_ATT_TINY,
-                     "--optimizer", "deep_att", "--memory-efficient-fp16")
+    refused = _train(
+        synthetic_bin,
+        tmp_path / "b",
+        "--arch",
+        "deep_att_ff",
+        *precision_matrix._DEEP_ATT_TINY,
+        "--optimizer",
+        "deep_att",
+        "--memory-efficient-fp16",
+    )
     assert refused.returncode != 0
     assert "--memory-efficient-fp16" in refused.stderr and "Use --fp16" in refused.stderr
 
@@ -80,13 +161,28 @@ def test_admin_profile_survives_the_master_copies(synthetic_bin, tmp_path, preci
     holds the float32 run's profile (to 16-bit rounding), not ones."""
     omegas = {}
     for name, extra in (("fp32", ()), ("half", (precision,))):
-        proc = _train(synthetic_bin, tmp_path / name, "--arch", "transformer_admin",
-                      *precision_matrix._TRANSFORMER_TINY, "--optimizer", "adam", "--lr", "1e-7",
-                      "--max-update", "2", "--dropout", "0", *extra)
+        proc = _train(
+            synthetic_bin,
+            tmp_path / name,
+            "--arch",
+            "transformer_admin",
+            *precision_matrix._TRANSFORMER_TINY,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-7",
+            "--max-update",
+            "2",
+            "--dropout",
+            "0",
+            *extra,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         state = torch.load(tmp_path / name / "checkpoint_last.pt", weights_only=False)["model"]
         learned = {k: state.get(k + "_learned", 0) for k in state if k.endswith("admin_omega")}
-        omegas[name] = torch.cat([(state[k] + learned[k]).float().flatten() for k in sorted(learned)])
+        omegas[name] = torch.cat(
+            [(state[k] + learned[k]).float().flatten() for k in sorted(learned)]
+        )
     assert not torch.allclose(omegas["fp32"], torch.ones_like(omegas["fp32"]))  # a real profile
     assert torch.allclose(omegas["half"], omegas["fp32"], rtol=2e-2)
 
@@ -98,19 +194,50 @@ def _fp16_trainer(data, init_scale):
     from fairseq.trainer import Trainer
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", PLUGIN_DIR, "--task", "translation_deep", "--arch", "rnmt_plus",
-        *precision_matrix._RNMT_TINY, "--source-lang", "src", "--target-lang", "tgt", "--cpu",
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--dropout", "0", "--seed", "1",
-        "--adaptive-clip", "--adaptive-clip-warmup", "100", "--fp16", "--fp16-init-scale", str(init_scale),
-        "--fp16-scale-window", "1000",
-    ])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--user-dir",
+            PLUGIN_DIR,
+            "--task",
+            "translation_deep",
+            "--arch",
+            "rnmt_plus",
+            *precision_matrix._RNMT_TINY,
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--cpu",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "400",
+            "--dropout",
+            "0",
+            "--seed",
+            "1",
+            "--adaptive-clip",
+            "--adaptive-clip-warmup",
+            "100",
+            "--fp16",
+            "--fp16-init-scale",
+            str(init_scale),
+            "--fp16-scale-window",
+            "1000",
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(1)
     trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
-    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=400, seed=1).next_epoch_itr(shuffle=False)
+    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=400, seed=1).next_epoch_itr(
+        shuffle=False
+    )
     return trainer, itr
 
 
@@ -130,7 +257,7 @@ def _observed_norms(trainer):
 
 def test_adaptive_clip_statistics_skip_overflows_and_use_unscaled_norms(synthetic_bin):
     # 2^22: the first steps overflow float16 and fairseq halves the scale until they do not
-    trainer, itr = _fp16_trainer(synthetic_bin, 2 ** 22)
+    trainer, itr = _fp16_trainer(synthetic_bin, 2**22)
     tracker, seen = _observed_norms(trainer)
     batches = [next(itr) for _ in range(20)]
     for batch in batches:
@@ -144,7 +271,7 @@ def test_adaptive_clip_statistics_skip_overflows_and_use_unscaled_norms(syntheti
     assert state["observed"] == updates
 
     # the same batches at a scale that never overflows give the same norms: they are unscaled
-    low, itr_low = _fp16_trainer(synthetic_bin, 2 ** 4)
+    low, itr_low = _fp16_trainer(synthetic_bin, 2**4)
     _, seen_low = _observed_norms(low)
     for batch in batches[overflows:]:
         low.train_step([batch])
@@ -158,11 +285,33 @@ def test_matrix_decodes_a_shard_and_deletes_checkpoints(synthetic_bin, tmp_path)
     checkpoints are gone once it is decoded (--keep-checkpoints keeps them)."""
     rows = {}
     for keep in (False, True):
-        args = precision_matrix.parse_args([
-            "--data", str(synthetic_bin), "--work-dir", str(tmp_path / str(keep)), "--scale", "tiny",
-            "--device", "cpu", "--precisions", "fp32", "--updates", "2", "--max-tokens", "1000",
-            "--batch-size", "16", "--beam", "1", "--families", "transformer_dlcl", "--decode-shards", "4",
-            *(["--keep-checkpoints"] if keep else [])])
+        args = precision_matrix.parse_args(
+            [
+                "--data",
+                str(synthetic_bin),
+                "--work-dir",
+                str(tmp_path / str(keep)),
+                "--scale",
+                "tiny",
+                "--device",
+                "cpu",
+                "--precisions",
+                "fp32",
+                "--updates",
+                "2",
+                "--max-tokens",
+                "1000",
+                "--batch-size",
+                "16",
+                "--beam",
+                "1",
+                "--families",
+                "transformer_dlcl",
+                "--decode-shards",
+                "4",
+                *(["--keep-checkpoints"] if keep else []),
+            ]
+        )
         (rows[keep],) = precision_matrix.run_matrix(args)
         kept = list((tmp_path / str(keep)).rglob("*.pt"))
         assert bool(kept) == keep
@@ -191,4 +340,6 @@ def test_memory_cap_holds_runs_to_their_estimate():
         t.join()
     assert max(seen) <= 12 and cap.peak <= 12 and cap.used == 0 and cap.running == 0
     assert all(u <= 10 for u in seen if u != 12)
-    assert precision_matrix.estimate_gb("hybrid_multicolumn", 4096) > precision_matrix.estimate_gb("transformer_dense", 4096)
+    assert precision_matrix.estimate_gb("hybrid_multicolumn", 4096) > precision_matrix.estimate_gb(
+        "transformer_dense", 4096
+    )

@@ -6,26 +6,50 @@ import shutil
 
 import pytest
 import sentencepiece as spm
-
 from helpers import run_cli
 
 from fairseq_deep.data.synthetic import write_corpus
 from fairseq_deep.errors import UserError
-from fairseq_deep.prepare import (check_aligned, check_inputs, get_parser, is_prepared, read_lines, stamp_of,
-                                  write_stamp)
+from fairseq_deep.prepare import (
+    check_aligned,
+    check_inputs,
+    get_parser,
+    is_prepared,
+    read_lines,
+    stamp_of,
+    write_stamp,
+)
 
 
 def test_prepare_encodes_reversibly_and_binarizes_every_split(tmp_path):
     prefixes = write_corpus(str(tmp_path / "raw"), train=300, valid=20, test=21, seed=3)
     for lang in ("src", "tgt"):  # one split gzipped, as Multi30k ships
-        with open(f"{prefixes['train']}.{lang}", "rb") as f, gzip.open(f"{prefixes['train']}.{lang}.gz", "wb") as g:
+        with open(f"{prefixes['train']}.{lang}", "rb") as f, gzip.open(
+            f"{prefixes['train']}.{lang}.gz", "wb"
+        ) as g:
             shutil.copyfileobj(f, g)
         os.remove(f"{prefixes['train']}.{lang}")
     out = tmp_path / "prepared"
-    proc = run_cli("fairseq-deep-prepare", "--source-lang", "src", "--target-lang", "tgt",
-                   "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
-                   "--testpref", prefixes["test"], "--destdir", str(out), "--vocab-size", "120")
-    assert "--post-process sentencepiece" in proc.stdout and "--bpe sentencepiece" in proc.stdout  # Next:
+    proc = run_cli(
+        "fairseq-deep-prepare",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        prefixes["train"],
+        "--validpref",
+        prefixes["valid"],
+        "--testpref",
+        prefixes["test"],
+        "--destdir",
+        str(out),
+        "--vocab-size",
+        "120",
+    )
+    assert (
+        "--post-process sentencepiece" in proc.stdout and "--bpe sentencepiece" in proc.stdout
+    )  # Next:
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     for split in ("train", "valid", "test"):
         for lang in ("src", "tgt"):
@@ -37,9 +61,24 @@ def test_prepare_encodes_reversibly_and_binarizes_every_split(tmp_path):
     assert src_dict == (out / "data-bin" / "dict.tgt.txt").read_text()  # joined dictionary
     # run again on the same files with the same options: nothing is done (its stamp), nothing printed
     model_time = os.stat(out / "spm.model").st_mtime_ns
-    again = run_cli("fairseq-deep-prepare", "--quiet", "--source-lang", "src", "--target-lang", "tgt",
-                    "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
-                    "--testpref", prefixes["test"], "--destdir", str(out), "--vocab-size", "120")
+    again = run_cli(
+        "fairseq-deep-prepare",
+        "--quiet",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        prefixes["train"],
+        "--validpref",
+        prefixes["valid"],
+        "--testpref",
+        prefixes["test"],
+        "--destdir",
+        str(out),
+        "--vocab-size",
+        "120",
+    )
     assert "nothing to do" in again.stdout and "Next:" not in again.stdout
     assert os.stat(out / "spm.model").st_mtime_ns == model_time
 
@@ -77,6 +116,18 @@ def test_prepare_help_is_plain_text_and_explains_every_option():
 
 
 def test_prepare_names_a_missing_file(tmp_path):
-    proc = run_cli("fairseq-deep-prepare", "-s", "de", "-t", "en", "--trainpref", str(tmp_path / "nope"),
-                   "--validpref", str(tmp_path / "nope"), "--destdir", str(tmp_path / "out"), check=False)
+    proc = run_cli(
+        "fairseq-deep-prepare",
+        "-s",
+        "de",
+        "-t",
+        "en",
+        "--trainpref",
+        str(tmp_path / "nope"),
+        "--validpref",
+        str(tmp_path / "nope"),
+        "--destdir",
+        str(tmp_path / "out"),
+        check=False,
+    )
     assert proc.returncode != 0 and "nope.de" in proc.stderr and "Traceback" not in proc.stderr

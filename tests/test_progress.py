@@ -5,8 +5,6 @@ fakes of fairseq_cli's train and generate modules (the real scripts: tests/test_
 import logging
 import types
 
-import pytest
-
 from fairseq_deep import progress as P
 from fairseq_deep.patches.decoding_progress import _Proxy, install_decoding_progress
 from fairseq_deep.patches.training_progress import install_training_progress
@@ -35,15 +33,19 @@ def test_training_lines_every_interval_with_the_soonest_end(caplog):
     progress = P.TrainingProgress(max_update=100, stop_time_hours=0.05, interval=30, clock=clock)
     clock.t = 2.0  # the first update: at once, its rate from its own time (start-up included)
     progress.step(1, words=100, training_seconds=3.0)
-    assert lines(caplog) == ["progress: update 1/100 (1.0%) | 0.5 updates/s | elapsed 0:00:02 | "
-                             "ETA 0:02:57 (--stop-time-hours 0.05)"]  # 180 - 3 s < 99 updates at 0.5/s
+    assert lines(caplog) == [
+        "progress: update 1/100 (1.0%) | 0.5 updates/s | elapsed 0:00:02 | "
+        "ETA 0:02:57 (--stop-time-hours 0.05)"
+    ]  # 180 - 3 s < 99 updates at 0.5/s
     for u in range(2, 32):  # one update a second, 100 words each: the next line after 30 s
         clock.t += 1.0
         progress.step(u, words=100, training_seconds=clock.t + 1)
     assert len(lines(caplog)) == 2
     # 30 updates in 30 s; --max-update: 69 left -> 69 s; --stop-time-hours 0.05 (180 s) - 33 s = 147 s
-    assert lines(caplog)[-1] == ("progress: update 31/100 (31.0%) | 100 words/s | 1 updates/s | "
-                                 "elapsed 0:00:32 | ETA 0:01:09 (--max-update 100)")
+    assert lines(caplog)[-1] == (
+        "progress: update 31/100 (31.0%) | 100 words/s | 1 updates/s | "
+        "elapsed 0:00:32 | ETA 0:01:09 (--max-update 100)"
+    )
     progress.max_update = 1000  # now the time budget ends first
     assert progress.line(31, training_seconds=33.0).endswith("ETA 0:02:27 (--stop-time-hours 0.05)")
 
@@ -99,8 +101,11 @@ def test_install_training_progress_wraps_each_trainers_train_step(caplog):
     install_training_progress(module, interval=30, clock=clock)
     install_training_progress(module, interval=30, clock=clock)  # idempotent
     assert module.train._fairseq_deep and module.train is not train
-    cfg = types.SimpleNamespace(optimization=types.SimpleNamespace(
-        max_update=82, max_epoch=0, stop_time_hours=0, update_freq=[1]))
+    cfg = types.SimpleNamespace(
+        optimization=types.SimpleNamespace(
+            max_update=82, max_epoch=0, stop_time_hours=0, update_freq=[1]
+        )
+    )
     trainer = Trainer()
     module.train(cfg, trainer, None, EpochItr())
     out = lines(caplog)
@@ -138,13 +143,19 @@ def test_install_decoding_progress_counts_sentences(caplog):
     task = module.tasks.setup_task(None)
     itr = task.get_batch_iterator(dataset=None)
     bar = module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches])
-    for sample in bar:
+    for _sample in bar:
         clock.t += 10.0  # ten seconds a batch
     bar.log({"x": 1})
     assert bar.logged == {"x": 1}  # the rest of the bar is fairseq's
     out = lines(caplog)
-    assert out[0] == "progress: 10/95 sentences (10.5%) | 1.0 sentences/s | elapsed 0:00:10 | ETA 0:01:25"
-    assert out[1] == "progress: 40/95 sentences (42.1%) | 1.0 sentences/s | elapsed 0:00:40 | ETA 0:00:55"
+    assert (
+        out[0]
+        == "progress: 10/95 sentences (10.5%) | 1.0 sentences/s | elapsed 0:00:10 | ETA 0:01:25"
+    )
+    assert (
+        out[1]
+        == "progress: 40/95 sentences (42.1%) | 1.0 sentences/s | elapsed 0:00:40 | ETA 0:00:55"
+    )
     assert len(out) == 4  # 10, 40, 70 and 95 (at 100 s) sentences
 
 
@@ -175,7 +186,9 @@ def decode(module, seconds_per_batch, clock):
     """fairseq's loop: every batch the bar yields is decoded (the fake clock advances)."""
     itr = module.tasks.setup_task(None).get_batch_iterator(dataset=None)
     decoded = []
-    for sample in module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches]):
+    for sample in module.progress_bar.progress_bar(
+        [{"nsentences": len(b)} for b in itr.frozen_batches]
+    ):
         clock.t += seconds_per_batch
         decoded.append(sample["nsentences"])
     return decoded
@@ -190,7 +203,11 @@ def test_decoding_starts_no_batch_after_the_deadline_and_says_how_many(caplog):
     module = fake_generate([list(range(10))] * 9 + [list(range(5))])  # 95 sentences
     install_decoding_progress(module, interval=0, clock=clock, deadline=1045.0, wall_clock=clock)
     assert decode(module, 10.0, clock) == [10] * 4
-    warnings = [r for r in caplog.records if r.name == "fairseq_deep.progress" and r.levelno == logging.WARNING]
+    warnings = [
+        r
+        for r in caplog.records
+        if r.name == "fairseq_deep.progress" and r.levelno == logging.WARNING
+    ]
     assert len(warnings) == 1 and len(lines(caplog)) == 1  # interval 0: no progress lines
     message = warnings[0].getMessage()
     assert message.startswith(P.DEADLINE_STOP) and "40 of 95 sentences decoded" in message, message
@@ -204,10 +221,15 @@ def test_decoding_decodes_the_first_batch_even_after_the_deadline_and_all_before
     late = fake_generate([list(range(10))] * 3)
     install_decoding_progress(late, interval=0, clock=clock, deadline=1000.0, wall_clock=clock)
     assert decode(late, 1.0, clock) == [10]  # one batch: fairseq's summary needs a decoding time
-    assert "10 of 30 sentences decoded" in lines(caplog)[-1] and "passed 1001 s ago" in lines(caplog)[-1]
+    assert (
+        "10 of 30 sentences decoded" in lines(caplog)[-1]
+        and "passed 1001 s ago" in lines(caplog)[-1]
+    )
     caplog.clear()
     early = fake_generate([list(range(10))] * 3)
-    install_decoding_progress(early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock)
+    install_decoding_progress(
+        early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock
+    )
     assert decode(early, 1.0, clock) == [10, 10, 10] and lines(caplog) == []
 
 
@@ -227,7 +249,9 @@ def test_deadline_from_the_environment(monkeypatch, caplog):
 # -- issue 32: a budget too small to learn; decoding a subset ------------------------------------------
 
 
-def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_minutes_that_would(caplog):
+def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_minutes_that_would(
+    caplog,
+):
     """0.2 updates/s under --stop-time-hours 0.05 (180 s) with 400 warm-up updates: after the first
     update and 10 more (50 s, 55 s of training), about 36 updates are in reach; 400 need
     55 + 389 / 0.2 = 2,000 s of training, and with the recipe's 120 s outside training,
@@ -245,7 +269,8 @@ def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_mi
     assert record.getMessage() == (
         "progress: a budget too small to learn: at 0.2 updates/s, --stop-time-hours 0.05 ends training after about "
         "36 updates, before the end of warm-up (--warmup-updates 400): the model will hardly have learnt. About "
-        "0:33:20 of training reach it (--stop-time-hours 0.556); MINUTES=36 would")
+        "0:33:20 of training reach it (--stop-time-hours 0.556); MINUTES=36 would"
+    )
     clock.t += 5.0
     progress.step(12, training_seconds=5.0 + clock.t)
     assert len(caplog.records) == 1  # once
@@ -263,7 +288,9 @@ def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_mi
     no_warmup = P.BudgetCheck(stop_time_hours=0.05)
     assert f"before {P.FEW_UPDATES:,} updates" in no_warmup.warning(11, 10, 100.0, 105.0)
     assert P.BudgetCheck(warmup_updates=400).warning(11, 10, 100.0, 105.0) is None  # no time budget
-    assert P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400).warning(5, 4, 20.0, 25.0) is None  # too early
+    assert (
+        P.BudgetCheck(stop_time_hours=0.05, warmup_updates=400).warning(5, 4, 20.0, 25.0) is None
+    )  # too early
 
 
 def test_decoding_a_subset_decodes_evenly_spaced_sentences_of_every_length_and_says_so(caplog):
@@ -282,21 +309,29 @@ def test_decoding_a_subset_decodes_evenly_spaced_sentences_of_every_length_and_s
     class Task:
         def get_batch_iterator(self, dataset, **kwargs):
             indices = dataset.ordered_indices()
-            return types.SimpleNamespace(frozen_batches=[indices[i:i + 8] for i in range(0, len(indices), 8)])
+            return types.SimpleNamespace(
+                frozen_batches=[indices[i : i + 8] for i in range(0, len(indices), 8)]
+            )
 
-    module = types.SimpleNamespace(tasks=types.SimpleNamespace(setup_task=lambda cfg: Task()),
-                                   progress_bar=types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr)))
+    module = types.SimpleNamespace(
+        tasks=types.SimpleNamespace(setup_task=lambda cfg: Task()),
+        progress_bar=types.SimpleNamespace(progress_bar=lambda itr, **kw: iter(itr)),
+    )
     clock = Clock()
     install_decoding_progress(module, interval=30, clock=clock, fraction=0.3)
     itr = module.tasks.setup_task(None).get_batch_iterator(dataset=Dataset())
     decoded = [int(i) for b in itr.frozen_batches for i in b]
     assert decoded == [99 - i for i in P.evenly_spaced(100, 0.3)] and len(decoded) == 30
     assert decoded[0] >= 96 and decoded[-1] <= 3  # from the shortest to the longest
-    for sample in module.progress_bar.progress_bar([{"nsentences": len(b)} for b in itr.frozen_batches]):
+    for _sample in module.progress_bar.progress_bar(
+        [{"nsentences": len(b)} for b in itr.frozen_batches]
+    ):
         clock.t += 1.0
     said = lines(caplog)
-    assert said[0] == (f"{P.DECODE_SUBSET} (FAIRSEQ_DEEP_DECODE_FRACTION=0.3): 30 of 100 sentences, evenly spaced over "
-                       "the test set sorted by length (every length is in it)")
+    assert said[0] == (
+        f"{P.DECODE_SUBSET} (FAIRSEQ_DEEP_DECODE_FRACTION=0.3): 30 of 100 sentences, evenly spaced over "
+        "the test set sorted by length (every length is in it)"
+    )
     assert said[1].startswith("progress: 8/30 sentences")
 
 
@@ -315,8 +350,10 @@ def test_the_quickstart_says_how_training_goes(caplog):
     caplog.set_level(logging.INFO, logger="fairseq_deep.quickstart")
     clock = Clock()
     watch = TrainingWatch(2000, interval=30, clock=clock)
-    inner = ("2026-01-01 | INFO | train_inner | epoch 001:     50 / 79 loss=9.155, nll_loss=9.046, ppl=528.48, "
-             "wps=1200, ups=2, wpb=600, bsz=40, num_updates={}, lr=0.001, gnorm=2.1, train_wall=20, wall={}")
+    inner = (
+        "2026-01-01 | INFO | train_inner | epoch 001:     50 / 79 loss=9.155, nll_loss=9.046, ppl=528.48, "
+        "wps=1200, ups=2, wpb=600, bsz=40, num_updates={}, lr=0.001, gnorm=2.1, train_wall=20, wall={}"
+    )
     watch("2026-01-01 | INFO | fairseq_cli.train | {'_name': None}")
     clock.t = 25.0
     watch(inner.format(500, 25))
@@ -325,5 +362,7 @@ def test_the_quickstart_says_how_training_goes(caplog):
     clock.t = 55.0
     watch(inner.format(1000, 55))
     said = [r.getMessage() for r in caplog.records if r.name == "fairseq_deep.quickstart"]
-    assert said == ["training: update 500/2,000 (25%) | loss 9.155 | elapsed 0:00:25 | ETA 0:01:15",
-                    "training: update 1,000/2,000 (50%) | loss 9.155 | elapsed 0:00:55 | ETA 0:00:55"]
+    assert said == [
+        "training: update 500/2,000 (25%) | loss 9.155 | elapsed 0:00:25 | ETA 0:01:15",
+        "training: update 1,000/2,000 (50%) | loss 9.155 | elapsed 0:00:55 | ETA 0:00:55",
+    ]

@@ -19,12 +19,10 @@ to ``dims8`` when it is not a Transformer.
 import numpy as np
 import pytest
 import torch
+from fairseq.data import data_utils
+from helpers import build_model, tiny_dictionary
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from fairseq.data import data_utils
-
-from helpers import build_model, tiny_dictionary
 
 DEPTH30 = ["--encoder-layers", "30"]
 
@@ -42,7 +40,10 @@ DEEP_ARCHS = [
     ("transformer_mla2", DEPTH30),
     ("transformer_deepnorm", DEPTH30),
     ("transformer_admin", DEPTH30),
-    ("transformer_rezero", [*DEPTH30, "--rezero-init", "0.5"]),  # alpha = 0 would make every layer the identity
+    (
+        "transformer_rezero",
+        [*DEPTH30, "--rezero-init", "0.5"],
+    ),  # alpha = 0 would make every layer the identity
     ("transformer_dsinit", DEPTH30),
     ("rnmt_plus", DEPTH30),
     ("rnmt_plus", [*DEPTH30, "--dlcl-stacks", "both"]),
@@ -51,19 +52,54 @@ DEEP_ARCHS = [
     ("deep_ed_ff", DEPTH30),
 ]
 
-DIM8 = ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-ffn-embed-dim", "16",
-        "--decoder-ffn-embed-dim", "16", "--encoder-attention-heads", "2",
-        "--decoder-attention-heads", "2", "--decoder-layers", "6"]
+DIM8 = [
+    "--encoder-embed-dim",
+    "8",
+    "--decoder-embed-dim",
+    "8",
+    "--encoder-ffn-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "16",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--decoder-layers",
+    "6",
+]
 
 
 def dims8(arch):
     """Dimension-8 sizes of the arch's family (6 decoder layers)."""
     if arch.startswith("rnmt_plus"):
-        return ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
-                "--decoder-hidden-size", "8", "--rnmt-attention-heads", "2", "--decoder-layers", "6"]
+        return [
+            "--encoder-embed-dim",
+            "8",
+            "--decoder-embed-dim",
+            "8",
+            "--encoder-hidden-size",
+            "8",
+            "--decoder-hidden-size",
+            "8",
+            "--rnmt-attention-heads",
+            "2",
+            "--decoder-layers",
+            "6",
+        ]
     if arch.startswith(("deep_att", "deep_ed")):
-        return ["--encoder-embed-dim", "8", "--decoder-embed-dim", "8", "--encoder-hidden-size", "8",
-                "--decoder-hidden-size", "8", "--decoder-layers", "6"]
+        return [
+            "--encoder-embed-dim",
+            "8",
+            "--decoder-embed-dim",
+            "8",
+            "--encoder-hidden-size",
+            "8",
+            "--decoder-hidden-size",
+            "8",
+            "--decoder-layers",
+            "6",
+        ]
     return DIM8
 
 
@@ -75,7 +111,10 @@ def encoder_layers(model):
 
 
 def arch_id(arch, flags):
-    return "-".join([arch, *(f.lstrip("-") for f in flags if f.startswith("--") and f != "--encoder-layers")])
+    return "-".join(
+        [arch, *(f.lstrip("-") for f in flags if f.startswith("--") and f != "--encoder-layers")]
+    )
+
 
 DICT = tiny_dictionary(12)
 
@@ -102,10 +141,14 @@ def padded_batches(draw):
 def make_batch(seed, src_lens, tgt_lens):
     g = torch.Generator().manual_seed(seed)
     lo, hi = DICT.nspecial, len(DICT)
-    srcs = [torch.cat([torch.randint(lo, hi, (n - 1,), generator=g), torch.tensor([DICT.eos()])])
-            for n in src_lens]
-    prevs = [torch.cat([torch.tensor([DICT.eos()]), torch.randint(lo, hi, (n - 1,), generator=g)])
-             for n in tgt_lens]
+    srcs = [
+        torch.cat([torch.randint(lo, hi, (n - 1,), generator=g), torch.tensor([DICT.eos()])])
+        for n in src_lens
+    ]
+    prevs = [
+        torch.cat([torch.tensor([DICT.eos()]), torch.randint(lo, hi, (n - 1,), generator=g)])
+        for n in tgt_lens
+    ]
     return seed, srcs, prevs
 
 
@@ -114,15 +157,19 @@ def collate(srcs, prevs):
     src = torch.full((len(srcs), S), DICT.pad())
     prev = torch.full((len(prevs), T), DICT.pad())
     for i, (s, p) in enumerate(zip(srcs, prevs)):
-        src[i, S - len(s):] = s  # left-padded source
+        src[i, S - len(s) :] = s  # left-padded source
         prev[i, : len(p)] = p  # right-padded target
     return src, torch.tensor([len(s) for s in srcs]), prev
 
 
 @pytest.mark.parametrize("arch,flags", DEEP_ARCHS, ids=[arch_id(a, f) for a, f in DEEP_ARCHS])
 def test_depth_30_is_finite_and_padding_free(arch, flags):
-    @settings(max_examples=8, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=8,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(padded_batches())
     @example(make_batch(1, [1], [1]))  # a lone EOS in, a lone BOS out
     @example(make_batch(2, [1, 10, 3], [8, 1, 2]))  # heavy padding on both sides
@@ -159,8 +206,13 @@ def test_batch_by_size_returns_every_index_once(sizes, max_sentences, max_tokens
     sizes = np.array(sizes, dtype=np.int64)
     indices = np.argsort(sizes, kind="mergesort")
     batches = data_utils.batch_by_size(
-        indices, lambda i: sizes[i], num_tokens_vec=sizes[indices] if multiple % 2 else None,
-        max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=multiple)
+        indices,
+        lambda i: sizes[i],
+        num_tokens_vec=sizes[indices] if multiple % 2 else None,
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        required_batch_size_multiple=multiple,
+    )
     flat = np.concatenate(batches)
     assert sorted(flat.tolist()) == list(range(len(sizes)))
     for b in batches:

@@ -14,9 +14,7 @@ import zipfile
 
 import pytest
 import torch
-
 from fairseq import checkpoint_utils, options, tasks
-
 from helpers import PLUGIN_DIR, TINY, build_model, parse_model_args, run_cli
 
 import fairseq_deep  # noqa: F401
@@ -35,11 +33,39 @@ def md5(path):
 
 def train_argv(data, save_dir, arch="transformer_dlcl", *extra):
     return [
-        sys.executable, "-m", "fairseq_cli.train", str(data), "--user-dir", PLUGIN_DIR,
-        "--task", "translation", "--arch", arch, *TINY, "--encoder-layers", "2",
-        "--decoder-layers", "2", "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "400",
-        "--max-update", "3", "--save-dir", str(save_dir), "--seed", "1", "--cpu",
-        "--num-workers", "0", "--no-progress-bar", "--no-epoch-checkpoints", *extra,
+        sys.executable,
+        "-m",
+        "fairseq_cli.train",
+        str(data),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        *TINY,
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--max-tokens",
+        "400",
+        "--max-update",
+        "3",
+        "--save-dir",
+        str(save_dir),
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+        "--no-epoch-checkpoints",
+        *extra,
     ]
 
 
@@ -54,8 +80,19 @@ def trained(synthetic_bin, tmp_path_factory):
     """A tiny transformer_dlcl after 3 updates, validated in batches of 8 sentences (so that the
     last of the 101 validation sentences form a batch of 5, which fairseq alone would drop)."""
     save = tmp_path_factory.mktemp("trained")
-    rc, log = run(train_argv(synthetic_bin, save, "transformer_dlcl", "--batch-size-valid", "8",
-                             "--max-tokens-valid", "100000", "--required-batch-size-multiple", "8"))
+    rc, log = run(
+        train_argv(
+            synthetic_bin,
+            save,
+            "transformer_dlcl",
+            "--batch-size-valid",
+            "8",
+            "--max-tokens-valid",
+            "100000",
+            "--required-batch-size-multiple",
+            "8",
+        )
+    )
     assert rc == 0, log[-4000:]
     return save / "checkpoint_last.pt"
 
@@ -74,13 +111,27 @@ def test_validation_counts_every_sentence(trained):
     assert meters["bsz"]["count"] == 13 and meters["bsz"]["val"] == N_LINES - 96
 
 
-@pytest.mark.parametrize("batching", [
-    ["--max-tokens", "150"],
-    ["--max-sentences", "8", "--required-batch-size-multiple", "8"],  # = --batch-size 8
-], ids=["max-tokens", "max-sentences-8-multiple-8"])
+@pytest.mark.parametrize(
+    "batching",
+    [
+        ["--max-tokens", "150"],
+        ["--max-sentences", "8", "--required-batch-size-multiple", "8"],  # = --batch-size 8
+    ],
+    ids=["max-tokens", "max-sentences-8-multiple-8"],
+)
 def test_generate_translates_every_line(synthetic_bin, trained, batching):
-    rc, out = run(["fairseq-generate", str(synthetic_bin), "--user-dir", PLUGIN_DIR,
-                   "--path", str(trained), *GENERATE, *batching])
+    rc, out = run(
+        [
+            "fairseq-generate",
+            str(synthetic_bin),
+            "--user-dir",
+            PLUGIN_DIR,
+            "--path",
+            str(trained),
+            *GENERATE,
+            *batching,
+        ]
+    )
     assert rc == 0, out[-3000:]
     ids = sorted(int(i) for i in re.findall(r"^H-(\d+)\t", out, flags=re.M))
     assert ids == list(range(N_LINES))
@@ -106,17 +157,26 @@ def test_shim_gives_back_exactly_what_fairseq_drops():
     assert ours[-1].tolist() == list(range(96, N_LINES))
 
 
-@pytest.mark.parametrize("max_sentences,max_tokens,multiple", [
-    (8, None, 8), (16, None, 8), (None, 150, 8), (7, 200, 3), (101, None, 8), (1, None, 1)])
-def test_evaluation_iterator_yields_every_sentence(synthetic_bin, max_sentences, max_tokens, multiple):
+@pytest.mark.parametrize(
+    "max_sentences,max_tokens,multiple",
+    [(8, None, 8), (16, None, 8), (None, 150, 8), (7, 200, 3), (101, None, 8), (1, None, 1)],
+)
+def test_evaluation_iterator_yields_every_sentence(
+    synthetic_bin, max_sentences, max_tokens, multiple
+):
     """fairseq's own batch iterator over the binarized valid set, as validate/generate build it."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(synthetic_bin), "--task", "translation", "--arch", "transformer_dlcl", "--cpu"])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [str(synthetic_bin), "--task", "translation", "--arch", "transformer_dlcl", "--cpu"],
+    )
     task = tasks.setup_task(args)
     task.load_dataset("valid")
     itr = task.get_batch_iterator(
-        dataset=task.dataset("valid"), max_tokens=max_tokens, max_sentences=max_sentences,
-        required_batch_size_multiple=multiple, ignore_invalid_inputs=False,
+        dataset=task.dataset("valid"),
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        required_batch_size_multiple=multiple,
+        ignore_invalid_inputs=False,
     ).next_epoch_itr(shuffle=False)
     ids = sorted(i for batch in itr for i in batch["id"].tolist())
     assert ids == list(range(N_LINES))
@@ -137,8 +197,11 @@ def argparse_parser_for(arch):
 
 @pytest.mark.parametrize("arch", ["transformer_dlcl"])
 def test_every_option_of_ours_refuses_an_unknown_value(arch, capsys):
-    ours = [a for a in argparse_parser_for(arch)._actions
-            if any(o.startswith(("--dlcl-", "--ta-", "--agg-", "--ff-")) for o in a.option_strings)]
+    ours = [
+        a
+        for a in argparse_parser_for(arch)._actions
+        if any(o.startswith(("--dlcl-", "--ta-", "--agg-", "--ff-")) for o in a.option_strings)
+    ]
     assert ours
     for action in ours:
         flag = action.option_strings[0]
@@ -159,9 +222,12 @@ def test_unknown_arch_is_refused(capsys):
 
 
 def test_preset_with_conflicting_depth_names_the_fix():
-    with pytest.raises(ValueError, match=r"--arch transformer_dlcl_30l has 30 encoder layers but "
-                       r"--encoder-layers 12 was given: drop --encoder-layers, or use "
-                       r"--arch transformer_dlcl --encoder-layers 12"):
+    with pytest.raises(
+        ValueError,
+        match=r"--arch transformer_dlcl_30l has 30 encoder layers but "
+        r"--encoder-layers 12 was given: drop --encoder-layers, or use "
+        r"--arch transformer_dlcl --encoder-layers 12",
+    ):
         build_model("transformer_dlcl_30l", ["--encoder-layers", "12"])
 
 
@@ -175,8 +241,11 @@ def test_checkpoint_of_another_arch_is_refused_and_kept(synthetic_bin, trained, 
     message = log.strip().splitlines()[-1]
     assert message.startswith("fairseq_deep.errors.CheckpointError:"), message
     # issue 32: the options that differ, with both values (the two models were named alike before)
-    assert "holds a model whose architecture differs from this run's: --dlcl-stacks (checkpoint both, this run none)" \
-        in message and "--model-from" in message
+    assert (
+        "holds a model whose architecture differs from this run's: --dlcl-stacks (checkpoint both, this run none)"
+        in message
+        and "--model-from" in message
+    )
     assert os.listdir(save) == ["checkpoint_last.pt"] and md5(save / "checkpoint_last.pt") == before
 
 
@@ -185,8 +254,11 @@ def test_truncated_checkpoint_names_file_cause_and_fix(trained, tmp_path, keep):
     data = open(trained, "rb").read()
     path = tmp_path / "checkpoint_best.pt"
     path.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(CheckpointError, match=r"is not a complete checkpoint.*truncated.*"
-                       r"Use another checkpoint") as e:
+    with pytest.raises(
+        CheckpointError,
+        match=r"is not a complete checkpoint.*truncated.*"
+        r"Use another checkpoint",
+    ) as e:
         checkpoint_utils.load_model_ensemble_and_task([str(path)])
     assert str(path) in str(e.value)
 
@@ -216,24 +288,67 @@ def bad_data(synthetic_bin, tmp_path_factory):
     src[7] = " ".join((src[0].split() * 20)[:120])
     (root / "test.src").write_text("\n".join(src) + "\n")
     (root / "test.tgt").write_text("\n".join(tgt) + "\n")
-    run_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
-            "--testpref", str(root / "test"), "--destdir", str(root / "bin"), "--workers", "1",
-            "--srcdict", str(synthetic_bin / "dict.src.txt"), "--tgtdict", str(synthetic_bin / "dict.tgt.txt"))
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--testpref",
+        str(root / "test"),
+        "--destdir",
+        str(root / "bin"),
+        "--workers",
+        "1",
+        "--srcdict",
+        str(synthetic_bin / "dict.src.txt"),
+        "--tgtdict",
+        str(synthetic_bin / "dict.tgt.txt"),
+    )
     return root / "bin"
 
 
 def test_too_long_sentence_stops_generation_with_the_fix(bad_data, trained):
-    rc, log = run(["fairseq-generate", str(bad_data), "--user-dir", PLUGIN_DIR, "--path", str(trained),
-                   *GENERATE, "--max-tokens", "4000", "--max-source-positions", "64"])
+    rc, log = run(
+        [
+            "fairseq-generate",
+            str(bad_data),
+            "--user-dir",
+            PLUGIN_DIR,
+            "--path",
+            str(trained),
+            *GENERATE,
+            "--max-tokens",
+            "4000",
+            "--max-source-positions",
+            "64",
+        ]
+    )
     assert rc != 0
-    assert re.search(r"Size of sample #7 is invalid .* since max_positions=\(64, \d+\), skip this "
-                     r"example with --skip-invalid-size-inputs-valid-test", log.strip().splitlines()[-1])
+    assert re.search(
+        r"Size of sample #7 is invalid .* since max_positions=\(64, \d+\), skip this "
+        r"example with --skip-invalid-size-inputs-valid-test",
+        log.strip().splitlines()[-1],
+    )
 
 
 def test_skip_invalid_sizes_translates_every_other_line(bad_data, trained):
-    rc, log = run(["fairseq-generate", str(bad_data), "--user-dir", PLUGIN_DIR, "--path", str(trained),
-                   *GENERATE, "--max-tokens", "4000", "--max-source-positions", "64",
-                   "--skip-invalid-size-inputs-valid-test"])
+    rc, log = run(
+        [
+            "fairseq-generate",
+            str(bad_data),
+            "--user-dir",
+            PLUGIN_DIR,
+            "--path",
+            str(trained),
+            *GENERATE,
+            "--max-tokens",
+            "4000",
+            "--max-source-positions",
+            "64",
+            "--skip-invalid-size-inputs-valid-test",
+        ]
+    )
     assert rc == 0, log[-3000:]
     assert "1 samples have invalid sizes and will be skipped" in log and "sample ids=[7]" in log
     ids = sorted(int(i) for i in re.findall(r"^H-(\d+)\t", log, flags=re.M))
@@ -257,13 +372,17 @@ def _malicious_checkpoint(trained, path, marker, inside_real_checkpoint=True):
     state = load(trained) if inside_real_checkpoint else {}
     state.setdefault("extra_state", {})["payload"] = _Payload(f"touch {marker}")
     torch.save(state, path)
-    assert b"system" in zipfile.ZipFile(path).read(zipfile.ZipFile(path).namelist()[0].split("/")[0] + "/data.pkl")
+    assert b"system" in zipfile.ZipFile(path).read(
+        zipfile.ZipFile(path).namelist()[0].split("/")[0] + "/data.pkl"
+    )
 
 
 # torch < 2.6 (the newest on Python 3.8 is 2.4) loads full pickles by default (no weights-only check),
 # and so do fairseq and the package there: a pickled callable runs, as with plain fairseq (README, Installation)
 WEIGHTS_ONLY_BY_DEFAULT = pytest.mark.skipif(
-    safe_loading._torch_version() < (2, 6), reason="torch < 2.6 does not load weights-only by default")
+    safe_loading._torch_version() < (2, 6),
+    reason="torch < 2.6 does not load weights-only by default",
+)
 
 
 @WEIGHTS_ONLY_BY_DEFAULT
@@ -271,8 +390,11 @@ WEIGHTS_ONLY_BY_DEFAULT = pytest.mark.skipif(
 def test_pickled_callable_is_refused_and_not_run(trained, tmp_path, inside):
     path, marker = tmp_path / "evil.pt", tmp_path / "PWNED"
     _malicious_checkpoint(trained, path, marker, inside)
-    with pytest.raises(CheckpointError, match=r"evil\.pt was not loaded: it holds a reference to "
-                       r"posix\.system.*refused \(torch\.load with weights_only=True\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"evil\.pt was not loaded: it holds a reference to "
+        r"posix\.system.*refused \(torch\.load with weights_only=True\)",
+    ):
         checkpoint_utils.load_model_ensemble_and_task([str(path)])
     with pytest.raises(pickle.UnpicklingError):  # the plain torch.load refuses it too
         torch.load(path, weights_only=True)
@@ -283,8 +405,19 @@ def test_pickled_callable_is_refused_and_not_run(trained, tmp_path, inside):
 def test_fairseq_generate_refuses_a_pickled_callable(synthetic_bin, trained, tmp_path):
     path, marker = tmp_path / "evil.pt", tmp_path / "PWNED"
     _malicious_checkpoint(trained, path, marker)
-    rc, log = run(["fairseq-generate", str(synthetic_bin), "--user-dir", PLUGIN_DIR,
-                   "--path", str(path), *GENERATE, "--max-tokens", "1000"])
+    rc, log = run(
+        [
+            "fairseq-generate",
+            str(synthetic_bin),
+            "--user-dir",
+            PLUGIN_DIR,
+            "--path",
+            str(path),
+            *GENERATE,
+            "--max-tokens",
+            "1000",
+        ]
+    )
     assert rc != 0
     assert "CheckpointError: " in log and "posix.system" in log.strip().splitlines()[-1]
     assert not marker.exists() and "H-0" not in log
@@ -301,15 +434,23 @@ def test_allow_list_is_exactly_what_a_fairseq_checkpoint_holds(trained):
     finally:
         torch.serialization.clear_safe_globals()
         torch.serialization.add_safe_globals(registered)
-    named = [safe_loading._as_safe_global(t) for t in safe_loading.checkpoint_safe_globals()]  # typing.Any by name on 3.8/3.9
-    allowed = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in named if g is not None}
+    named = [
+        safe_loading._as_safe_global(t) for t in safe_loading.checkpoint_safe_globals()
+    ]  # typing.Any by name on 3.8/3.9
+    allowed = {
+        g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
+        for g in named
+        if g is not None
+    }
     assert needed and needed <= allowed, needed - allowed
     state = checkpoint_utils.load_checkpoint_to_cpu(str(trained))
     assert any("history" in k for k in state["model"])
 
 
 def test_no_code_of_ours_turns_the_check_off():
-    pattern = re.compile(r"weights_only\s*=\s*False\s*[,)]|environ[^\n]*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    pattern = re.compile(
+        r"weights_only\s*=\s*False\s*[,)]|environ[^\n]*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    )
     for root, _, files in os.walk(PLUGIN_DIR):
         for name in files:
             if name.endswith(".py"):

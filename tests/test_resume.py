@@ -20,7 +20,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
@@ -29,21 +28,47 @@ FAMILIES = [
     pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
     pytest.param("transformer_ta", [], id="transformer_ta"),
     # the diversity criterion, on an aggregation model
-    pytest.param("transformer_hier_agg", ["--criterion", "label_smoothed_cross_entropy_with_diversity",
-                                          "--diversity-lambda", "0.1"], id="transformer_hier_agg"),
+    pytest.param(
+        "transformer_hier_agg",
+        ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--diversity-lambda", "0.1"],
+        id="transformer_hier_agg",
+    ),
     # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
     # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
-    pytest.param("rnmt_plus", ["--task", "translation_deep", "--adaptive-clip", "--adaptive-clip-warmup", "1",
-                               "--adaptive-clip-threshold", "0.01", "--criterion", "sentence_cross_entropy",
-                               "--label-smoothing", "0.1", "--lr-scheduler", "rnmt_plus", "--rnmt-decay-start", "5",
-                               "--rnmt-decay-end", "7"],
-                 id="rnmt_plus"),
+    pytest.param(
+        "rnmt_plus",
+        [
+            "--task",
+            "translation_deep",
+            "--adaptive-clip",
+            "--adaptive-clip-warmup",
+            "1",
+            "--adaptive-clip-threshold",
+            "0.01",
+            "--criterion",
+            "sentence_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--lr-scheduler",
+            "rnmt_plus",
+            "--rnmt-decay-start",
+            "5",
+            "--rnmt-decay-end",
+            "7",
+        ],
+        id="rnmt_plus",
+    ),
     # three parameter groups with their own learning rates
-    pytest.param("deep_att_ff", ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
-                 id="deep_att_ff"),
+    pytest.param(
+        "deep_att_ff",
+        ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
+        id="deep_att_ff",
+    ),
     # issue 17: a 100-layer DeepNorm encoder; a 60-layer Admin encoder, whose omegas are profiled
     # on the first batch of the reference run and must come back from the checkpoint, not again
-    pytest.param("transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"),
+    pytest.param(
+        "transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"
+    ),
     pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
 ]
 
@@ -53,17 +78,55 @@ SAVE_EVERY = 3  # the run is killed after its first save, at update 3
 
 def train_argv(data, save_dir, arch, flags):
     return [
-        sys.executable, "-m", "fairseq_cli.train", str(data), "--user-dir", PLUGIN_DIR,
-        "--task", "translation", "--arch", arch, *tiny_flags(arch),
-        "--encoder-layers", "2", "--decoder-layers", "2",
-        "--dropout", "0.1",  # after the tiny flags: the RNG must resume too
+        sys.executable,
+        "-m",
+        "fairseq_cli.train",
+        str(data),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        *tiny_flags(arch),
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--dropout",
+        "0.1",  # after the tiny flags: the RNG must resume too
         *(["--attention-dropout", "0.1"] if "--attention-dropout" in tiny_flags(arch) else []),
-        "--optimizer", "adam", "--lr", "0.002", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "4", "--clip-norm", "1.0", "--max-tokens", "300",
-        "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY),
-        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir),
-        "--seed", "7", "--cpu", "--num-workers", "0", "--log-interval", "1",
-        "--log-format", "json", "--no-progress-bar", *flags,
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "4",
+        "--clip-norm",
+        "1.0",
+        "--max-tokens",
+        "300",
+        "--max-update",
+        str(MAX_UPDATE),
+        "--save-interval-updates",
+        str(SAVE_EVERY),
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--seed",
+        "7",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-interval",
+        "1",
+        "--log-format",
+        "json",
+        "--no-progress-bar",
+        *flags,
     ]
 
 
@@ -88,7 +151,9 @@ def run_to_end(argv):
 
 def run_and_kill_after_first_save(argv):
     """Start training and SIGKILL it as soon as it reports its first saved checkpoint."""
-    proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     log = []
     try:
         for line in proc.stdout:
@@ -126,8 +191,11 @@ def load(path):
 
 def _meters(metrics, name):
     """The AverageMeter states of one aggregator of a checkpoint (timers left out)."""
-    return {key: state for _, key, kind, state in metrics[name] if kind == "AverageMeter"
-            and key not in ("wps", "ups", "wall", "train_wall", "gb_free")}
+    return {
+        key: state
+        for _, key, kind, state in metrics[name]
+        if kind == "AverageMeter" and key not in ("wps", "ups", "wall", "train_wall", "gb_free")
+    }
 
 
 @pytest.mark.parametrize("arch,flags", FAMILIES)
@@ -135,7 +203,9 @@ def test_killed_run_resumes_exactly(synthetic_bin, tmp_path, arch, flags):
     reference = run_to_end(train_argv(synthetic_bin, tmp_path / "reference", arch, flags))
 
     resumed_dir = tmp_path / "resumed"
-    killed_log, rc = run_and_kill_after_first_save(train_argv(synthetic_bin, resumed_dir, arch, flags))
+    killed_log, rc = run_and_kill_after_first_save(
+        train_argv(synthetic_bin, resumed_dir, arch, flags)
+    )
     assert rc == -signal.SIGKILL, "the run ended before it could be killed"
     k = load(resumed_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"]
     assert SAVE_EVERY <= k < MAX_UPDATE
@@ -150,22 +220,38 @@ def test_killed_run_resumes_exactly(synthetic_bin, tmp_path, arch, flags):
     killed = inner_losses(killed_log)
     assert killed and all(ref_losses[u] == killed[u] for u in killed)
     if "--adaptive-clip" in flags:  # updates were skipped before the kill and after the resume
-        ref_skips, res_skips = inner_losses(reference, "skipped_total"), inner_losses(resumed, "skipped_total")
+        ref_skips, res_skips = (
+            inner_losses(reference, "skipped_total"),
+            inner_losses(resumed, "skipped_total"),
+        )
         assert {u: ref_skips[u] for u in res_skips} == res_skips
         assert 0 < float(ref_skips[k]) < float(ref_skips[MAX_UPDATE]), ref_skips
 
-    ref, res = load(tmp_path / "reference" / "checkpoint_last.pt"), load(resumed_dir / "checkpoint_last.pt")
+    ref, res = (
+        load(tmp_path / "reference" / "checkpoint_last.pt"),
+        load(resumed_dir / "checkpoint_last.pt"),
+    )
     assert_same(ref["model"], res["model"], "model")  # every parameter and buffer, bitwise
     assert any("history" in name for name in ref["model"]) or "dlcl" not in arch
     assert_same(ref["last_optimizer_state"], res["last_optimizer_state"], "optimizer")
     # the last entry: optimizer, criterion, LR scheduler state (a resume appends one entry)
     assert_same(ref["optimizer_history"][-1], res["optimizer_history"][-1], "optimizer_history")
     assert_same(ref["criterion"], res["criterion"], "criterion")
-    assert_same(ref["extra_state"]["train_iterator"], res["extra_state"]["train_iterator"], "iterator")
+    assert_same(
+        ref["extra_state"]["train_iterator"], res["extra_state"]["train_iterator"], "iterator"
+    )
     # full-precision loss sums over the epoch: restored meters plus the resumed updates
-    assert_same(_meters(ref["extra_state"]["metrics"], "train"),
-                _meters(res["extra_state"]["metrics"], "train"), "train meters")
-    extra = set(ref["extra_state"]) - {"metrics", "previous_training_time", "train_iterator",
-                                        "val_loss", "best"}
+    assert_same(
+        _meters(ref["extra_state"]["metrics"], "train"),
+        _meters(res["extra_state"]["metrics"], "train"),
+        "train meters",
+    )
+    extra = set(ref["extra_state"]) - {
+        "metrics",
+        "previous_training_time",
+        "train_iterator",
+        "val_loss",
+        "best",
+    }
     for key in extra:  # state added by the package (diagnostics, clipping statistics, ...)
         assert_same(ref["extra_state"][key], res["extra_state"][key], f"extra_state.{key}")

@@ -4,11 +4,11 @@
 import pytest
 import torch
 from fairseq import options, tasks
-
 from helpers import random_batch, tiny_dictionary
 
 from fairseq_deep.models.rnmt_plus.encoder import reorder_encoder_out
 from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -19,14 +19,33 @@ def one_thread():
 
 
 SMALL = [
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-hidden-size", "8",
-    "--decoder-hidden-size", "16", "--decoder-layers", "3", "--dropout", "0",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "8",
+    "--decoder-hidden-size",
+    "16",
+    "--decoder-layers",
+    "3",
+    "--dropout",
+    "0",
 ]
 
 
 def rnmt_args(arch="rnmt_plus", extra=(), small=True):
     parser = options.get_training_parser()
-    argv = ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *(SMALL if small else []), *extra]
+    argv = [
+        "dummy-data",
+        "--task",
+        "translation",
+        "--arch",
+        arch,
+        "--cpu",
+        *(SMALL if small else []),
+        *extra,
+    ]
     return options.parse_args_and_arch(parser, argv)
 
 
@@ -47,7 +66,7 @@ def naive_ln_lstm(layer: LayerNormLSTM, x, direction=0, output_tanh=False, clip=
     """Per-gate layer-normalized LSTM written out step by step and gate by gate (lingvo's
     LayerNormalizedLSTMCellSimple), one direction, no padding."""
     H = layer.hidden_size
-    W = layer.weight_ih[direction * 4 * H:(direction + 1) * 4 * H]  # 4H x I
+    W = layer.weight_ih[direction * 4 * H : (direction + 1) * 4 * H]  # 4H x I
     U = layer.weight_hh[direction].t()  # 4H x H
     gamma, beta = layer.ln_weight[direction], layer.bias[direction]
     T, B, _ = x.shape
@@ -59,10 +78,13 @@ def naive_ln_lstm(layer: LayerNormLSTM, x, direction=0, output_tanh=False, clip=
         a = x[t] @ W.t() + h @ U.t()
         g = []
         for k in range(4):
-            ak = a[:, k * H:(k + 1) * H]
+            ak = a[:, k * H : (k + 1) * H]
             mu = ak.mean(-1, keepdim=True)
             var = ((ak - mu) ** 2).mean(-1, keepdim=True)
-            g.append((ak - mu) / torch.sqrt(var + layer.eps) * gamma[k * H:(k + 1) * H] + beta[k * H:(k + 1) * H])
+            g.append(
+                (ak - mu) / torch.sqrt(var + layer.eps) * gamma[k * H : (k + 1) * H]
+                + beta[k * H : (k + 1) * H]
+            )
         i, f, o, j = g
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(j)
         if clip > 0:
@@ -117,7 +139,9 @@ def test_ln_lstm_gradients_reach_every_parameter():
 
 
 @pytest.mark.parametrize("directions", [1, 2])
-@pytest.mark.parametrize("clip,output_tanh,padded", [(0.0, False, False), (0.3, True, True), (0.0, False, True)])
+@pytest.mark.parametrize(
+    "clip,output_tanh,padded", [(0.0, False, False), (0.3, True, True), (0.0, False, True)]
+)
 def test_hand_written_backward_equals_autograd(directions, clip, output_tanh, padded):
     """LNLSTMRecurrence (backward through time by hand) against autograd through the plain loop:
     same outputs, same gradients for every input incl. the initial state, in float64."""
@@ -126,9 +150,14 @@ def test_hand_written_backward_equals_autograd(directions, clip, output_tanh, pa
     torch.manual_seed(directions)
     T, D, B, H = 6, directions, 3, 5
     kw = dict(dtype=torch.double, requires_grad=True)
-    inputs = (torch.randn(T, D, B, 4 * H, **kw), torch.randn(D, B, H, **kw), torch.randn(D, B, H, **kw),
-              torch.randn(D, H, 4 * H, **kw), (1 + 0.1 * torch.randn(D, 1, 4 * H, dtype=torch.double)).requires_grad_(),
-              (0.1 * torch.randn(D, 1, 4 * H, dtype=torch.double)).requires_grad_())
+    inputs = (
+        torch.randn(T, D, B, 4 * H, **kw),
+        torch.randn(D, B, H, **kw),
+        torch.randn(D, B, H, **kw),
+        torch.randn(D, H, 4 * H, **kw),
+        (1 + 0.1 * torch.randn(D, 1, 4 * H, dtype=torch.double)).requires_grad_(),
+        (0.1 * torch.randn(D, 1, 4 * H, dtype=torch.double)).requires_grad_(),
+    )
     pad = (torch.rand(T, D, B, 1) < 0.3) if padded else None
     options = (pad, clip, output_tanh, 1e-6)
     ref = _ln_lstm_recurrence(*inputs, *options)
@@ -187,13 +216,13 @@ def test_incremental_equals_full_with_beam_reordering(arch, extra):
         state = {}
         steps = []
         for t in range(3):
-            steps.append(model.decoder(prev[:, :t + 1], enc, incremental_state=state)[0])
+            steps.append(model.decoder(prev[:, : t + 1], enc, incremental_state=state)[0])
         # reorder as beam search does, then go on with the permuted batch
         order = torch.tensor([2, 0, 1])
         model.decoder.reorder_incremental_state_scripting(state, order)
         enc = reorder_encoder_out(enc, order)
         for t in range(3, prev.size(1)):
-            steps.append(model.decoder(prev[order, :t + 1], enc, incremental_state=state)[0])
+            steps.append(model.decoder(prev[order, : t + 1], enc, incremental_state=state)[0])
     first = torch.cat(steps[:3], 1)
     rest = torch.cat(steps[3:], 1)
     torch.testing.assert_close(first, full[:, :3], atol=1e-5, rtol=1e-4)
@@ -209,7 +238,9 @@ def test_encoder_out_convention_and_reordering():
     T, B = src.size(1), src.size(0)
     assert out["encoder_out"][0].shape == (T, B, 16)
     assert out["encoder_padding_mask"][0].shape == (B, T)
-    assert len(out["encoder_states"]) == 4 and all(s.shape[:2] == (T, B) for s in out["encoder_states"])
+    assert len(out["encoder_states"]) == 4 and all(
+        s.shape[:2] == (T, B) for s in out["encoder_states"]
+    )
     order = torch.tensor([1, 2, 0])
     re = model.encoder.reorder_encoder_out(out, order)
     for key, tensors in out.items():
@@ -251,17 +282,25 @@ def test_dlcl_with_residual_weights_and_no_layer_norm_is_rnmt_plus():
     """--dlcl-stacks both with W = residual (W[l, l-1] = 1) and no layer norm is the plain model."""
     depth = ["--encoder-layers", "4", "--decoder-layers", "4"]
     plain, d = build(extra=depth)
-    dlcl, _ = build(extra=[*depth, "--dlcl-stacks", "both", "--dlcl-init", "residual", "--dlcl-no-layer-norm"])
+    dlcl, _ = build(
+        extra=[*depth, "--dlcl-stacks", "both", "--dlcl-init", "residual", "--dlcl-no-layer-norm"]
+    )
     missing, unexpected = dlcl.load_state_dict(plain.state_dict(), strict=False)
     assert not unexpected and all(".history." in k for k in missing) and missing
     src, lengths, prev = random_batch(d, bsz=3, src_len=7, tgt_len=5)
     with torch.no_grad():
-        torch.testing.assert_close(dlcl(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0)
+        torch.testing.assert_close(
+            dlcl(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0
+        )
     dlcl.train(), plain.train()
     dlcl(src, lengths, prev)[0].sum().backward()  # the training path (autograd weighted sums) too
     plain(src, lengths, prev)[0].sum().backward()
-    for (name, a), b in zip(plain.named_parameters(), [p for n, p in dlcl.named_parameters() if ".history." not in n]):
-        torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    for (name, a), b in zip(
+        plain.named_parameters(), [p for n, p in dlcl.named_parameters() if ".history." not in n]
+    ):
+        torch.testing.assert_close(
+            b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_dlcl_weights_learn_in_both_recurrent_stacks():
@@ -280,21 +319,40 @@ def test_dlcl_weights_learn_in_both_recurrent_stacks():
 
 def test_presets_fill_defaults_and_fix_what_their_name_says():
     args = rnmt_args("rnmt_plus", small=False)
-    assert (args.encoder_hidden_size, args.decoder_hidden_size, args.encoder_layers, args.decoder_layers,
-            args.rnmt_attention_heads, args.rnmt_encoder_residual_start) == (1024, 1024, 6, 8, 4, 3)
+    assert (
+        args.encoder_hidden_size,
+        args.decoder_hidden_size,
+        args.encoder_layers,
+        args.decoder_layers,
+        args.rnmt_attention_heads,
+        args.rnmt_encoder_residual_start,
+    ) == (1024, 1024, 6, 8, 4, 3)
     args = rnmt_args("rnmt_plus_512_16l", ["--dropout", "0.1"], small=False)
-    assert (args.encoder_layers, args.encoder_hidden_size, args.dropout, args.attention_dropout) == (16, 512, 0.1, 0.1)
+    assert (
+        args.encoder_layers,
+        args.encoder_hidden_size,
+        args.dropout,
+        args.attention_dropout,
+    ) == (16, 512, 0.1, 0.1)
     assert rnmt_args("rnmt_plus_512_nores", small=False).rnmt_encoder_residual_start == 0
     assert rnmt_args("rnmt_plus_512_ta_20l", small=False).rnmt_transparent
     assert rnmt_args("rnmt_plus_512", ["--encoder-layers", "9"], small=False).encoder_layers == 9
-    with pytest.raises(ValueError, match="--encoder-layers 12 .*--arch rnmt_plus_512 --encoder-layers 9"):
+    with pytest.raises(
+        ValueError, match="--encoder-layers 12 .*--arch rnmt_plus_512 --encoder-layers 9"
+    ):
         rnmt_args("rnmt_plus_512_12l", ["--encoder-layers", "9"], small=False)
 
 
-@pytest.mark.parametrize("arch,millions", [
-    ("rnmt_plus_512", 128), ("rnmt_plus_512_12l", 165), ("rnmt_plus_512_16l", 191),
-    ("rnmt_plus_512_20l", 216), ("rnmt_plus", 379),
-])
+@pytest.mark.parametrize(
+    "arch,millions",
+    [
+        ("rnmt_plus_512", 128),
+        ("rnmt_plus_512_12l", 165),
+        ("rnmt_plus_512_16l", 191),
+        ("rnmt_plus_512_20l", 216),
+        ("rnmt_plus", 379),
+    ],
+)
 def test_parameter_counts_match_bapna_tables_3_4(arch, millions):
     """With a 32k vocabulary and untied embeddings, our presets have the sizes Bapna et al. report."""
     args = rnmt_args(arch, small=False)

@@ -25,14 +25,44 @@ from benchmarks import step_cost
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 L, D, FFN, BATCH, BEAM = 2, 16, 24, 3, 2
-TINY = ["--device", "cpu", "--layers", str(L), "--embed-dim", str(D), "--ffn-dim", str(FFN), "--heads", "2",
-        "--hidden", str(D), "--vocab", "60", "--gen-batch", str(BATCH), "--beam", str(BEAM), "--src-len", "7",
-        "--gen-len", "5", "--train-batch", "3", "--train-len", "4", "--repeats", "1"]
+TINY = [
+    "--device",
+    "cpu",
+    "--layers",
+    str(L),
+    "--embed-dim",
+    str(D),
+    "--ffn-dim",
+    str(FFN),
+    "--heads",
+    "2",
+    "--hidden",
+    str(D),
+    "--vocab",
+    "60",
+    "--gen-batch",
+    str(BATCH),
+    "--beam",
+    str(BEAM),
+    "--src-len",
+    "7",
+    "--gen-len",
+    "5",
+    "--train-batch",
+    "3",
+    "--train-len",
+    "4",
+    "--repeats",
+    "1",
+]
 
 
 def run(phase):
     args = step_cost.get_parser().parse_args(TINY)
-    return {name: {r["arch"]: r for r in step_cost.run_group(name, args, phase)} for name in step_cost.GROUPS}
+    return {
+        name: {r["arch"]: r for r in step_cost.run_group(name, args, phase)}
+        for name in step_cost.GROUPS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +93,9 @@ def test_aggregation_adds_exactly_the_new_positions_products(groups):
     # dense: sums only
     assert decoder_flops_per_step(rows["transformer_dense"]) == base
     # linear (Eq. 5): H = sum_l W_l H^l, one d x d product per layer for the new position
-    assert decoder_flops_per_step(rows["transformer_linear_agg"]) - base == L * 2 * hypotheses * D * D
+    assert (
+        decoder_flops_per_step(rows["transformer_linear_agg"]) - base == L * 2 * hypotheses * D * D
+    )
     # iterative (Eq. 6): L - 1 AGG nodes LN(W_2 sigmoid(W_1 [x; y] + b_1) + b_2 + x + y), F's width the FFN's
     node = 2 * hypotheses * (2 * D * FFN + FFN * D)
     assert decoder_flops_per_step(rows["transformer_iterative_agg"]) - base == (L - 1) * node
@@ -85,13 +117,23 @@ def test_the_table_has_a_row_per_system_and_the_reference_at_one(groups):
     text = step_cost.table(rows)
     assert len(text.splitlines()) == 2 + len(rows)
     reference = groups["recurrent"]["lstm"]
-    assert reference["ratio_launch_bound"] == reference["ratio_compute_bound"] == reference["ratio_measured"] == 1
+    assert (
+        reference["ratio_launch_bound"]
+        == reference["ratio_compute_bound"]
+        == reference["ratio_measured"]
+        == 1
+    )
 
 
 def test_training_the_linear_combination_adds_its_products_forward_and_twice_backward(training):
     rows = training["aggregation"]
-    base, dense, linear = (rows[a] for a in ("transformer_agg_baseline", "transformer_dense", "transformer_linear_agg"))
-    assert dense["forward_mflop"] == base["forward_mflop"] and dense["backward_mflop"] == base["backward_mflop"]
+    base, dense, linear = (
+        rows[a] for a in ("transformer_agg_baseline", "transformer_dense", "transformer_linear_agg")
+    )
+    assert (
+        dense["forward_mflop"] == base["forward_mflop"]
+        and dense["backward_mflop"] == base["backward_mflop"]
+    )
     positions = 3 * 4  # --train-batch x --train-len, in each of the two stacks
     added = 2 * L * 2 * positions * D * D / 1e6
     assert linear["forward_mflop"] - base["forward_mflop"] == pytest.approx(added, rel=1e-9)
@@ -107,7 +149,9 @@ def test_a_fused_lstm_is_counted_as_its_products():
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(6, 5, num_layers=2, bidirectional=True)
     x = torch.randn(4, 3, 6)
-    per_row = 2 * (4 * 5 * 6 + 4 * 5 * 5) + 2 * (4 * 5 * 10 + 4 * 5 * 5)  # two layers, two directions
+    per_row = 2 * (4 * 5 * 6 + 4 * 5 * 5) + 2 * (
+        4 * 5 * 10 + 4 * 5 * 5
+    )  # two layers, two directions
     with step_cost.flop_counter() as mode:
         lstm(x)
     assert mode.get_total_flops() == 2 * 12 * per_row
@@ -133,8 +177,14 @@ print(counter.ops["all"]["triton:_fwd_step"], counter.totals("all")["kernels"])
 def test_triton_launches_are_counted_as_kernels():
     """The fused cells' kernels are no ATen calls: step_cost counts their launches (here in
     Triton's CPU interpreter, one per time step of the layer)."""
-    run = subprocess.run([sys.executable, "-c", COUNT_TRITON], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"), timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", COUNT_TRITON],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1"),
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     launches, kernels = map(int, run.stdout.split()[-2:])
     assert launches == 5 and kernels > launches

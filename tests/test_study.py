@@ -33,17 +33,30 @@ def test_groups_use_registered_archs_and_name_their_baseline():
         assert baseline in names and len(set(names)) == len(names), name
         assert all(s.arch in ARCH_MODEL_REGISTRY and s.group == name for s in systems), name
     _, wang = study.expand_group("wang")
-    assert {s.arch for s in wang if s.depth == 6} == {"transformer_postnorm", "transformer_prenorm",
-                                                      "transformer_dlcl", "transformer_dlcl_postnorm"}
+    assert {s.arch for s in wang if s.depth == 6} == {
+        "transformer_postnorm",
+        "transformer_prenorm",
+        "transformer_dlcl",
+        "transformer_dlcl_postnorm",
+    }
     assert {s.depth for s in wang} == {6, 12, 16, 20, 25, 30} and len(wang) == 24
     assert any(s.arch == "transformer_ta_nores_16l" for s in study.expand_group("bapna")[1])
-    assert any("label_smoothed_cross_entropy_with_diversity" in s.flags for s in study.expand_group("dou")[1])
+    assert any(
+        "label_smoothed_cross_entropy_with_diversity" in s.flags
+        for s in study.expand_group("dou")[1]
+    )
 
 
 def test_group_subsets_and_depths_keep_the_baseline():
     baseline, systems = study.expand_group("wang", depths=[20])
     assert baseline == "postnorm_6"
-    assert [s.name for s in systems] == ["postnorm_6", "postnorm_20", "prenorm_20", "dlcl_20", "dlcl_postnorm_20"]
+    assert [s.name for s in systems] == [
+        "postnorm_6",
+        "postnorm_20",
+        "prenorm_20",
+        "dlcl_20",
+        "dlcl_postnorm_20",
+    ]
     baseline, systems = study.expand_group("dou:hierarchical,mla2")
     assert [s.name for s in systems] == ["baseline", "hierarchical", "mla2"]
     assert len(study.expand_group("zhou", depths=[6, 20])[1]) == 4  # its own depths, 2 and 5
@@ -57,25 +70,56 @@ def test_group_subsets_and_depths_keep_the_baseline():
 
 
 def test_width_flags_per_family():
-    assert study.width_flags("transformer_dlcl_20l", 256)[study.width_flags("transformer_dlcl_20l", 256)
-                                                          .index("--encoder-ffn-embed-dim") + 1] == "1024"
+    assert (
+        study.width_flags("transformer_dlcl_20l", 256)[
+            study.width_flags("transformer_dlcl_20l", 256).index("--encoder-ffn-embed-dim") + 1
+        ]
+        == "1024"
+    )
     assert "--encoder-attention-heads" in study.width_flags("transformer_dlcl", 512)
-    assert study.width_flags("rnmt_plus_512", 64) == ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-                                                      "--encoder-hidden-size", "64", "--decoder-hidden-size", "64"]
+    assert study.width_flags("rnmt_plus_512", 64) == [
+        "--encoder-embed-dim",
+        "64",
+        "--decoder-embed-dim",
+        "64",
+        "--encoder-hidden-size",
+        "64",
+        "--decoder-hidden-size",
+        "64",
+    ]
     assert study.width_flags("deep_att_ff_5x3", 64)[:2] == ["--encoder-embed-dim", "32"]
     assert study.width_flags("transformer_dlcl", None) == []
 
 
 def test_train_command_leaves_groups_a_system_names_to_it():
-    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "10", "--cpu",
-                                          "--train-args", "--clip-norm 1"])
+    args = study.get_parser().parse_args(
+        [
+            "--data",
+            "D",
+            "--out",
+            "O",
+            "--max-update",
+            "10",
+            "--cpu",
+            "--train-args",
+            "--clip-norm 1",
+        ]
+    )
     args.train_args_list, args.gen_args_list = ["--clip-norm", "1"], []
     plain = study.train_command(args, study.parse_system("a=transformer_dlcl"), 3, "S")
-    assert plain[plain.index("--optimizer") + 1] == "adam" and plain[plain.index("--seed") + 1] == "3"
+    assert (
+        plain[plain.index("--optimizer") + 1] == "adam" and plain[plain.index("--seed") + 1] == "3"
+    )
     assert plain[plain.index("--criterion") + 1] == "label_smoothed_cross_entropy"
-    assert plain[-2:] == ["--clip-norm", "1"] and "--cpu" in plain and "--stop-time-hours" not in plain
-    own = study.train_command(args, study.parse_system("b=deep_att_ff --optimizer deep_att --criterion "
-                                                       "sentence_cross_entropy"), 1, "S")
+    assert (
+        plain[-2:] == ["--clip-norm", "1"] and "--cpu" in plain and "--stop-time-hours" not in plain
+    )
+    own = study.train_command(
+        args,
+        study.parse_system("b=deep_att_ff --optimizer deep_att --criterion sentence_cross_entropy"),
+        1,
+        "S",
+    )
     assert "--adam-betas" not in own and "--label-smoothing" not in own
     assert own[-4:] == ["--optimizer", "deep_att", "--criterion", "sentence_cross_entropy"]
 
@@ -122,13 +166,40 @@ def test_scores_and_paired_bootstrap():
 def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "study"
-    argv = ["--data", str(synthetic_bin), "--out", str(out), "--cpu", "--width", "16", "--max-update", "4",
-            "--valid-interval", "2", "--log-interval", "1", "--warmup", "2", "--jobs", "2", "--seeds", "1",
-            "--beam", "2", "--gen-args", "--max-len-a 0 --max-len-b 12", "--bootstrap-samples", "100",
-            "--progress-every", "5",
-            "--system", "pre=transformer_prenorm --encoder-layers 2 --decoder-layers 1",
-            "--system", "ta=transformer_ta --encoder-layers 3 --decoder-layers 1 --task translation_deep "
-                        "--log-grad-norm-ratio"]
+    argv = [
+        "--data",
+        str(synthetic_bin),
+        "--out",
+        str(out),
+        "--cpu",
+        "--width",
+        "16",
+        "--max-update",
+        "4",
+        "--valid-interval",
+        "2",
+        "--log-interval",
+        "1",
+        "--warmup",
+        "2",
+        "--jobs",
+        "2",
+        "--seeds",
+        "1",
+        "--beam",
+        "2",
+        "--gen-args",
+        "--max-len-a 0 --max-len-b 12",
+        "--bootstrap-samples",
+        "100",
+        "--progress-every",
+        "5",
+        "--system",
+        "pre=transformer_prenorm --encoder-layers 2 --decoder-layers 1",
+        "--system",
+        "ta=transformer_ta --encoder-layers 3 --decoder-layers 1 --task translation_deep "
+        "--log-grad-norm-ratio",
+    ]
     assert study.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     group = results["groups"]["custom"]
@@ -140,7 +211,9 @@ def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
         assert seed["sentences"] == n_test and seed["updates"] == 4, name
         assert 0 <= seed["bleu"] <= 100 and row["bleu_mean"] == seed["bleu"]
         # the learning curve: a validation every 2 updates, each at a time, and the update rate
-        assert [u for u, _, _ in seed["curve"]] == [2, 4] and all(t > 0 for _, t, _ in seed["curve"]), name
+        assert [u for u, _, _ in seed["curve"]] == [2, 4] and all(
+            t > 0 for _, t, _ in seed["curve"]
+        ), name
         assert seed["updates_per_second"] > 0 and row["recipe"].startswith("Adam (0.9, 0.98)"), name
         hyp = (out / "runs" / "custom" / name / "seed1" / "hyp.txt").read_text().splitlines()
         assert len(hyp) == n_test
@@ -149,13 +222,22 @@ def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
     md = (out / "results.md").read_text()
     assert "| pre | `transformer_prenorm` |" in md and "| ta | `transformer_ta` |" in md
     plots = sorted(os.listdir(out / "plots"))
-    assert {"bleu_depth_custom.png", "valid_loss_custom.png", "valid_loss_seconds_custom.png",
-            "grad_norm_ratio_custom.png"} <= set(plots)
+    assert {
+        "bleu_depth_custom.png",
+        "valid_loss_custom.png",
+        "valid_loss_seconds_custom.png",
+        "grad_norm_ratio_custom.png",
+    } <= set(plots)
 
-    logs = {n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns for n in ("pre", "ta")}
+    logs = {
+        n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns
+        for n in ("pre", "ta")
+    }
     assert study.main(argv) == 0  # resumes: nothing is trained or decoded again
-    assert {n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns
-            for n in ("pre", "ta")} == logs
+    assert {
+        n: (out / "runs" / "custom" / n / "seed1" / "train.log").stat().st_mtime_ns
+        for n in ("pre", "ta")
+    } == logs
     assert json.loads((out / "results.json").read_text())["groups"] == results["groups"]
 
 
@@ -167,33 +249,85 @@ def test_custom_systems_named_by_depth_share_a_technique():
 
 def test_markdown_table_shows_means_p_values_and_failures():
     results = {
-        "settings": {"data": "D", "test_size": 3, "width": 16, "max_update": 5, "minutes": 0, "seeds": 2,
-                     "lr": 1e-3, "warmup": 2, "max_tokens": 100, "beam": 2, "checkpoint": "best"},
-        "groups": {"wang": {"baseline": "postnorm_6", "systems": {
-            "postnorm_6": {"arch": "transformer_postnorm", "flags": [], "depth": 6, "seeds_done": 2,
-                           "bleu_mean": 20.0, "bleu_std": 1.0, "chrf_mean": 40.0, "chrf_std": 2.0,
-                           "seeds": {"1": {"bleu": 19.0, "updates": 5, "best_valid_loss": 3.0},
-                                     "2": {"bleu": 21.0, "updates": 5, "best_valid_loss": 3.5}}},
-            "dlcl_20": {"arch": "transformer_dlcl_20l", "flags": [], "depth": 20, "seeds_done": 1,
-                        "bleu_mean": 25.0, "bleu_std": 0.0, "chrf_mean": 45.0, "chrf_std": 0.0,
+        "settings": {
+            "data": "D",
+            "test_size": 3,
+            "width": 16,
+            "max_update": 5,
+            "minutes": 0,
+            "seeds": 2,
+            "lr": 1e-3,
+            "warmup": 2,
+            "max_tokens": 100,
+            "beam": 2,
+            "checkpoint": "best",
+        },
+        "groups": {
+            "wang": {
+                "baseline": "postnorm_6",
+                "systems": {
+                    "postnorm_6": {
+                        "arch": "transformer_postnorm",
+                        "flags": [],
+                        "depth": 6,
+                        "seeds_done": 2,
+                        "bleu_mean": 20.0,
+                        "bleu_std": 1.0,
+                        "chrf_mean": 40.0,
+                        "chrf_std": 2.0,
+                        "seeds": {
+                            "1": {"bleu": 19.0, "updates": 5, "best_valid_loss": 3.0},
+                            "2": {"bleu": 21.0, "updates": 5, "best_valid_loss": 3.5},
+                        },
+                    },
+                    "dlcl_20": {
+                        "arch": "transformer_dlcl_20l",
+                        "flags": [],
+                        "depth": 20,
+                        "seeds_done": 1,
+                        "bleu_mean": 25.0,
+                        "bleu_std": 0.0,
+                        "chrf_mean": 45.0,
+                        "chrf_std": 0.0,
                         "paired_bs": {"1": {"bleu_p": 0.001, "chrf_p": 0.002}},
-                        "seeds": {"1": {"bleu": 25.0, "updates": 5, "best_valid_loss": 2.0},
-                                  "2": {"status": "failed", "error": "fairseq-train: RuntimeError: boom"}}},
-        }}},
+                        "seeds": {
+                            "1": {"bleu": 25.0, "updates": 5, "best_valid_loss": 2.0},
+                            "2": {"status": "failed", "error": "fairseq-train: RuntimeError: boom"},
+                        },
+                    },
+                },
+            }
+        },
     }
     results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["1"]["updates_per_second"] = 2.5
     results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["2"]["updates_per_second"] = 2.25
     results["groups"]["wang"]["systems"]["postnorm_6"]["recipe"] = "Adam (0.9, 0.98)"
     md = study.markdown(results)
-    assert "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 2.5/2.25 | " \
-           "3.000/3.500 | Adam (0.9, 0.98) |" in md
-    assert "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | - | 2.000 | - | seed 2: failed " \
-           "fairseq-train: RuntimeError: boom |" in md
+    assert (
+        "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 2.5/2.25 | "
+        "3.000/3.500 | Adam (0.9, 0.98) |" in md
+    )
+    assert (
+        "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | - | 2.000 | - | seed 2: failed "
+        "fairseq-train: RuntimeError: boom |" in md
+    )
 
 
 def test_train_args_depth_counts_for_systems_without_their_own():
-    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "1",
-                                          "--system", "a=transformer_dlcl", "--system", "b=transformer_dlcl_20l"])
+    args = study.get_parser().parse_args(
+        [
+            "--data",
+            "D",
+            "--out",
+            "O",
+            "--max-update",
+            "1",
+            "--system",
+            "a=transformer_dlcl",
+            "--system",
+            "b=transformer_dlcl_20l",
+        ]
+    )
     args.train_args_list = ["--encoder-layers", "3"]
     systems = study.select_groups(args)[study.CUSTOM][1]
     assert [s.depth for s in systems] == [3, 20]
@@ -209,17 +343,37 @@ def test_depth_group_has_every_scheme_at_n_plus_n_layers():
     prefixes = ["postnorm", "prenorm", "dlcl", "deepnorm", "admin", "dsinit", "rezero"]
     assert [s.name for s in systems] == [f"{p}_{n}" for p in prefixes for n in (6, 18, 60)]
     by_name = {s.name: s for s in systems}
-    assert (by_name["deepnorm_18"].arch, by_name["deepnorm_18"].flags) == ("transformer_deepnorm_18l", [])
+    assert (by_name["deepnorm_18"].arch, by_name["deepnorm_18"].flags) == (
+        "transformer_deepnorm_18l",
+        [],
+    )
     assert (by_name["postnorm_6"].arch, by_name["postnorm_6"].flags) == ("transformer_postnorm", [])
     # transformer_admin_60l is Liu et al.'s 60 + 12: not N + N, so the depth-free preset with flags
     assert (by_name["admin_60"].arch, by_name["admin_60"].flags) == (
-        "transformer_admin", ["--encoder-layers", "60", "--decoder-layers", "60"])
-    assert {s.technique for s in systems} == {"post-norm", "pre-norm", "DLCL", "DeepNorm", "Admin", "DS-Init", "ReZero"}
+        "transformer_admin",
+        ["--encoder-layers", "60", "--decoder-layers", "60"],
+    )
+    assert {s.technique for s in systems} == {
+        "post-norm",
+        "pre-norm",
+        "DLCL",
+        "DeepNorm",
+        "Admin",
+        "DS-Init",
+        "ReZero",
+    }
     scheme = {"deepnorm": "deepnorm", "admin": "admin", "dsinit": "ds_init", "rezero": "rezero"}
     for s in systems:
-        args = parse_model_args(s.arch, s.flags)  # fairseq's parser and the preset, as fairseq-train
+        args = parse_model_args(
+            s.arch, s.flags
+        )  # fairseq's parser and the preset, as fairseq-train
         prefix, n = s.name.rsplit("_", 1)
-        assert (args.encoder_layers, args.decoder_layers, s.depth, s.group) == (int(n), int(n), int(n), "depth"), s.name
+        assert (args.encoder_layers, args.decoder_layers, s.depth, s.group) == (
+            int(n),
+            int(n),
+            int(n),
+            "depth",
+        ), s.name
         assert args.encoder_normalize_before == (prefix in ("prenorm", "dlcl")), s.name
         assert args.dlcl_stacks == ("both" if prefix == "dlcl" else "none"), s.name
         for name, option in scheme.items():
@@ -227,12 +381,28 @@ def test_depth_group_has_every_scheme_at_n_plus_n_layers():
     default = [s.name for s in study.expand_group("depth")[1]]
     assert default == [f"{p}_{n}" for p in prefixes for n in (6, 18)]
     assert [s.name for s in study.expand_group("depth:deepnorm_18,admin_18")[1]] == [
-        "postnorm_6", "deepnorm_18", "admin_18"]
+        "postnorm_6",
+        "deepnorm_18",
+        "admin_18",
+    ]
 
 
 def _parse(*extra):
-    args = study.get_parser().parse_args(["--data", "D", "--out", "O", "--max-update", "10", "--lr", "2e-3",
-                                          "--warmup", "320", *extra])
+    args = study.get_parser().parse_args(
+        [
+            "--data",
+            "D",
+            "--out",
+            "O",
+            "--max-update",
+            "10",
+            "--lr",
+            "2e-3",
+            "--warmup",
+            "320",
+            *extra,
+        ]
+    )
     args.train_args_list, args.gen_args_list = [], []
     return args
 
@@ -254,8 +424,11 @@ def test_paper_recipe_per_family_by_default():
     rnmt = study.train_command(args, study.parse_system("r=rnmt_plus"), 1, "S")
     assert _value(rnmt, "--adam-betas") == "(0.9, 0.999)" and _value(rnmt, "--adam-eps") == "1e-6"
     assert _value(rnmt, "--lr-scheduler") == "rnmt_plus" and "--warmup-init-lr" not in rnmt
-    n, base, p = (int(_value(rnmt, "--rnmt-replicas")), float(_value(rnmt, "--rnmt-base-lr")),
-                  int(_value(rnmt, "--warmup-updates")))
+    n, base, p = (
+        int(_value(rnmt, "--rnmt-replicas")),
+        float(_value(rnmt, "--rnmt-base-lr")),
+        int(_value(rnmt, "--warmup-updates")),
+    )
     peak = 3.2 * 2e-3
     assert float(_value(rnmt, "--lr")) == pytest.approx(peak)
     # Eq. 1 as mapped: linear from peak/n up to 3.2 x --lr over --warmup updates, then constant
@@ -266,25 +439,58 @@ def test_paper_recipe_per_family_by_default():
     # at the study's default --lr 1e-3, Eq. 1's base is the paper's own 1e-4
     default = study.train_command(_parse("--lr", "1e-3"), study.parse_system("r=rnmt_plus"), 1, "S")
     assert float(_value(default, "--rnmt-base-lr")) == pytest.approx(1e-4)
-    shared = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8", "--lr", "0.002",
-              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "320", "--warmup-init-lr", "1e-07"]
+    shared = [
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--adam-eps",
+        "1e-8",
+        "--lr",
+        "0.002",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "320",
+        "--warmup-init-lr",
+        "1e-07",
+    ]
     for arch in ("transformer_prenorm", "transformer_mla2", "hybrid_cascaded", "deep_att_ff_5x3"):
         cmd = study.train_command(args, study.parse_system("t=" + arch), 1, "S")
-        assert cmd[cmd.index("--optimizer"):cmd.index("--optimizer") + len(shared)] == shared, arch
+        assert cmd[cmd.index("--optimizer") : cmd.index("--optimizer") + len(shared)] == shared, (
+            arch
+        )
         assert "deep_att" not in cmd[cmd.index("--optimizer") + 1], arch
     for arch in ("rnmt_plus", "deep_att_ff_5x3"):  # --recipe shared: the study's recipe for all
-        cmd = study.train_command(_parse("--recipe", "shared"), study.parse_system("x=" + arch), 1, "S")
-        assert cmd[cmd.index("--optimizer"):cmd.index("--optimizer") + len(shared)] == shared, arch
+        cmd = study.train_command(
+            _parse("--recipe", "shared"), study.parse_system("x=" + arch), 1, "S"
+        )
+        assert cmd[cmd.index("--optimizer") : cmd.index("--optimizer") + len(shared)] == shared, (
+            arch
+        )
     own = study.train_command(args, study.parse_system("o=rnmt_plus --optimizer adafactor"), 1, "S")
-    assert own.count("--optimizer") == 1 and "--adam-betas" not in own and _value(own, "--lr") == "0.002"
+    assert (
+        own.count("--optimizer") == 1
+        and "--adam-betas" not in own
+        and _value(own, "--lr") == "0.002"
+    )
     # Zhou et al.'s optimiser, named by the system: its flags, no recipe's
-    zhou = study.train_command(args, study.parse_system(
-        "z=deep_att_ff_2x2 --optimizer deep_att --lr 4e-5 --lr-scheduler fixed"), 1, "S")
+    zhou = study.train_command(
+        args,
+        study.parse_system("z=deep_att_ff_2x2 --optimizer deep_att --lr 4e-5 --lr-scheduler fixed"),
+        1,
+        "S",
+    )
     assert _value(zhou, "--optimizer") == "deep_att" and _value(zhou, "--lr") == "4e-5"
     assert "inverse_sqrt" not in zhou
-    assert study.recipe_text(args, "rnmt_plus") == "Adam (0.9, 0.999, 1e-6), Eq. 1 (n = 32) to lr 0.0064"
+    assert (
+        study.recipe_text(args, "rnmt_plus")
+        == "Adam (0.9, 0.999, 1e-6), Eq. 1 (n = 32) to lr 0.0064"
+    )
     assert study.recipe_text(args, "deep_att_ff_5x3").startswith("Adam (0.9, 0.98), inverse_sqrt")
-    assert study.recipe_text(args, "transformer_prenorm").startswith("Adam (0.9, 0.98), inverse_sqrt")
+    assert study.recipe_text(args, "transformer_prenorm").startswith(
+        "Adam (0.9, 0.98), inverse_sqrt"
+    )
     assert study.recipe_text(args, "rnmt_plus", ["--lr-scheduler", "fixed"]) == "own flags"
 
 
@@ -315,9 +521,17 @@ def test_a_training_runs_progress_line_has_progress_pys_eta(tmp_path):
 
     runner = study.Study.__new__(study.Study)  # no data: only the progress line
     runner.args = argparse.Namespace(max_update=100, minutes=0)
-    run = study.RunState(study.parse_system("pre=transformer_prenorm"), 1, str(tmp_path), status="training",
-                         started=time.time() - 10, start_update=0)
-    (tmp_path / "train.log").write_text('x | INFO | train_inner | {"loss": "5.0", "num_updates": "10"}\n')
+    run = study.RunState(
+        study.parse_system("pre=transformer_prenorm"),
+        1,
+        str(tmp_path),
+        status="training",
+        started=time.time() - 10,
+        start_update=0,
+    )
+    (tmp_path / "train.log").write_text(
+        'x | INFO | train_inner | {"loss": "5.0", "num_updates": "10"}\n'
+    )
     line = runner.progress_line(run)
     assert line.startswith("custom/pre seed 1: training, update 10/100, ETA 0:01:")
     assert re.search(r"ETA 0:01:\d\d \(--max-update 100\)$", line), line

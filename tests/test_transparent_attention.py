@@ -4,12 +4,10 @@ import argparse
 
 import pytest
 import torch
-from torch import nn
-
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
-
 from helpers import build_model, parse_model_args, random_batch
+from torch import nn
 
 from fairseq_deep.models.transformer_ta import MEMORY_KEY, NoResidualEncoderLayer
 from fairseq_deep.modules.transparent_attention import TransparentReadout
@@ -26,6 +24,7 @@ def _random_weights(model, seed=3):
 
 
 # --- the module ----------------------------------------------------------------------------------
+
 
 def test_readout_is_eq_1_2():
     torch.manual_seed(0)
@@ -50,7 +49,9 @@ def test_readout_dropout_acts_on_weights_in_training_only():
     assert all(torch.equal(readout(entries)[0], readout(entries)[0]) for _ in range(3))
     readout.train()
     values = {readout(entries)[0].item() for _ in range(20)}
-    assert len(values) > 1  # W is dropped out (W = 0 at init: dropout acts through the 1/(N+1) offset)
+    assert (
+        len(values) > 1
+    )  # W is dropped out (W = 0 at init: dropout acts through the 1/(N+1) offset)
     nodrop = TransparentReadout(6, 1, dropout=0.0).train()
     assert nodrop(entries)[0].item() == pytest.approx(2.5)  # uniform start: mean of the entries
 
@@ -77,6 +78,7 @@ def test_readout_errors_name_the_option():
 
 # --- the model -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("norm", [[], PRENORM], ids=["postnorm", "prenorm"])
 def test_all_mass_on_top_layer_is_the_plain_transformer(norm):
     """W with all softmax mass on h^N and dropout off: transformer_ta == fairseq's transformer."""
@@ -89,7 +91,9 @@ def test_all_mass_on_top_layer_is_the_plain_transformer(norm):
     state = {k: v for k, v in ta.state_dict().items() if "transparent_attention" not in k}
     plain.load_state_dict(state, strict=True)  # the same parameters, under the same names
     src, lengths, prev = random_batch(task.source_dictionary)
-    torch.testing.assert_close(ta(src, lengths, prev)[0], plain(src, lengths, prev)[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        ta(src, lengths, prev)[0], plain(src, lengths, prev)[0], rtol=0, atol=1e-6
+    )
     # and the weights matter: a uniform readout gives another model
     with torch.no_grad():
         ta.encoder.transparent_attention.weight.zero_()
@@ -114,8 +118,9 @@ def test_decoder_layer_j_reads_memory_j():
     assert enc["encoder_states"] == [] and len(enc[MEMORY_KEY]) == 2
     seen = []
     for layer in ta.decoder.layers:
-        layer.encoder_attn.register_forward_hook(lambda m, args, kw, out: seen.append(kw["key"]),
-                                                 with_kwargs=True)
+        layer.encoder_attn.register_forward_hook(
+            lambda m, args, kw, out: seen.append(kw["key"]), with_kwargs=True
+        )
     ta.decoder(prev, encoder_out=enc)
     assert all(torch.equal(k, m) for k, m in zip(seen, enc[MEMORY_KEY]))
     assert not torch.equal(enc[MEMORY_KEY][0], enc[MEMORY_KEY][1])
@@ -166,11 +171,14 @@ def test_ta_disable_is_the_plain_model_and_has_no_weights():
     ta, task = build_model("transformer_ta_baseline", SMALL)
     assert ta.encoder.transparent_attention is None
     assert not any("transparent" in k for k in ta.state_dict())
-    plain, _ = build_model("transformer", [*SMALL, "--attention-dropout", "0.1",
-                                           "--activation-dropout", "0.1"], seed=2)
+    plain, _ = build_model(
+        "transformer", [*SMALL, "--attention-dropout", "0.1", "--activation-dropout", "0.1"], seed=2
+    )
     plain.load_state_dict(ta.state_dict(), strict=True)
     src, lengths, prev = random_batch(task.source_dictionary)
-    torch.testing.assert_close(ta(src, lengths, prev)[0], plain(src, lengths, prev)[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        ta(src, lengths, prev)[0], plain(src, lengths, prev)[0], rtol=0, atol=1e-6
+    )
 
 
 def test_no_residual_encoder():
@@ -182,7 +190,8 @@ def test_no_residual_encoder():
     layer, x = nores.encoder.layers[0], torch.randn(5, 2, 16)
     with torch.no_grad():  # zero sublayers: with residuals x passes, without it does not
         for lin in (layer.self_attn.out_proj, layer.fc2):
-            lin.weight.zero_(); lin.bias.zero_()
+            lin.weight.zero_()
+            lin.bias.zero_()
         res.encoder.layers[0].load_state_dict(layer.state_dict())
         out_res = res.encoder.layers[0](x, encoder_padding_mask=None)
         out_nores = layer(x, encoder_padding_mask=None)
@@ -193,12 +202,16 @@ def test_no_residual_encoder():
 
 # --- presets -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,depth,disable,nores", [
-    ("transformer_ta", 6, False, False),
-    ("transformer_ta_16l", 16, False, False),
-    ("transformer_ta_baseline_20l", 20, True, False),
-    ("transformer_ta_nores_12l", 12, True, True),
-])
+
+@pytest.mark.parametrize(
+    "arch,depth,disable,nores",
+    [
+        ("transformer_ta", 6, False, False),
+        ("transformer_ta_16l", 16, False, False),
+        ("transformer_ta_baseline_20l", 20, True, False),
+        ("transformer_ta_nores_12l", 12, True, True),
+    ],
+)
 def test_presets_are_table_1_rows(arch, depth, disable, nores):
     args = parse_model_args(arch)
     assert (args.encoder_layers, args.decoder_layers) == (depth, 6)
@@ -207,8 +220,14 @@ def test_presets_are_table_1_rows(arch, depth, disable, nores):
     assert args.encoder_embed_dim == 16 and args.attention_dropout == 0  # the command line wins
     preset = ARCH_CONFIG_REGISTRY[arch]
     bare = argparse.Namespace()
-    preset(bare)  # the preset alone: Transformer Base with all four dropouts at 0.1 (Chen et al. A.2)
-    assert (bare.encoder_embed_dim, bare.encoder_ffn_embed_dim, bare.encoder_attention_heads) == (512, 2048, 8)
+    preset(
+        bare
+    )  # the preset alone: Transformer Base with all four dropouts at 0.1 (Chen et al. A.2)
+    assert (bare.encoder_embed_dim, bare.encoder_ffn_embed_dim, bare.encoder_attention_heads) == (
+        512,
+        2048,
+        8,
+    )
     assert bare.dropout == bare.attention_dropout == bare.activation_dropout == 0.1
 
 
@@ -218,8 +237,10 @@ def test_preset_depth_conflict_names_the_fix():
 
 
 def test_options_from_command_line_win():
-    args = parse_model_args("transformer_ta_prenorm", ["--ta-dropout", "0.3", "--ta-init", "top",
-                                                       "--encoder-layers", "7"])
+    args = parse_model_args(
+        "transformer_ta_prenorm",
+        ["--ta-dropout", "0.3", "--ta-init", "top", "--encoder-layers", "7"],
+    )
     assert (args.ta_dropout, args.ta_init, args.encoder_layers) == (0.3, "top", 7)
     assert args.encoder_normalize_before is True
 

@@ -18,7 +18,9 @@ from fairseq_deep.export import fairseq_hypothesis, matching_settings
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model", help="the folder fairseq-deep-export wrote")
     p.add_argument("--spm", help="sentencepiece model: raw text in, detokenized text out")
     p.add_argument("--beam", type=int, default=5)

@@ -39,8 +39,6 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
@@ -49,6 +47,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
+from torch import Tensor
 
 
 class LayerStates(NamedTuple):
@@ -81,7 +80,9 @@ def _unwrap(model):
     return model
 
 
-def forward_with_layer_states(model, net_input, padding_idx: int) -> Tuple[tuple, Dict[str, LayerStates]]:
+def forward_with_layer_states(
+    model, net_input, padding_idx: int
+) -> Tuple[tuple, Dict[str, LayerStates]]:
     """The model's output and the per-layer outputs of its stacks (see the module doc)."""
     inner = _unwrap(model)
     if hasattr(inner, "forward_with_layer_states"):
@@ -123,34 +124,55 @@ def forward_with_layer_states(model, net_input, padding_idx: int) -> Tuple[tuple
     enc_mask = encoder_out.get("encoder_padding_mask") or [None]
     return net_output, {
         "encoder": LayerStates(list(encoder_out["encoder_states"][1:]), enc_mask[0]),
-        "decoder": LayerStates(list(inner_states[1:]), net_input["prev_output_tokens"].eq(padding_idx)),
+        "decoder": LayerStates(
+            list(inner_states[1:]), net_input["prev_output_tokens"].eq(padding_idx)
+        ),
     }
 
 
 @dataclass
 class LayerDiversityCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     diversity_lambda: float = field(
-        default=1.0, metadata={"help": "lambda of Eq. 9 (1.0 in Dou et al. 2018); the criterion minimises "
-                               "cross-entropy - lambda * L_diversity"})
+        default=1.0,
+        metadata={
+            "help": "lambda of Eq. 9 (1.0 in Dou et al. 2018); the criterion minimises "
+            "cross-entropy - lambda * L_diversity"
+        },
+    )
     diversity_stacks: ChoiceEnum(["both", "encoder", "decoder"]) = field(
-        default="both", metadata={"help": "stacks whose adjacent layers are pushed apart (Eq. 10)"})
+        default="both", metadata={"help": "stacks whose adjacent layers are pushed apart (Eq. 10)"}
+    )
 
 
-@register_criterion("label_smoothed_cross_entropy_with_diversity", dataclass=LayerDiversityCriterionConfig)
+@register_criterion(
+    "label_smoothed_cross_entropy_with_diversity", dataclass=LayerDiversityCriterionConfig
+)
 class LayerDiversityCriterion(LabelSmoothedCrossEntropyCriterion):
     """Label-smoothed cross-entropy minus lambda * layer diversity (Dou et al. 2018, Eq. 9-10)."""
 
-    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 diversity_lambda=1.0, diversity_stacks="both"):
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        diversity_lambda=1.0,
+        diversity_stacks="both",
+    ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.diversity_lambda = diversity_lambda
-        self.diversity_stacks = ["encoder", "decoder"] if diversity_stacks == "both" else [diversity_stacks]
+        self.diversity_stacks = (
+            ["encoder", "decoder"] if diversity_stacks == "both" else [diversity_stacks]
+        )
 
     def diversity(self, layer_states: Dict[str, LayerStates]) -> Tensor:
         return torch.stack([layer_diversity(layer_states[s]) for s in self.diversity_stacks]).mean()
 
     def forward(self, model, sample, reduce=True):
-        net_output, layer_states = forward_with_layer_states(model, sample["net_input"], self.padding_idx)
+        net_output, layer_states = forward_with_layer_states(
+            model, sample["net_input"], self.padding_idx
+        )
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         diversity = self.diversity(layer_states)
@@ -175,4 +197,6 @@ class LayerDiversityCriterion(LabelSmoothedCrossEntropyCriterion):
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         diversity = sum(log.get("diversity", 0) for log in logging_outputs)
         if sample_size > 0:
-            metrics.log_scalar("diversity", utils.item(diversity) / sample_size, sample_size, round=4)
+            metrics.log_scalar(
+                "diversity", utils.item(diversity) / sample_size, sample_size, round=4
+            )

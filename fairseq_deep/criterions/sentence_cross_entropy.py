@@ -31,7 +31,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 @dataclass
 class SentenceCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l2_regularization: float = field(
-        default=0.0, metadata={"help": "coupled L2 penalty lambda/2 ||w||^2 on weight matrices (RNMT+ En-De: 1e-5)"}
+        default=0.0,
+        metadata={
+            "help": "coupled L2 penalty lambda/2 ||w||^2 on weight matrices (RNMT+ En-De: 1e-5)"
+        },
     )
 
 
@@ -43,10 +46,22 @@ def l2_penalty(model) -> torch.Tensor:
 
 @register_criterion("sentence_cross_entropy", dataclass=SentenceCrossEntropyConfig)
 class SentenceCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
-                 report_accuracy=False, l2_regularization=0.0):
-        super().__init__(task, True, label_smoothing, ignore_prefix_size=ignore_prefix_size,
-                         report_accuracy=report_accuracy)
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        l2_regularization=0.0,
+    ):
+        super().__init__(
+            task,
+            True,
+            label_smoothing,
+            ignore_prefix_size=ignore_prefix_size,
+            report_accuracy=report_accuracy,
+        )
         self.l2_regularization = l2_regularization
 
     def forward(self, model, sample, reduce=True):

@@ -17,7 +17,6 @@ import os
 
 from ..errors import UserError
 
-
 #: sentencepiece's word-boundary mark, the first character of a piece that starts a word
 SPM_MARK = "\u2581"
 
@@ -39,8 +38,11 @@ def sentencepiece_dictionary(path: str, symbols: int = 1000, share: float = 0.3)
 def spm_model_beside(data_dir: str):
     """The sentencepiece model next to a data-bin folder, or None."""
     parent = os.path.dirname(os.path.abspath(data_dir))
-    for path in (os.path.join(data_dir, "spm.model"), os.path.join(parent, "spm.model"),
-                 os.path.join(parent, "spm", "spm.model")):
+    for path in (
+        os.path.join(data_dir, "spm.model"),
+        os.path.join(parent, "spm.model"),
+        os.path.join(parent, "spm", "spm.model"),
+    ):
         if os.path.isfile(path):
             return path
     return None
@@ -55,10 +57,18 @@ def _get(node, name, default=None):
 
 
 #: how to give the model, by where it is missing: (the fix, the input is pieces already)
-HOW = {"cli": ("add --bpe sentencepiece --sentencepiece-model PATH/spm.model (fairseq-deep-prepare writes "
-               "DESTDIR/spm.model)", "--post-process sentencepiece"),
-       "hub": ("pass bpe='sentencepiece', sentencepiece_model='PATH/spm.model' to from_pretrained "
-               "(fairseq-deep-prepare writes DESTDIR/spm.model)", "post_process='sentencepiece'")}
+HOW = {
+    "cli": (
+        "add --bpe sentencepiece --sentencepiece-model PATH/spm.model (fairseq-deep-prepare writes "
+        "DESTDIR/spm.model)",
+        "--post-process sentencepiece",
+    ),
+    "hub": (
+        "pass bpe='sentencepiece', sentencepiece_model='PATH/spm.model' to from_pretrained "
+        "(fairseq-deep-prepare writes DESTDIR/spm.model)",
+        "post_process='sentencepiece'",
+    ),
+}
 
 
 def sentencepiece_to_apply(cfg, how: str = "cli"):
@@ -72,7 +82,11 @@ def sentencepiece_to_apply(cfg, how: str = "cli"):
     if not data or not os.path.isdir(data):
         return None  # fairseq's own error
     src = _get(cfg.task, "source_lang")
-    dicts = [os.path.join(data, f"dict.{src}.txt")] if src else sorted(glob.glob(os.path.join(data, "dict.*.txt")))
+    dicts = (
+        [os.path.join(data, f"dict.{src}.txt")]
+        if src
+        else sorted(glob.glob(os.path.join(data, "dict.*.txt")))
+    )
     dicts = [d for d in dicts if os.path.isfile(d)]
     if not dicts or not sentencepiece_dictionary(dicts[0]):
         return None
@@ -85,4 +99,3 @@ def sentencepiece_to_apply(cfg, how: str = "cli"):
             f"input is already pieces"
         )
     return model
-

@@ -49,7 +49,9 @@ class SyntheticTask:
         return " ".join(words), " ".join(self.translate(words))
 
 
-def write_corpus(out_dir: str, train: int = 20000, valid: int = 500, test: int = 500, seed: int = 1):
+def write_corpus(
+    out_dir: str, train: int = 20000, valid: int = 500, test: int = 500, seed: int = 1
+):
     """Write {train,valid,test}.{src,tgt} to out_dir; returns the file prefix of each split."""
     os.makedirs(out_dir, exist_ok=True)
     task = SyntheticTask(seed)
@@ -66,7 +68,9 @@ def write_corpus(out_dir: str, train: int = 20000, valid: int = 500, test: int =
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("out_dir")
     p.add_argument("--train", type=int, default=20000)
     p.add_argument("--valid", type=int, default=500)

@@ -99,8 +99,11 @@ def _dlcl_effective(w: Tensor, cfg):
         return torch.softmax(w.masked_fill(~valid, float("-inf")), dim=1), valid
     upper = w.masked_fill(valid, 0).abs().max().item() if w.numel() else 0.0
     if upper > 0:
-        logger.warning("DLCL matrix has non-zero entries above the diagonal (max %.3g); they are "
-                       "not used by the model and are masked", upper)
+        logger.warning(
+            "DLCL matrix has non-zero entries above the diagonal (max %.3g); they are "
+            "not used by the model and are masked",
+            upper,
+        )
     return w * valid, valid
 
 
@@ -110,14 +113,16 @@ def _dlcl_labels(m: Tensor):
     return rows, layer_labels(n)
 
 
-register_kind(LayerWeightKind(
-    name="dlcl",
-    suffix="history.weight",
-    description="dynamic linear combination of layers (Wang et al. 2019, Eq. 7-9)",
-    matches=_dlcl_matches,
-    effective=_dlcl_effective,
-    labels=_dlcl_labels,
-))
+register_kind(
+    LayerWeightKind(
+        name="dlcl",
+        suffix="history.weight",
+        description="dynamic linear combination of layers (Wang et al. 2019, Eq. 7-9)",
+        matches=_dlcl_matches,
+        effective=_dlcl_effective,
+        labels=_dlcl_labels,
+    )
+)
 
 
 # (b) Transparent attention, Bapna et al. 2018 Eq. 1-2: `transparent_attention.weight`,
@@ -138,16 +143,18 @@ def _ta_labels(m: Tensor):
     return [f"dec. attn {j + 1}" for j in range(m.shape[0])], layer_labels(m.shape[1])
 
 
-register_kind(LayerWeightKind(
-    name="transparent_attention",
-    suffix="transparent_attention.weight",
-    description="transparent attention (Bapna et al. 2018, Eq. 1-2); stored (N+1) x M, "
-                "softmax over dim 0, shown transposed (rows = decoder attention modules)",
-    matches=_ta_matches,
-    effective=_ta_effective,
-    labels=_ta_labels,
-    mask_small=False,
-))
+register_kind(
+    LayerWeightKind(
+        name="transparent_attention",
+        suffix="transparent_attention.weight",
+        description="transparent attention (Bapna et al. 2018, Eq. 1-2); stored (N+1) x M, "
+        "softmax over dim 0, shown transposed (rows = decoder attention modules)",
+        matches=_ta_matches,
+        effective=_ta_effective,
+        labels=_ta_labels,
+        mask_small=False,
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,16 +178,24 @@ def extract_layer_weights(state_dict: Dict[str, Tensor], cfg=None) -> List[Dict[
             if kind.matches(key, value):
                 matrix, valid = kind.effective(value, cfg)
                 rows, cols = kind.labels(matrix)
-                records.append({
-                    "key": key, "kind": kind.name, "matrix": matrix, "valid": valid,
-                    "row_labels": rows, "col_labels": cols, "stored_shape": list(value.shape),
-                })
+                records.append(
+                    {
+                        "key": key,
+                        "kind": kind.name,
+                        "matrix": matrix,
+                        "valid": valid,
+                        "row_labels": rows,
+                        "col_labels": cols,
+                        "stored_shape": list(value.shape),
+                    }
+                )
                 break
     return records
 
 
-def small_weight_mask(matrix: Tensor, below: float = 0.1, row_fraction: float = 0.05,
-                      valid: Optional[Tensor] = None) -> Tensor:
+def small_weight_mask(
+    matrix: Tensor, below: float = 0.1, row_fraction: float = 0.05, valid: Optional[Tensor] = None
+) -> Tensor:
     """Entries to hide, as in Wang et al. Sec. 6.4: ``|w| < below`` or ``|w| < row_fraction *
     max_k |w[r, k]|`` (the row's largest absolute value over its valid entries), and every entry that
     is not ``valid``.  True = masked."""
@@ -198,8 +213,12 @@ def small_weight_mask(matrix: Tensor, below: float = 0.1, row_fraction: float = 
 def _pyplot():
     # an import of fairseq leaves the root logger at DEBUG, where matplotlib logs its font search
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib = import_optional("matplotlib", "plotting layer weights", "matplotlib (or the extra 'fairseq_deep[plot]')",
-                                 "pass --no-plot to write only JSON and CSV")
+    matplotlib = import_optional(
+        "matplotlib",
+        "plotting layer weights",
+        "matplotlib (or the extra 'fairseq_deep[plot]')",
+        "pass --no-plot to write only JSON and CSV",
+    )
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -216,8 +235,11 @@ def tick_positions(n: int, max_labels: int = MAX_TICK_LABELS) -> List[int]:
     (y_0, the embedding) and the last (the readout, or the top layer)."""
     if n <= max_labels:
         return list(range(n))
-    step = next(k for k in (2, 5, 10, 20, 25, 50, 100, 200, 500) if n / k <= max_labels) if n <= 500 * max_labels \
+    step = (
+        next(k for k in (2, 5, 10, 20, 25, 50, 100, 200, 500) if n / k <= max_labels)
+        if n <= 500 * max_labels
         else -(-n // max_labels)
+    )
     ticks = list(range(0, n, step))
     if n - 1 - ticks[-1] < step / 2:  # too close to the last: the last instead
         ticks[-1] = n - 1
@@ -233,19 +255,36 @@ def _figure_size(n_rows: int, n_cols: int):
     return width, height
 
 
-def plot_heatmap(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
-                 path: str, mask=None, annotate: Optional[bool] = None, empty=None) -> str:
+def plot_heatmap(
+    matrix,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str,
+    path: str,
+    mask=None,
+    annotate: Optional[bool] = None,
+    empty=None,
+) -> str:
     """Draw ``matrix`` as a heatmap (:func:`heatmap_figure`) into ``path`` (PNG); returns ``path``."""
     plt = _pyplot()
-    fig = heatmap_figure(matrix, row_labels, col_labels, title, mask=mask, annotate=annotate, empty=empty)
+    fig = heatmap_figure(
+        matrix, row_labels, col_labels, title, mask=mask, annotate=annotate, empty=empty
+    )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str], title: str,
-                   mask=None, annotate: Optional[bool] = None, empty=None):
+def heatmap_figure(
+    matrix,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str,
+    mask=None,
+    annotate: Optional[bool] = None,
+    empty=None,
+):
     """A matplotlib figure of ``matrix`` as a heatmap (rows top to bottom, columns left to right).
 
     ``mask``: a bool matrix, True where an entry is hidden.  ``empty``: True where no entry exists
@@ -265,9 +304,14 @@ def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str],
     import numpy as np
     from mpl_toolkits.axes_grid1 import make_axes_locatable
 
-    m = np.asarray(matrix.detach().cpu().float() if isinstance(matrix, Tensor) else matrix, dtype=float)
-    hidden = np.zeros_like(m, dtype=bool) if mask is None else np.asarray(
-        mask.cpu() if isinstance(mask, Tensor) else mask, dtype=bool)
+    m = np.asarray(
+        matrix.detach().cpu().float() if isinstance(matrix, Tensor) else matrix, dtype=float
+    )
+    hidden = (
+        np.zeros_like(m, dtype=bool)
+        if mask is None
+        else np.asarray(mask.cpu() if isinstance(mask, Tensor) else mask, dtype=bool)
+    )
     data = np.ma.masked_array(m, mask=hidden)
     shown = m[~hidden]
     signed = bool(shown.size and shown.min() < 0)
@@ -279,7 +323,9 @@ def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str],
         cmap = plt.get_cmap("viridis").copy()
         vmin, vmax = 0.0, (float(shown.max()) if shown.size else 1.0) or 1.0
         bar_label = "weight"
-    cmap = cmap.with_extremes(bad="white") if hasattr(cmap, "with_extremes") else cmap  # masked: white
+    cmap = (
+        cmap.with_extremes(bad="white") if hasattr(cmap, "with_extremes") else cmap
+    )  # masked: white
     if not hasattr(cmap, "with_extremes"):  # pragma: no cover - matplotlib < 3.4
         cmap.set_bad("white")
 
@@ -287,12 +333,19 @@ def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str],
     size = _figure_size(n_rows, n_cols)
     fig, ax = plt.subplots(figsize=size)
     im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
-    fontsize = min(13.0, max(9.0, 0.5 * max(size)))  # the large figures of deep models: larger labels
+    fontsize = min(
+        13.0, max(9.0, 0.5 * max(size))
+    )  # the large figures of deep models: larger labels
     rows, cols = tick_positions(n_rows), tick_positions(n_cols)
     ax.set_xticks(cols)
     long_labels = max((len(str(col_labels[c])) for c in cols), default=0) > 4
-    ax.set_xticklabels([col_labels[c] for c in cols], fontsize=fontsize, rotation=45 if long_labels else 0,
-                       ha="right" if long_labels else "center", rotation_mode="anchor")
+    ax.set_xticklabels(
+        [col_labels[c] for c in cols],
+        fontsize=fontsize,
+        rotation=45 if long_labels else 0,
+        ha="right" if long_labels else "center",
+        rotation_mode="anchor",
+    )
     ax.set_yticks(rows)
     ax.set_yticklabels([row_labels[r] for r in rows], fontsize=fontsize)
     if len(cols) < n_cols or len(rows) < n_rows:  # thin guides at the labelled layers
@@ -310,16 +363,34 @@ def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str],
             for c in range(n_cols):
                 if not hidden[r, c]:
                     dark = (abs(m[r, c]) > 0.6 * vmax) if signed else (m[r, c] < (vmin + vmax) / 2)
-                    ax.text(c, r, f"{m[r, c]:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if dark else "black")
+                    ax.text(
+                        c,
+                        r,
+                        f"{m[r, c]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if dark else "black",
+                    )
     if empty is not None:
         from matplotlib.patches import Rectangle
 
         absent = np.asarray(empty.cpu() if isinstance(empty, Tensor) else empty, dtype=bool)
         for r, c in zip(*np.nonzero(hidden & ~absent)):
-            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor="0.88", edgecolor="0.55",
-                                   hatch="///", linewidth=0))
-    cax = make_axes_locatable(ax).append_axes("right", size=0.22, pad=0.15)  # inches: as tall as the plot
+            ax.add_patch(
+                Rectangle(
+                    (c - 0.5, r - 0.5),
+                    1,
+                    1,
+                    facecolor="0.88",
+                    edgecolor="0.55",
+                    hatch="///",
+                    linewidth=0,
+                )
+            )
+    cax = make_axes_locatable(ax).append_axes(
+        "right", size=0.22, pad=0.15
+    )  # inches: as tall as the plot
     bar = fig.colorbar(im, cax=cax)
     bar.ax.tick_params(labelsize=fontsize)
     bar.set_label(bar_label, fontsize=fontsize)
@@ -327,25 +398,34 @@ def heatmap_figure(matrix, row_labels: Sequence[str], col_labels: Sequence[str],
     return fig
 
 
-def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = None,
-                 plot: bool = True, note: str = "") -> Dict[str, str]:
+def write_record(
+    record: Dict[str, Any],
+    out_dir: str,
+    mask: Optional[Tensor] = None,
+    plot: bool = True,
+    note: str = "",
+) -> Dict[str, str]:
     """Write ``<key>.json``, ``<key>.csv`` and (when ``plot``) ``<key>.png`` into ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, record["key"])
     m = record["matrix"]
     paths = {"json": base + ".json", "csv": base + ".csv"}
     with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({
-            "key": record["key"],
-            "kind": record["kind"],
-            "description": KINDS[record["kind"]].description if record["kind"] in KINDS else "",
-            "stored_shape": record["stored_shape"],
-            "row_labels": record["row_labels"],
-            "col_labels": record["col_labels"],
-            "matrix": m.tolist(),
-            "valid": record["valid"].tolist(),
-            "plot_mask": None if mask is None else mask.tolist(),
-        }, f, indent=1)
+        json.dump(
+            {
+                "key": record["key"],
+                "kind": record["kind"],
+                "description": KINDS[record["kind"]].description if record["kind"] in KINDS else "",
+                "stored_shape": record["stored_shape"],
+                "row_labels": record["row_labels"],
+                "col_labels": record["col_labels"],
+                "matrix": m.tolist(),
+                "valid": record["valid"].tolist(),
+                "plot_mask": None if mask is None else mask.tolist(),
+            },
+            f,
+            indent=1,
+        )
     with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["reader"] + list(record["col_labels"]))
@@ -353,8 +433,15 @@ def write_record(record: Dict[str, Any], out_dir: str, mask: Optional[Tensor] = 
             w.writerow([label] + [f"{v:.6g}" for v in row])
     if plot:
         title = f"{record['key']} ({record['kind']})" + (f"\n{note}" if note else "")
-        paths["png"] = plot_heatmap(m, record["row_labels"], record["col_labels"], title,
-                                    base + ".png", mask=mask, empty=~record["valid"])
+        paths["png"] = plot_heatmap(
+            m,
+            record["row_labels"],
+            record["col_labels"],
+            title,
+            base + ".png",
+            mask=mask,
+            empty=~record["valid"],
+        )
     return paths
 
 
@@ -377,21 +464,31 @@ def load_checkpoint(path: str):
         return ckpt["model"], model_cfg
     if isinstance(ckpt, dict) and all(isinstance(v, Tensor) for v in ckpt.values()):
         return ckpt, None  # a bare state dict
-    raise UserError(f"{path} is neither a fairseq checkpoint (a dict with 'model') nor a state dict")
+    raise UserError(
+        f"{path} is neither a fairseq checkpoint (a dict with 'model') nor a state dict"
+    )
 
 
 def get_parser():
     p = ArgumentParser(
         prog="fairseq-deep-layer-weights",
         description="Export (JSON, CSV) and plot (PNG) the learned layer weights of a checkpoint, "
-                    "as Fig. 5 of Wang et al. (2019).",
+        "as Fig. 5 of Wang et al. (2019).",
     )
     p.add_argument("checkpoint", help="a fairseq checkpoint (e.g. checkpoints/checkpoint_best.pt)")
     p.add_argument("--out-dir", required=True, help="folder for <key>.json, <key>.csv, <key>.png")
-    p.add_argument("--mask-below", type=float, default=0.1,
-                   help="hide entries with |w| below this value in the plot (default 0.1, as the paper)")
-    p.add_argument("--mask-row-fraction", type=float, default=0.05,
-                   help="hide entries below this fraction of their row's max |w| (default 0.05)")
+    p.add_argument(
+        "--mask-below",
+        type=float,
+        default=0.1,
+        help="hide entries with |w| below this value in the plot (default 0.1, as the paper)",
+    )
+    p.add_argument(
+        "--mask-row-fraction",
+        type=float,
+        default=0.05,
+        help="hide entries below this fraction of their row's max |w| (default 0.05)",
+    )
     p.add_argument("--no-mask", action="store_true", help="show every entry of the matrix")
     p.add_argument("--no-plot", action="store_true", help="write JSON and CSV only (no matplotlib)")
     return p
@@ -404,9 +501,12 @@ def main(argv=None) -> int:
     records = extract_layer_weights(state_dict, cfg)
     if not records:
         suffixes = ", ".join(f"'{k.suffix}' ({k.name})" for k in KINDS.values())
-        print(f"error: no layer-weight matrix in {args.checkpoint}: looked for keys ending in "
-              f"{suffixes}. Was the model trained with layer weights (e.g. --arch transformer_dlcl "
-              "with --dlcl-stacks other than none)?", file=sys.stderr)
+        print(
+            f"error: no layer-weight matrix in {args.checkpoint}: looked for keys ending in "
+            f"{suffixes}. Was the model trained with layer weights (e.g. --arch transformer_dlcl "
+            "with --dlcl-stacks other than none)?",
+            file=sys.stderr,
+        )
         return 1
     if not args.no_plot:
         _pyplot()  # fail before writing anything when matplotlib is missing
@@ -414,10 +514,13 @@ def main(argv=None) -> int:
         if args.no_mask or not KINDS[record["kind"]].mask_small:
             mask, note = ~record["valid"], ""  # entries that do not exist stay blank
         else:
-            mask = small_weight_mask(record["matrix"], args.mask_below, args.mask_row_fraction,
-                                     record["valid"])
-            note = (f"hatched: |w| < {args.mask_below:g} or < {args.mask_row_fraction:g} x row max |w|; "
-                    "white: no such connection")
+            mask = small_weight_mask(
+                record["matrix"], args.mask_below, args.mask_row_fraction, record["valid"]
+            )
+            note = (
+                f"hatched: |w| < {args.mask_below:g} or < {args.mask_row_fraction:g} x row max |w|; "
+                "white: no such connection"
+            )
         paths = write_record(record, args.out_dir, mask=mask, plot=not args.no_plot, note=note)
         shape = "x".join(map(str, record["matrix"].shape))
         print(f"{record['key']} ({record['kind']}, {shape}): " + ", ".join(paths.values()))

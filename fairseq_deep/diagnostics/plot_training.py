@@ -85,7 +85,9 @@ def parse_log_lines(lines: Sequence[str]) -> Series:
                 record = json.loads(body)
             except json.JSONDecodeError:
                 continue
-            if not m and "loss" not in record:  # the end-of-epoch / valid records: train_loss, valid_loss
+            if (
+                not m and "loss" not in record
+            ):  # the end-of-epoch / valid records: train_loss, valid_loss
                 continue
         elif _SIMPLE_INNER.match(body):  # "epoch 001:     10 / 63 loss=8.455, nll_loss=8.173, ..."
             record = dict(_KEY_VALUE.findall(body))
@@ -106,21 +108,32 @@ def read_tensorboard(logdir: str) -> Series:
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError as e:
-        raise ImportError("reading tensorboard events needs tensorboard: pip install tensorboard "
-                          "(or plot from the training log instead)") from e
+        raise ImportError(
+            "reading tensorboard events needs tensorboard: pip install tensorboard "
+            "(or plot from the training log instead)"
+        ) from e
     sub = os.path.join(logdir, "train_inner")
     path = sub if os.path.isdir(sub) else logdir
     if not glob.glob(os.path.join(path, "events.out.tfevents.*")):
-        raise FileNotFoundError(f"no tensorboard events under {path} (expected {logdir}/train_inner)")
+        raise FileNotFoundError(
+            f"no tensorboard events under {path} (expected {logdir}/train_inner)"
+        )
     acc = EventAccumulator(path, size_guidance={"scalars": 0})
     acc.Reload()
-    series = {tag: [(float(e.step), float(e.value)) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    series = {
+        tag: [(float(e.step), float(e.value)) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+    }
     valid = os.path.join(logdir, "valid")
     if path == sub and glob.glob(os.path.join(valid, "events.out.tfevents.*")):
         acc = EventAccumulator(valid, size_guidance={"scalars": 0})
         acc.Reload()
-        series.update({f"valid_{tag}": [(float(e.step), float(e.value)) for e in acc.Scalars(tag)]
-                       for tag in acc.Tags()["scalars"]})
+        series.update(
+            {
+                f"valid_{tag}": [(float(e.step), float(e.value)) for e in acc.Scalars(tag)]
+                for tag in acc.Tags()["scalars"]
+            }
+        )
     return series
 
 
@@ -131,7 +144,9 @@ def read_run(path: str) -> Series:
         return parse_log_lines(f.readlines())
 
 
-def ta_weight_series(series: Series, column: Optional[int] = None) -> Tuple[Optional[int], Dict[int, List[Tuple[float, float]]]]:
+def ta_weight_series(
+    series: Series, column: Optional[int] = None
+) -> Tuple[Optional[int], Dict[int, List[Tuple[float, float]]]]:
     """{i: [(update, s_{i,J})]} for decoder module J (default: the largest logged)."""
     by_col: Dict[int, Dict[int, List[Tuple[float, float]]]] = defaultdict(dict)
     for key, values in series.items():
@@ -148,7 +163,9 @@ def ta_weight_series(series: Series, column: Optional[int] = None) -> Tuple[Opti
 
 def _pyplot():
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
-    matplotlib = import_optional("matplotlib", "plotting", "matplotlib (or the extra 'fairseq_deep[plot]')")
+    matplotlib = import_optional(
+        "matplotlib", "plotting", "matplotlib (or the extra 'fairseq_deep[plot]')"
+    )
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -164,11 +181,14 @@ def series_styles(n: int) -> List[Dict[str, object]]:
     palette, then the same with dashed, dotted and dash-dotted lines."""
     colours = [f"C{i}" for i in range(10)]
     styles = ["-", "--", ":", "-."]
-    return [{"color": colours[i % 10], "linestyle": styles[(i // 10) % len(styles)]} for i in range(n)]
+    return [
+        {"color": colours[i % 10], "linestyle": styles[(i // 10) % len(styles)]} for i in range(n)
+    ]
 
 
-def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = None,
-              log_y: bool = False) -> List[str]:
+def plot_runs(
+    runs: Dict[str, Series], out_dir: str, column: Optional[int] = None, log_y: bool = False
+) -> List[str]:
     plt = _pyplot()
     os.makedirs(out_dir, exist_ok=True)
     written = []
@@ -179,11 +199,20 @@ def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = Non
             return
         fig, ax = plt.subplots(figsize=(6, 4))
         for (label, values), style in zip(have.items(), series_styles(len(have))):
-            ax.plot([x for x, _ in values], [y for _, y in values], label=label, color=style["color"])
+            ax.plot(
+                [x for x, _ in values], [y for _, y in values], label=label, color=style["color"]
+            )
             extra = runs[label].get(dashed_metric) if dashed_metric else None
             if extra:
-                ax.plot([x for x, _ in extra], [y for _, y in extra], label=f"{label} (valid)",
-                        color=style["color"], linestyle="--", marker="o", markersize=3)
+                ax.plot(
+                    [x for x, _ in extra],
+                    [y for _, y in extra],
+                    label=f"{label} (valid)",
+                    color=style["color"],
+                    linestyle="--",
+                    marker="o",
+                    markersize=3,
+                )
         ax.set_xlabel("update t")
         ax.set_ylabel(ylabel)
         if log_scale:
@@ -196,20 +225,37 @@ def plot_runs(runs: Dict[str, Series], out_dir: str, column: Optional[int] = Non
         plt.close(fig)
         written.append(path)
 
-    curves("gnorm_ratio", "r_t = |dL/dh_1| / |dL/dh_N|", "grad-norm ratio (Bapna et al. 2018, Fig. 1-3)",
-           "grad_norm_ratio.png", log_y)
-    curves("loss", "loss", "train loss (solid) and valid loss (dashed)", "loss.png", dashed_metric="valid_loss")
+    curves(
+        "gnorm_ratio",
+        "r_t = |dL/dh_1| / |dL/dh_N|",
+        "grad-norm ratio (Bapna et al. 2018, Fig. 1-3)",
+        "grad_norm_ratio.png",
+        log_y,
+    )
+    curves(
+        "loss",
+        "loss",
+        "train loss (solid) and valid loss (dashed)",
+        "loss.png",
+        dashed_metric="valid_loss",
+    )
 
     with_ta = {label: ta_weight_series(s, column) for label, s in runs.items()}
     with_ta = {label: v for label, v in with_ta.items() if v[1]}
     for label, (j, by_layer) in with_ta.items():
         fig, ax = plt.subplots(figsize=(6, 4))
         for (i, values), style in zip(by_layer.items(), series_styles(len(by_layer))):
-            ax.plot([x for x, _ in values], [y for _, y in values], **style,
-                    label="emb." if i == 0 else f"layer {i}")
+            ax.plot(
+                [x for x, _ in values],
+                [y for _, y in values],
+                **style,
+                label="emb." if i == 0 else f"layer {i}",
+            )
         ax.set_xlabel("update t")
         ax.set_ylabel(f"s_(i,{j})")
-        ax.set_title(f"transparent attention weights of decoder layer {j} ({label}; Fig. 4)", fontsize=9)
+        ax.set_title(
+            f"transparent attention weights of decoder layer {j} ({label}; Fig. 4)", fontsize=9
+        )
         ax.legend(fontsize=6, ncol=2 if len(by_layer) > 8 else 1)
         fig.tight_layout()
         name = "ta_weights.png" if len(with_ta) == 1 else f"ta_weights_{_safe(label)}.png"
@@ -229,14 +275,21 @@ def get_parser():
     p = ArgumentParser(
         prog="fairseq-deep-plot-training",
         description="Plot the grad-norm ratio r_t and the transparent attention weights s_(i,j) "
-                    "of fairseq-train runs (Bapna et al. 2018, Fig. 1-4).",
+        "of fairseq-train runs (Bapna et al. 2018, Fig. 1-4).",
     )
-    p.add_argument("runs", nargs="+", help="fairseq-train logs (json or simple format) or "
-                   "--tensorboard-logdir directories")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        help="fairseq-train logs (json or simple format) or --tensorboard-logdir directories",
+    )
     p.add_argument("--out-dir", required=True, help="where the PNG and JSON files go")
     p.add_argument("--labels", nargs="+", help="one legend label per run (default: file names)")
-    p.add_argument("--column", type=int, default=None,
-                   help="decoder attention module j of s_(i,j) to plot (default: the last logged)")
+    p.add_argument(
+        "--column",
+        type=int,
+        default=None,
+        help="decoder attention module j of s_(i,j) to plot (default: the last logged)",
+    )
     p.add_argument("--log-y", action="store_true", help="logarithmic r_t axis")
     return p
 
@@ -251,8 +304,11 @@ def main(argv=None) -> int:
     for label, path in zip(labels, args.runs):
         series = read_run(path)
         if "gnorm_ratio" not in series:
-            print(f"warning: {path} has no gnorm_ratio: train with --task translation_deep "
-                  "--log-grad-norm-ratio", file=sys.stderr)
+            print(
+                f"warning: {path} has no gnorm_ratio: train with --task translation_deep "
+                "--log-grad-norm-ratio",
+                file=sys.stderr,
+            )
         runs[label] = series
     for path in plot_runs(runs, args.out_dir, args.column, args.log_y):
         print(path)

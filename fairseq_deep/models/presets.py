@@ -24,8 +24,15 @@ def set_default(args, name: str, value):
     setattr(args, name, safe_getattr(args, name, value))
 
 
-_BIG_SIZES = ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
-              "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "dropout")
+_BIG_SIZES = (
+    "encoder_embed_dim",
+    "encoder_ffn_embed_dim",
+    "encoder_attention_heads",
+    "decoder_embed_dim",
+    "decoder_ffn_embed_dim",
+    "decoder_attention_heads",
+    "dropout",
+)
 
 
 def transformer_big(args, ffn_dim: Optional[int] = None):
@@ -67,11 +74,15 @@ def fix_depth(arch: str, args, encoder_layers: int, decoder_layers: Optional[int
     family (the name without ``_16l``) is the fix.  The decoder keeps 6 layers unless told, or is
     owned too when ``decoder_layers`` is given."""
     family = re.sub(r"_\d+l$", "", arch)  # transformer_dlcl_postnorm_16l -> ..._postnorm
-    fix_option(arch, args, "encoder_layers", encoder_layers, family, f"{encoder_layers} encoder layers")
+    fix_option(
+        arch, args, "encoder_layers", encoder_layers, family, f"{encoder_layers} encoder layers"
+    )
     if decoder_layers is None:
         set_default(args, "decoder_layers", 6)
     else:
-        fix_option(arch, args, "decoder_layers", decoder_layers, family, f"{decoder_layers} decoder layers")
+        fix_option(
+            arch, args, "decoder_layers", decoder_layers, family, f"{decoder_layers} decoder layers"
+        )
 
 
 def same_as(name: str, default=None) -> Callable:
@@ -80,10 +91,17 @@ def same_as(name: str, default=None) -> Callable:
     return lambda args: safe_getattr(args, name, default)
 
 
-def register_preset(model: str, name: str, doc: str, parent: Optional[Callable] = None,
-                    fixed: Optional[Dict] = None, defaults: Optional[Dict] = None,
-                    depth: Optional[Tuple[int, Optional[int]]] = None, instead: Optional[str] = None,
-                    options: Optional[type] = None):
+def register_preset(
+    model: str,
+    name: str,
+    doc: str,
+    parent: Optional[Callable] = None,
+    fixed: Optional[Dict] = None,
+    defaults: Optional[Dict] = None,
+    depth: Optional[Tuple[int, Optional[int]]] = None,
+    instead: Optional[str] = None,
+    options: Optional[type] = None,
+):
     """Register ``--arch name`` of ``model``: a preset that owns ``depth`` (encoder layers, and
     decoder layers unless None: :func:`fix_depth`) and the options of ``fixed`` (a conflicting
     flag stops and points to ``--arch instead``, by default ``model``), fills ``defaults`` (in

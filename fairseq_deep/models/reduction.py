@@ -30,14 +30,13 @@ carries ``s * x`` instead of x.  With s_k the scale of sublayer k of a stack (bo
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch import Tensor, nn
-
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayer,
     TransformerDecoderLayerBase,
     TransformerEncoderLayer,
     TransformerEncoderLayerBase,
 )
+from torch import Tensor, nn
 
 from ..errors import UserError
 from ..modules.residual_schemes import residual_scales, scheme_base
@@ -46,11 +45,17 @@ from ..modules.residual_schemes import residual_scales, scheme_base
 RULES: Dict[str, Callable[[nn.Module], Optional[str]]] = {}
 
 #: what serves a model that does not reduce
-SERVED_BY = ("serve it with fairseq-deep-interactive or the hub interface "
-             "(Model.from_pretrained), which run its own code (docs/export.md)")
+SERVED_BY = (
+    "serve it with fairseq-deep-interactive or the hub interface "
+    "(Model.from_pretrained), which run its own code (docs/export.md)"
+)
 
-STANDARD_LAYERS = (TransformerEncoderLayerBase, TransformerDecoderLayerBase,
-                   TransformerEncoderLayer, TransformerDecoderLayer)
+STANDARD_LAYERS = (
+    TransformerEncoderLayerBase,
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayer,
+    TransformerDecoderLayer,
+)
 
 
 def declare_reduction(family: str, rule: Callable[[nn.Module], Optional[str]]):
@@ -97,8 +102,10 @@ def residual_stacks(model: nn.Module) -> Optional[str]:
 #: sublayer -> (the linear maps that read its input, the layer norm that ends it), in fairseq's
 #: layers
 SUBLAYERS = {
-    "self_attn": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                  "self_attn_layer_norm"),
+    "self_attn": (
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "self_attn_layer_norm",
+    ),
     "encoder_attn": (("encoder_attn.q_proj",), "encoder_attn_layer_norm"),
     "ffn": (("fc1",), "final_layer_norm"),
 }
@@ -138,13 +145,16 @@ def fold(model: nn.Module) -> Tuple[Dict[str, Tensor], Dict[str, object], List[s
     if notes and model.encoder.embed_tokens is model.decoder.embed_tokens:
         changes["share_all_embeddings"] = False  # each side's embedding took its own scale
         changes["share_decoder_input_output_embed"] = True  # implied by sharing all
-        notes.append("the encoder and decoder embeddings are no longer shared (each carries its "
-                     "stack's scale)")
+        notes.append(
+            "the encoder and decoder embeddings are no longer shared (each carries its "
+            "stack's scale)"
+        )
     return state, changes, notes
 
 
-def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str,
-                changes: Dict[str, object]) -> str:
+def _fold_stack(
+    state: Dict[str, Tensor], model: nn.Module, side: str, changes: Dict[str, object]
+) -> str:
     stack = getattr(model, side)
     sublayers = []  # (key prefix of the layer, sublayer name, scale s, float64 of width d)
     for i, layer in enumerate(stack.layers):
@@ -153,19 +163,30 @@ def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str,
     if all(bool((s == 1).all()) for _, _, s in sublayers):
         return ""
     if any(layer.normalize_before for layer in stack.layers):
-        raise UserError(f"the {side} is pre-norm and scales its residuals: fairseq-deep-export "
-                        "folds residual scales of post-norm layers only")
+        raise UserError(
+            f"the {side} is pre-norm and scales its residuals: fairseq-deep-export "
+            "folds residual scales of post-norm layers only"
+        )
     smallest = min(float(s.abs().min()) for _, _, s in sublayers)
     if smallest < 1e-6:
-        raise UserError(f"a residual scale of the {side} is {smallest:.3g}: so small a scale "
-                        "cannot be divided out of the next sublayer's weights")
-    unsupported = [flag for flag, present in (
-        ("--adaptive-softmax-cutoff", getattr(stack, "adaptive_softmax", None) is not None),
-        (f"--{side}-input-dim", getattr(stack, "project_in_dim", None) is not None),
-        (f"--{side}-output-dim", getattr(stack, "project_out_dim", None) is not None)) if present]
+        raise UserError(
+            f"a residual scale of the {side} is {smallest:.3g}: so small a scale "
+            "cannot be divided out of the next sublayer's weights"
+        )
+    unsupported = [
+        flag
+        for flag, present in (
+            ("--adaptive-softmax-cutoff", getattr(stack, "adaptive_softmax", None) is not None),
+            (f"--{side}-input-dim", getattr(stack, "project_in_dim", None) is not None),
+            (f"--{side}-output-dim", getattr(stack, "project_out_dim", None) is not None),
+        )
+        if present
+    ]
     if unsupported:
-        raise UserError(f"the residual scales of the {side} cannot be folded into a model with "
-                        f"{', '.join(unsupported)}")
+        raise UserError(
+            f"the residual scales of the {side} cannot be folded into a model with "
+            f"{', '.join(unsupported)}"
+        )
 
     first = sublayers[0][2]
     scales_embedding = stack.layernorm_embedding is None
@@ -192,12 +213,21 @@ def _fold_stack(state: Dict[str, Tensor], model: nn.Module, side: str,
             changes[f"{side}_learned_pos"] = True
     values = torch.stack([s for _, _, s in sublayers])
     same = bool((values == values[0, 0]).all())
-    what = f"{float(values[0, 0]):.6g} (one scale)" if same else \
-        f"{float(values.min()):.4g} to {float(values.max()):.4g} (one per dimension)"
-    where = "the embedding layer norm" if not scales_embedding else "the token embeddings" + (
-        " and positions (now a learned table)" if stack.embed_positions is not None else "")
-    return (f"{side}: {len(sublayers)} residual scales of {what} folded into the layer norms, the "
-            f"input columns of q/k/v and fc1, and {where}")
+    what = (
+        f"{float(values[0, 0]):.6g} (one scale)"
+        if same
+        else f"{float(values.min()):.4g} to {float(values.max()):.4g} (one per dimension)"
+    )
+    where = (
+        "the embedding layer norm"
+        if not scales_embedding
+        else "the token embeddings"
+        + (" and positions (now a learned table)" if stack.embed_positions is not None else "")
+    )
+    return (
+        f"{side}: {len(sublayers)} residual scales of {what} folded into the layer norms, the "
+        f"input columns of q/k/v and fc1, and {where}"
+    )
 
 
 def _scale(state: Dict[str, Tensor], key: str, factor: Tensor):

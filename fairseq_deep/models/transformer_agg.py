@@ -12,12 +12,11 @@ a trained Transformer is ``--init-from-pretrained`` with ``--finetune-from-model
 from dataclasses import dataclass
 from typing import List
 
-from torch import Tensor
-
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wmt_en_de_big
+from torch import Tensor
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
 from ..modules.growth import declare_family
@@ -30,7 +29,12 @@ from ..modules.multi_layer_attention import (
 )
 from .presets import fill_defaults, register_preset
 from .reduction import declare_reduction, residual_stacks
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
+from .transformer_stack import (
+    HistoryTransformerDecoder,
+    HistoryTransformerEncoder,
+    TechniqueTransformerModel,
+)
+
 
 @dataclass
 class TransformerAggConfig(AggregationConfig, MultiLayerAttentionConfig, PretrainedInitConfig):
@@ -49,8 +53,11 @@ class AggTransformerEncoder(HistoryTransformerEncoder):
         if num_lower == 0:
             return super().build_layer(cfg, index, num_layers)
         return MultiLayerAttentionEncoderLayer(
-            cfg, num_lower, node_factory(cfg, cfg.encoder.embed_dim, cfg.encoder.attention_heads),
-            return_fc=self.return_fc)
+            cfg,
+            num_lower,
+            node_factory(cfg, cfg.encoder.embed_dim, cfg.encoder.attention_heads),
+            return_fc=self.return_fc,
+        )
 
     def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], **kwargs):
         if getattr(layer, "num_lower", 0):
@@ -70,8 +77,11 @@ class AggTransformerDecoder(HistoryTransformerDecoder):
         if num_lower == 0:
             return super().build_layer(cfg, index, num_layers, no_encoder_attn)
         return MultiLayerAttentionDecoderLayer(
-            cfg, num_lower, node_factory(cfg, cfg.decoder.embed_dim, cfg.decoder.attention_heads),
-            no_encoder_attn=no_encoder_attn)
+            cfg,
+            num_lower,
+            node_factory(cfg, cfg.decoder.embed_dim, cfg.decoder.attention_heads),
+            no_encoder_attn=no_encoder_attn,
+        )
 
     def forward_layer(self, idx: int, layer, x: Tensor, lower: List[Tensor], *args, **kwargs):
         if getattr(layer, "num_lower", 0):
@@ -89,23 +99,38 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
-        model.init_from_pretrained = bool(PretrainedInitConfig.from_namespace(args).init_from_pretrained)
+        model.init_from_pretrained = bool(
+            PretrainedInitConfig.from_namespace(args).init_from_pretrained
+        )
         return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        history = build_aggregation(cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim,
-                                    cfg.encoder.attention_heads, cfg.encoder.ffn_embed_dim)
+        history = build_aggregation(
+            cfg,
+            "encoder",
+            cfg.encoder.layers,
+            cfg.encoder.embed_dim,
+            cfg.encoder.attention_heads,
+            cfg.encoder.ffn_embed_dim,
+        )
         return AggTransformerEncoder(cfg, src_dict, embed_tokens, history)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        history = build_aggregation(cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim,
-                                    cfg.decoder.attention_heads, cfg.decoder.ffn_embed_dim)
-        return AggTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
-                                     no_encoder_attn=cfg.no_cross_attention)
+        history = build_aggregation(
+            cfg,
+            "decoder",
+            cfg.decoder.layers,
+            cfg.decoder.embed_dim,
+            cfg.decoder.attention_heads,
+            cfg.decoder.ffn_embed_dim,
+        )
+        return AggTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, history, no_encoder_attn=cfg.no_cross_attention
+        )
 
 
 # fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none, --mla-layers 1)
@@ -122,8 +147,12 @@ declare_family(TransformerAggModel)
 
 
 agg_base_architecture = register_preset(
-    "transformer_agg", "transformer_agg", "Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off.",
-    fairseq_transformer_base, options=TransformerAggConfig)
+    "transformer_agg",
+    "transformer_agg",
+    "Transformer-Base (Table 1, row 1) in the aggregation stack: every technique off.",
+    fairseq_transformer_base,
+    options=TransformerAggConfig,
+)
 
 
 PRESETS = {  # name: (Table 1 row, option defaults)
@@ -145,8 +174,15 @@ def agg_big_architecture(args):
 
 
 for _name, (_row, _values) in PRESETS.items():
-    for _suffix, _parent in (("", agg_base_architecture), ("_big", agg_big_architecture)):  # Table 2: Big
+    for _suffix, _parent in (
+        ("", agg_base_architecture),
+        ("_big", agg_big_architecture),
+    ):  # Table 2: Big
         register_preset(
-            "transformer_agg", _name + _suffix,
+            "transformer_agg",
+            _name + _suffix,
             f"Dou et al. (2018) Table 1 row {_row}, Transformer-{'Big' if _suffix else 'Base'}: "
-            f"{_values or 'baseline'}.", _parent, defaults=_values)
+            f"{_values or 'baseline'}.",
+            _parent,
+            defaults=_values,
+        )

@@ -18,7 +18,11 @@ from ..modules.growth import declare_family
 from ..modules.layer_history import DLCLConfig, build_dlcl
 from .presets import PRENORM, first_line, register_preset
 from .reduction import declare_reduction, residual_stacks
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
+from .transformer_stack import (
+    HistoryTransformerDecoder,
+    HistoryTransformerEncoder,
+    TechniqueTransformerModel,
+)
 
 
 @register_model("transformer_dlcl")
@@ -32,17 +36,20 @@ class TransformerDLCLModel(TechniqueTransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        history = build_dlcl(cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim,
-                             cfg.encoder.normalize_before)
+        history = build_dlcl(
+            cfg, "encoder", cfg.encoder.layers, cfg.encoder.embed_dim, cfg.encoder.normalize_before
+        )
         return HistoryTransformerEncoder(cfg, src_dict, embed_tokens, history)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        history = build_dlcl(cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim,
-                             cfg.decoder.normalize_before)
-        return HistoryTransformerDecoder(cfg, tgt_dict, embed_tokens, history,
-                                         no_encoder_attn=cfg.no_cross_attention)
+        history = build_dlcl(
+            cfg, "decoder", cfg.decoder.layers, cfg.decoder.embed_dim, cfg.decoder.normalize_before
+        )
+        return HistoryTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, history, no_encoder_attn=cfg.no_cross_attention
+        )
 
 
 # fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks none: the
@@ -65,46 +72,95 @@ _PRENORM_BASE = {**PRENORM, "attention_dropout": 0.1, "activation_dropout": 0.1}
 _DLCL_OFF = {"dlcl_stacks": "none"}
 
 dlcl_base_architecture = register_preset(
-    "transformer_dlcl", "transformer_dlcl", "Pre-norm DLCL (Base): the paper's main system, 6+6 layers.",
-    fairseq_transformer_base, defaults=_PRENORM_BASE, options=DLCLConfig)
+    "transformer_dlcl",
+    "transformer_dlcl",
+    "Pre-norm DLCL (Base): the paper's main system, 6+6 layers.",
+    fairseq_transformer_base,
+    defaults=_PRENORM_BASE,
+    options=DLCLConfig,
+)
 dlcl_postnorm_architecture = register_preset(
-    "transformer_dlcl", "transformer_dlcl_postnorm", "Post-norm DLCL (Base), Eq. 9.",
-    fairseq_transformer_base, defaults=_POSTNORM, options=DLCLConfig)
+    "transformer_dlcl",
+    "transformer_dlcl_postnorm",
+    "Post-norm DLCL (Base), Eq. 9.",
+    fairseq_transformer_base,
+    defaults=_POSTNORM,
+    options=DLCLConfig,
+)
 dlcl_big_architecture = register_preset(
-    "transformer_dlcl", "transformer_dlcl_big",
+    "transformer_dlcl",
+    "transformer_dlcl_big",
     "Pre-norm DLCL (Big): fairseq's pre-norm Transformer Big (``transformer_wmt_en_de_big_t2t``).",
-    transformer_wmt_en_de_big_t2t, options=DLCLConfig)
+    transformer_wmt_en_de_big_t2t,
+    options=DLCLConfig,
+)
 prenorm_architecture = register_preset(
-    "transformer_dlcl", "transformer_prenorm", "Plain pre-norm Transformer-Base (Table 1 baseline): DLCL off.",
-    dlcl_base_architecture, defaults=_DLCL_OFF)
+    "transformer_dlcl",
+    "transformer_prenorm",
+    "Plain pre-norm Transformer-Base (Table 1 baseline): DLCL off.",
+    dlcl_base_architecture,
+    defaults=_DLCL_OFF,
+)
 prenorm_big_architecture = register_preset(
-    "transformer_dlcl", "transformer_prenorm_big", "Plain pre-norm Transformer Big: DLCL off.",
-    dlcl_big_architecture, defaults=_DLCL_OFF)
+    "transformer_dlcl",
+    "transformer_prenorm_big",
+    "Plain pre-norm Transformer Big: DLCL off.",
+    dlcl_big_architecture,
+    defaults=_DLCL_OFF,
+)
 postnorm_architecture = register_preset(
-    "transformer_dlcl", "transformer_postnorm",
+    "transformer_dlcl",
+    "transformer_postnorm",
     "Plain post-norm Transformer-Base (Vaswani et al.), the same as fairseq's `transformer`.",
-    dlcl_postnorm_architecture, defaults=_DLCL_OFF)
+    dlcl_postnorm_architecture,
+    defaults=_DLCL_OFF,
+)
 postnorm_big_architecture = register_preset(
-    "transformer_dlcl", "transformer_postnorm_big",
-    "Plain post-norm Transformer-Big (Wang et al. Table 1, post-norm \"Transformer (Big)\", 211M; Vaswani "
+    "transformer_dlcl",
+    "transformer_postnorm_big",
+    'Plain post-norm Transformer-Big (Wang et al. Table 1, post-norm "Transformer (Big)", 211M; Vaswani '
     "et al.): fairseq's ``transformer_vaswani_wmt_en_de_big`` (1024/4096/16 heads, dropout 0.3), DLCL off.",
-    transformer_vaswani_wmt_en_de_big, defaults={**_POSTNORM, **_DLCL_OFF}, options=DLCLConfig)
+    transformer_vaswani_wmt_en_de_big,
+    defaults={**_POSTNORM, **_DLCL_OFF},
+    options=DLCLConfig,
+)
 # Table 6 "+ big encoder": pre-norm Transformer-Base whose encoder is Transformer-Big's (1024
 # wide, FFN 4096, 16 heads); the decoder stays Base (its encoder attention reads 1024-wide keys).
-register_preset("transformer_dlcl", "transformer_prenorm_big_encoder",
-                "Wang et al. Table 6 '+ big encoder': pre-norm Transformer-Base with a Big encoder "
-                "(1024/4096/16 heads; decoder 512/2048/8 heads).", prenorm_architecture,
-                defaults={"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096, "encoder_attention_heads": 16,
-                          "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 2048, "decoder_attention_heads": 8})
+register_preset(
+    "transformer_dlcl",
+    "transformer_prenorm_big_encoder",
+    "Wang et al. Table 6 '+ big encoder': pre-norm Transformer-Base with a Big encoder "
+    "(1024/4096/16 heads; decoder 512/2048/8 heads).",
+    prenorm_architecture,
+    defaults={
+        "encoder_embed_dim": 1024,
+        "encoder_ffn_embed_dim": 4096,
+        "encoder_attention_heads": 16,
+        "decoder_embed_dim": 512,
+        "decoder_ffn_embed_dim": 2048,
+        "decoder_attention_heads": 8,
+    },
+)
 # Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).
-register_preset("transformer_dlcl", "transformer_dlcl_big_12l",
-                "Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).",
-                dlcl_big_architecture, depth=(12, None))
+register_preset(
+    "transformer_dlcl",
+    "transformer_dlcl_big_12l",
+    "Table 6: pre-norm Transformer-Big + 12-layer encoder (DLCL).",
+    dlcl_big_architecture,
+    depth=(12, None),
+)
 # Table 1 / Table 2 / Figure 3 of Wang et al.: encoders of 12-30 layers over a 6-layer decoder.
 for _depth in (12, 16, 20, 25, 30):
-    for _name, _parent in (("transformer_dlcl", dlcl_base_architecture),
-                           ("transformer_dlcl_postnorm", dlcl_postnorm_architecture),
-                           ("transformer_prenorm", prenorm_architecture),
-                           ("transformer_postnorm", postnorm_architecture)):
-        register_preset("transformer_dlcl", f"{_name}_{_depth}l",
-                        f"{first_line(_parent)}, with a {_depth}-layer encoder.", _parent, depth=(_depth, None))
+    for _name, _parent in (
+        ("transformer_dlcl", dlcl_base_architecture),
+        ("transformer_dlcl_postnorm", dlcl_postnorm_architecture),
+        ("transformer_prenorm", prenorm_architecture),
+        ("transformer_postnorm", postnorm_architecture),
+    ):
+        register_preset(
+            "transformer_dlcl",
+            f"{_name}_{_depth}l",
+            f"{first_line(_parent)}, with a {_depth}-layer encoder.",
+            _parent,
+            depth=(_depth, None),
+        )

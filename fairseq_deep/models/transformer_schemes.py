@@ -23,18 +23,38 @@ from .presets import register_preset
 from .transformer_dlcl import postnorm_architecture
 
 SCHEMES = {  # preset name: (what, the option it owns, {depth name: (encoder, decoder layers)})
-    "transformer_deepnorm": ("DeepNorm (Wang et al. 2022)", "deepnorm", {18: (18, 18), 50: (50, 50), 100: (100, 100)}),
+    "transformer_deepnorm": (
+        "DeepNorm (Wang et al. 2022)",
+        "deepnorm",
+        {18: (18, 18), 50: (50, 50), 100: (100, 100)},
+    ),
     "transformer_admin": ("Admin (Liu et al. 2020)", "admin", {18: (18, 18), 60: (60, 12)}),
-    "transformer_dsinit": ("DS-Init (Zhang et al. 2019)", "ds_init", {12: (12, 12), 20: (20, 20), 30: (30, 30)}),
-    "transformer_rezero": ("ReZero (Bachlechner et al. 2020)", "rezero", {18: (18, 18), 50: (50, 50)}),
+    "transformer_dsinit": (
+        "DS-Init (Zhang et al. 2019)",
+        "ds_init",
+        {12: (12, 12), 20: (20, 20), 30: (30, 30)},
+    ),
+    "transformer_rezero": (
+        "ReZero (Bachlechner et al. 2020)",
+        "rezero",
+        {18: (18, 18), 50: (50, 50)},
+    ),
 }
 
 for _name, (_what, _option, _depths) in SCHEMES.items():
     _base = register_preset(
-        "transformer_dlcl", _name, f"Post-norm Transformer-Base with {_what}, 6 + 6 layers.",
-        postnorm_architecture, fixed={_option: True}, defaults={"encoder_layers": 6, "decoder_layers": 6})
+        "transformer_dlcl",
+        _name,
+        f"Post-norm Transformer-Base with {_what}, 6 + 6 layers.",
+        postnorm_architecture,
+        fixed={_option: True},
+        defaults={"encoder_layers": 6, "decoder_layers": 6},
+    )
     for _depth, _layers in _depths.items():
         register_preset(
-            "transformer_dlcl", f"{_name}_{_depth}l",
+            "transformer_dlcl",
+            f"{_name}_{_depth}l",
             f"Post-norm Transformer-Base with {_what}, {_layers[0]} + {_layers[1]} layers.",
-            _base, depth=_layers)
+            _base,
+            depth=_layers,
+        )

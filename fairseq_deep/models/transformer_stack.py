@@ -22,19 +22,30 @@ import logging
 from typing import Any, Dict, List, Optional
 
 import torch
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
 from torch import Tensor, nn
 
-from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq.distributed import fsdp_wrap
-from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
-
 from ..modules.growth import declare_stack
-from ..patches.better_transformer import without_better_transformer
 from ..modules.layer_history import LayerHistory
-from ..modules.residual_schemes import AdminProfile, ResidualSchemesConfig, apply_schemes, scheme_names
+from ..modules.residual_schemes import (
+    AdminProfile,
+    ResidualSchemesConfig,
+    apply_schemes,
+    scheme_names,
+)
+from ..patches.better_transformer import without_better_transformer
 from .flags import add_new_flag_names
 
 logger = logging.getLogger(__name__)
@@ -58,7 +69,9 @@ class TechniqueTransformerModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, cls.options(), delete_default=True, with_prefix="")
-        gen_parser_from_dataclass(parser, ResidualSchemesConfig(), delete_default=True, with_prefix="")
+        gen_parser_from_dataclass(
+            parser, ResidualSchemesConfig(), delete_default=True, with_prefix=""
+        )
         add_new_flag_names(parser, cls.renamed_flags)
 
     @classmethod
@@ -66,7 +79,9 @@ class TechniqueTransformerModel(TransformerModel):
         ARCH_CONFIG_REGISTRY[cls.base_arch](args)
         model = super().build_model(args, task)
         if scheme_names(args):
-            logger.info(f"residual/initialisation schemes: {scheme_names(args)} (modules/residual_schemes.py)")
+            logger.info(
+                f"residual/initialisation schemes: {scheme_names(args)} (modules/residual_schemes.py)"
+            )
         return model
 
 
@@ -150,7 +165,9 @@ class FairseqTransformerEncoder(TransformerEncoderBase):
 
     def build_encoder_layer(self, cfg):
         index, self._layers_built = self._layers_built, self._layers_built + 1
-        layer = without_better_transformer(TransformerEncoderLayerBase(cfg, return_fc=self.return_fc))
+        layer = without_better_transformer(
+            TransformerEncoderLayerBase(cfg, return_fc=self.return_fc)
+        )
         return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers), cfg)
 
 
@@ -187,7 +204,9 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
         layer = without_better_transformer(self.build_layer(cfg, index, cfg.encoder.layers))
         _give_norm_to_history(layer, self._history_norms)
-        return wrap_layer(apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg)
+        return wrap_layer(
+            apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg
+        )
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
         """Layer ``index`` (0-based, bottom first) of a stack of ``num_layers``, unwrapped:
@@ -221,10 +240,11 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         lower: List[Tensor] = []  # inputs of the layers below, kept only when lower_window > 0
         for idx, layer in enumerate(self.layers):
             x_in = states.next_input()
-            x = self.forward_layer(idx, layer, x_in, lower,
-                                   encoder_padding_mask=padding_mask if has_pads else None)
+            x = self.forward_layer(
+                idx, layer, x_in, lower, encoder_padding_mask=padding_mask if has_pads else None
+            )
             if self.lower_window > 0:
-                lower = (lower + [x_in])[-self.lower_window:]
+                lower = (lower + [x_in])[-self.lower_window :]
             states.push(x)
             if return_all_hiddens:
                 encoder_states.append(x)
@@ -239,7 +259,9 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
             "encoder_states": encoder_states,  # List[T x B x C]
             "fc_results": [],
             "src_tokens": [],
-            "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
+            "src_lengths": [
+                src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)
+            ],
         }
 
 
@@ -261,7 +283,9 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         """Token and position embeddings of the (last, when incremental) target positions, T x B x C."""
         positions = None
         if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+            positions = self.embed_positions(
+                prev_output_tokens, incremental_state=incremental_state
+            )
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
             if positions is not None:
@@ -285,9 +309,13 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
             self.admin_profile = AdminProfile()
         layer = self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn)
         _give_norm_to_history(layer, self._history_norms)
-        return wrap_layer(apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile), cfg)
+        return wrap_layer(
+            apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile), cfg
+        )
 
-    def build_layer(self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False) -> nn.Module:
+    def build_layer(
+        self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False
+    ) -> nn.Module:
         """Decoder layer ``index`` (0-based, bottom first) of ``num_layers``, unwrapped (as the
         encoder's hook)."""
         return TransformerDecoderLayerBase(cfg, no_encoder_attn)
@@ -300,7 +328,9 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         `lower` holds the inputs of up to `lower_window` layers below it, nearest last."""
         return layer(x, *args, **kwargs)
 
-    def encoder_memory(self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state):
+    def encoder_memory(
+        self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state
+    ):
         """The encoder states that decoder layer `idx` attends to (the top layer's, in fairseq)."""
         if encoder_out is None or len(encoder_out["encoder_out"]) == 0:
             return None
@@ -350,7 +380,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
                 need_head_weights=idx == alignment_layer,
             )
             if self.lower_window > 0:
-                lower = (lower + [x_in])[-self.lower_window:]
+                lower = (lower + [x_in])[-self.lower_window :]
             states.push(x)
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:
@@ -372,6 +402,10 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
 
 # fairseq-deep-grow (modules/growth.py): the layers of every Transformer stack of the package; the
 # units of a history and of transparent attention count the embedding as unit 0
-for _stack in (HistoryTransformerEncoder, HistoryTransformerDecoder,
-               FairseqTransformerEncoder, FairseqTransformerDecoder):
+for _stack in (
+    HistoryTransformerEncoder,
+    HistoryTransformerDecoder,
+    FairseqTransformerEncoder,
+    FairseqTransformerDecoder,
+):
     declare_stack(_stack, layers=lambda stack: {"layers": stack.layers}, unit_offset=1)

@@ -19,12 +19,11 @@ incremental state at the first step, as for the plain model.
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from torch import Tensor
-
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer import base_architecture as fairseq_transformer_base
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from torch import Tensor
 
 from ..modules.growth import declare_family, declare_layer
 from ..modules.layer_history import LayerHistory
@@ -32,7 +31,11 @@ from ..modules.reorder import reorder_batch
 from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
 from .presets import PRENORM, first_line, register_preset
 from .reduction import declare_reduction, residual_stacks
-from .transformer_stack import HistoryTransformerDecoder, HistoryTransformerEncoder, TechniqueTransformerModel
+from .transformer_stack import (
+    HistoryTransformerDecoder,
+    HistoryTransformerEncoder,
+    TechniqueTransformerModel,
+)
 
 MEMORY_KEY = "transparent_memory"
 
@@ -43,13 +46,19 @@ class TransparentAttentionConfig(TransparentReadoutConfig):
 
     ta_disable: bool = field(
         default=False,
-        metadata={"help": "no transparent attention: every decoder layer attends to the top encoder "
-                  "layer (the 'Baseline' rows of Bapna et al. 2018, Tables 1-2)"},
+        metadata={
+            "help": "no transparent attention: every decoder layer attends to the top encoder "
+            "layer (the 'Baseline' rows of Bapna et al. 2018, Tables 1-2)"
+        },
     )
-    encoder_no_residual: bool = field(  # --ta-no-encoder-residual (TransformerTAModel.renamed_flags)
-        default=False,
-        metadata={"help": "remove the residual connections of the encoder layers (Bapna et al. "
-                  "Sec. 2.3, the 'Baseline - residuals' rows)"},
+    encoder_no_residual: bool = (
+        field(  # --ta-no-encoder-residual (TransformerTAModel.renamed_flags)
+            default=False,
+            metadata={
+                "help": "remove the residual connections of the encoder layers (Bapna et al. "
+                "Sec. 2.3, the 'Baseline - residuals' rows)"
+            },
+        )
     )
 
 
@@ -64,8 +73,12 @@ class NoResidualEncoderLayer(TransformerEncoderLayerBase):
 
 
 # fairseq-deep-grow (modules/growth.py): F(x) is not x for any value of its parameters
-declare_layer(NoResidualEncoderLayer, identity=lambda layer: (
-    "its encoder layers have no residual connections (--ta-no-encoder-residual), so no new layer is the identity"))
+declare_layer(
+    NoResidualEncoderLayer,
+    identity=lambda layer: (
+        "its encoder layers have no residual connections (--ta-no-encoder-residual), so no new layer is the identity"
+    ),
+)
 
 
 class TransparentTransformerEncoder(HistoryTransformerEncoder):
@@ -81,8 +94,10 @@ class TransparentTransformerEncoder(HistoryTransformerEncoder):
     def __init__(self, cfg, dictionary, embed_tokens, readout: Optional[TransparentReadout]):
         super().__init__(cfg, dictionary, embed_tokens, LayerHistory(cfg.encoder.layers))
         if readout is not None and self.encoder_layerdrop > 0:
-            raise ValueError("--encoder-layerdrop skips layers, which would shift the rows of the "
-                             "transparent attention weights: set --encoder-layerdrop 0 (or --ta-disable)")
+            raise ValueError(
+                "--encoder-layerdrop skips layers, which would shift the rows of the "
+                "transparent attention weights: set --encoder-layerdrop 0 (or --ta-disable)"
+            )
         self.transparent_attention = readout
 
     def build_layer(self, cfg, index, num_layers):
@@ -90,11 +105,17 @@ class TransparentTransformerEncoder(HistoryTransformerEncoder):
             return super().build_layer(cfg, index, num_layers)
         return NoResidualEncoderLayer(cfg, return_fc=self.return_fc)
 
-    def forward_scriptable(self, src_tokens, src_lengths: Optional[Tensor] = None,
-                           return_all_hiddens: bool = False, token_embeddings: Optional[Tensor] = None):
+    def forward_scriptable(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[Tensor] = None,
+    ):
         transparent = self.transparent_attention is not None
-        out = super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens or transparent,
-                                         token_embeddings)
+        out = super().forward_scriptable(
+            src_tokens, src_lengths, return_all_hiddens or transparent, token_embeddings
+        )
         if transparent:
             memory = self.transparent_attention(out["encoder_states"])
             if self.layer_norm is not None:
@@ -107,7 +128,9 @@ class TransparentTransformerEncoder(HistoryTransformerEncoder):
     def reorder_encoder_out(self, encoder_out: Dict[str, List[Tensor]], new_order):
         reordered = super().reorder_encoder_out(encoder_out, new_order)
         if MEMORY_KEY in encoder_out:  # M memories, T x B x C
-            reordered.update(reorder_batch({MEMORY_KEY: encoder_out[MEMORY_KEY]}, new_order, (MEMORY_KEY,)))
+            reordered.update(
+                reorder_batch({MEMORY_KEY: encoder_out[MEMORY_KEY]}, new_order, (MEMORY_KEY,))
+            )
         return reordered
 
 
@@ -115,14 +138,23 @@ class TransparentTransformerDecoder(HistoryTransformerDecoder):
     """Transformer decoder whose layer j attends to ``encoder_out["transparent_memory"][j]``."""
 
     def __init__(self, cfg, dictionary, embed_tokens, transparent: bool, no_encoder_attn=False):
-        super().__init__(cfg, dictionary, embed_tokens, LayerHistory(cfg.decoder.layers),
-                         no_encoder_attn=no_encoder_attn)
+        super().__init__(
+            cfg,
+            dictionary,
+            embed_tokens,
+            LayerHistory(cfg.decoder.layers),
+            no_encoder_attn=no_encoder_attn,
+        )
         if transparent and self.decoder_layerdrop > 0:
-            raise ValueError("--decoder-layerdrop skips layers, which would hand decoder layer j the "
-                             "memory of another layer: set --decoder-layerdrop 0 (or --ta-disable)")
+            raise ValueError(
+                "--decoder-layerdrop skips layers, which would hand decoder layer j the "
+                "memory of another layer: set --decoder-layerdrop 0 (or --ta-disable)"
+            )
         self.transparent = transparent
 
-    def encoder_memory(self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state):
+    def encoder_memory(
+        self, encoder_out: Optional[Dict[str, List[Tensor]]], idx: int, incremental_state
+    ):
         if not self.transparent or encoder_out is None:
             return super().encoder_memory(encoder_out, idx, incremental_state)
         memory = encoder_out.get(MEMORY_KEY)
@@ -149,21 +181,30 @@ class TransformerTAModel(TechniqueTransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         readout = None
         if not cfg.ta_disable:
-            readout = TransparentReadout.from_options(cfg, cfg.encoder.layers + 1, cfg.decoder.layers)
+            readout = TransparentReadout.from_options(
+                cfg, cfg.encoder.layers + 1, cfg.decoder.layers
+            )
         return TransparentTransformerEncoder(cfg, src_dict, embed_tokens, readout)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return TransparentTransformerDecoder(cfg, tgt_dict, embed_tokens, transparent=not cfg.ta_disable,
-                                             no_encoder_attn=cfg.no_cross_attention)
+        return TransparentTransformerDecoder(
+            cfg,
+            tgt_dict,
+            embed_tokens,
+            transparent=not cfg.ta_disable,
+            no_encoder_attn=cfg.no_cross_attention,
+        )
 
 
 def _reduction(model) -> Optional[str]:
     """fairseq-deep-export: the baselines (--ta-disable, with residuals) reduce, nothing else."""
     if model.encoder.transparent_attention is not None:
-        return ("transparent attention: decoder layer j attends to its own learned mix of all "
-                "encoder layers (Bapna et al. 2018)")
+        return (
+            "transparent attention: decoder layer j attends to its own learned mix of all "
+            "encoder layers (Bapna et al. 2018)"
+        )
     return residual_stacks(model)
 
 
@@ -184,41 +225,82 @@ declare_family(TransformerTAModel)
 _TA_BASE = {"attention_dropout": 0.1, "activation_dropout": 0.1}
 
 ta_base_architecture = register_preset(
-    "transformer_ta", "transformer_ta", "Transformer Base with transparent attention (Bapna et al. 2018), 6+6 layers.",
-    fairseq_transformer_base, defaults=_TA_BASE, options=TransparentAttentionConfig)
+    "transformer_ta",
+    "transformer_ta",
+    "Transformer Base with transparent attention (Bapna et al. 2018), 6+6 layers.",
+    fairseq_transformer_base,
+    defaults=_TA_BASE,
+    options=TransparentAttentionConfig,
+)
 ta_baseline_architecture = register_preset(
-    "transformer_ta", "transformer_ta_baseline", "Transformer Base without transparent attention (Table 1, 'Baseline').",
-    ta_base_architecture, defaults={"ta_disable": True})
+    "transformer_ta",
+    "transformer_ta_baseline",
+    "Transformer Base without transparent attention (Table 1, 'Baseline').",
+    ta_base_architecture,
+    defaults={"ta_disable": True},
+)
 ta_nores_architecture = register_preset(
-    "transformer_ta", "transformer_ta_nores",
+    "transformer_ta",
+    "transformer_ta_nores",
     "Transformer Base without transparent attention nor encoder residuals (Table 1, 'Baseline - residuals').",
-    ta_base_architecture, defaults={"ta_disable": True, "encoder_no_residual": True})
+    ta_base_architecture,
+    defaults={"ta_disable": True, "encoder_no_residual": True},
+)
 ta_prenorm_architecture = register_preset(
-    "transformer_ta", "transformer_ta_prenorm",
+    "transformer_ta",
+    "transformer_ta_prenorm",
     "Pre-norm Transformer Base with transparent attention (Chen et al. 2018's layer: normalize, transform, "
-    "dropout, residual-add; the final encoder norm applies to each memory).", ta_base_architecture, defaults=PRENORM)
+    "dropout, residual-add; the final encoder norm applies to each memory).",
+    ta_base_architecture,
+    defaults=PRENORM,
+)
 
 
 # Chen et al.'s (2018) Transformer Big (App. A.2), Bapna et al.'s "(Big)" column (Sec. 3: "the
 # standard Transformer Big ... as described in (Chen et al., 2018)"): pre-norm, model 1024, FFN 8192,
 # 16 heads, residual and input dropout 0.3, no attention or ReLU dropout.
-CHEN_BIG = {"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 8192, "encoder_attention_heads": 16,
-            "decoder_embed_dim": 1024, "decoder_ffn_embed_dim": 8192, "decoder_attention_heads": 16,
-            "dropout": 0.3, "attention_dropout": 0.0, "activation_dropout": 0.0, **PRENORM}
-register_preset("transformer_ta", "transformer_ta_big",
-                "Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 heads, dropout 0.3) with "
-                "transparent attention, 6+6 layers.", ta_base_architecture, defaults=CHEN_BIG)
-register_preset("transformer_ta", "transformer_ta_baseline_big",
-                "Bapna et al. Tables 1-2 '(Big)': Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 "
-                "heads, dropout 0.3), no transparent attention, 6+6 layers.", ta_baseline_architecture,
-                defaults=CHEN_BIG)
+CHEN_BIG = {
+    "encoder_embed_dim": 1024,
+    "encoder_ffn_embed_dim": 8192,
+    "encoder_attention_heads": 16,
+    "decoder_embed_dim": 1024,
+    "decoder_ffn_embed_dim": 8192,
+    "decoder_attention_heads": 16,
+    "dropout": 0.3,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+    **PRENORM,
+}
+register_preset(
+    "transformer_ta",
+    "transformer_ta_big",
+    "Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 heads, dropout 0.3) with "
+    "transparent attention, 6+6 layers.",
+    ta_base_architecture,
+    defaults=CHEN_BIG,
+)
+register_preset(
+    "transformer_ta",
+    "transformer_ta_baseline_big",
+    "Bapna et al. Tables 1-2 '(Big)': Chen et al.'s Transformer Big (pre-norm, 1024/8192/16 "
+    "heads, dropout 0.3), no transparent attention, 6+6 layers.",
+    ta_baseline_architecture,
+    defaults=CHEN_BIG,
+)
 
 # Tables 1-2 of Bapna et al.: 12, 16 and 20 encoder layers over a 6-layer decoder (and the
 # pre-norm reading at the same depths).
 for _depth in (12, 16, 20):
-    for _name, _parent in (("transformer_ta", ta_base_architecture),
-                           ("transformer_ta_baseline", ta_baseline_architecture),
-                           ("transformer_ta_nores", ta_nores_architecture),
-                           ("transformer_ta_prenorm", ta_prenorm_architecture)):
-        register_preset("transformer_ta", f"{_name}_{_depth}l",
-                        f"{first_line(_parent)}, with a {_depth}-layer encoder.", _parent, depth=(_depth, 6))
+    for _name, _parent in (
+        ("transformer_ta", ta_base_architecture),
+        ("transformer_ta_baseline", ta_baseline_architecture),
+        ("transformer_ta_nores", ta_nores_architecture),
+        ("transformer_ta_prenorm", ta_prenorm_architecture),
+    ):
+        register_preset(
+            "transformer_ta",
+            f"{_name}_{_depth}l",
+            f"{first_line(_parent)}, with a {_depth}-layer encoder.",
+            _parent,
+            depth=(_depth, 6),
+        )

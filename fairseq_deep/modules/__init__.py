@@ -9,13 +9,33 @@ from .layer_aggregation import (
     IterativeAggregationHistory,
     LinearCombinationHistory,
 )
-from .layer_history import DLCLConfig, DynamicLinearCombination, EntryState, HistoryState, LayerHistory, build_dlcl
+from .layer_history import (
+    DLCLConfig,
+    DynamicLinearCombination,
+    EntryState,
+    HistoryState,
+    LayerHistory,
+    build_dlcl,
+)
 from .ln_lstm import LayerNormLSTM
 from .transparent_attention import TransparentReadout
 
 __all__ = [
-    "AdditiveAttention", "AggregationNode", "DLCLConfig", "DenseHistory", "DynamicLinearCombination", "EntryState",
-    "FFLSTMCell", "FFLSTMLayer", "FFLSTMStack", "HierarchicalAggregationHistory", "HistoryState",
-    "IterativeAggregationHistory", "LayerHistory", "LayerNormLSTM", "LinearCombinationHistory",
-    "TransparentReadout", "build_dlcl",
+    "AdditiveAttention",
+    "AggregationNode",
+    "DLCLConfig",
+    "DenseHistory",
+    "DynamicLinearCombination",
+    "EntryState",
+    "FFLSTMCell",
+    "FFLSTMLayer",
+    "FFLSTMStack",
+    "HierarchicalAggregationHistory",
+    "HistoryState",
+    "IterativeAggregationHistory",
+    "LayerHistory",
+    "LayerNormLSTM",
+    "LinearCombinationHistory",
+    "TransparentReadout",
+    "build_dlcl",
 ]

@@ -42,7 +42,7 @@ class AdditiveAttention(nn.Module):
         self.key_proj = nn.Linear(key_dim, attn_dim, bias=True)
         self.value_proj = nn.Linear(key_dim, attn_dim, bias=False) if project_values else None
         self.v = nn.Parameter(torch.empty(num_heads, self.head_dim))
-        nn.init.normal_(self.v, std=self.head_dim ** -0.5)
+        nn.init.normal_(self.v, std=self.head_dim**-0.5)
         value_dim = attn_dim if project_values else key_dim
         self.out_proj = nn.Linear(value_dim, out_dim) if out_dim is not None else None
         self.dropout = dropout

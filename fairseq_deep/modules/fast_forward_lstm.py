@@ -44,7 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .growth import declare_layer
-from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl, scripted
+from .kernel_choice import DEFAULT as DEFAULT_IMPL
+from .kernel_choice import IMPLS, scripted
+from .kernel_choice import resolve as resolve_impl
 from .precision import REDUCED, autocast_enabled, custom_bwd, custom_fwd, no_autocast
 
 FF_MODES = ("half", "whole", "none")
@@ -81,8 +83,9 @@ def mark(param: nn.Parameter, group: str) -> nn.Parameter:
     return param
 
 
-def lstm_recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
-                    ) -> Tuple[Tensor, Tensor, Tensor]:
+def lstm_recurrence(
+    f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Eq. 4 over T steps: f (T x B x 4H), w_r (4H x H), theta (3 x H), state h, s (B x H).
 
     One matmul per step for all four blocks of W_r.  Returns h of every step (T x B x H) and the
@@ -92,14 +95,18 @@ def lstm_recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
     outs: List[Tensor] = []
     for t in range(f.size(0)):
         z, z_rho, z_phi, z_pi = torch.addmm(f[t], h, w_t).chunk(4, dim=-1)
-        s = torch.tanh(z) * torch.sigmoid(z_rho + s * th_rho) + torch.sigmoid(z_phi + s * th_phi) * s
+        s = (
+            torch.tanh(z) * torch.sigmoid(z_rho + s * th_rho)
+            + torch.sigmoid(z_phi + s * th_phi) * s
+        )
         h = torch.tanh(s) * torch.sigmoid(z_pi + s * th_pi)
         outs.append(h)
     return torch.stack(outs), h, s
 
 
-def _forward_saving(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
-                    ) -> Tuple[Tensor, Tensor, Tensor]:
+def _forward_saving(
+    f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`lstm_recurrence`'s arithmetic, op for op (the same values, bit for bit), keeping what
     the backward needs: hs and ss (T+1 x B x H, the initial state first) and the activations
     [tanh z, sigmoid rho, sigmoid phi, sigmoid pi] of every step (T x B x 4H)."""
@@ -112,10 +119,10 @@ def _forward_saving(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
     for t in range(f.size(0)):
         a = torch.addmm(f[t], h, w_t)
         g = torch.tanh(a[:, :H])
-        i = torch.sigmoid(a[:, H:2 * H] + s * th_rho)
-        fg = torch.sigmoid(a[:, 2 * H:3 * H] + s * th_phi)
+        i = torch.sigmoid(a[:, H : 2 * H] + s * th_rho)
+        fg = torch.sigmoid(a[:, 2 * H : 3 * H] + s * th_phi)
         s = g * i + fg * s
-        o = torch.sigmoid(a[:, 3 * H:] + s * th_pi)
+        o = torch.sigmoid(a[:, 3 * H :] + s * th_pi)
         h = torch.tanh(s) * o
         hs.append(h)
         ss.append(s)
@@ -123,8 +130,9 @@ def _forward_saving(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
     return torch.stack(hs), torch.stack(ss), torch.stack(acts)
 
 
-def _backward(d_out: Tensor, dh: Tensor, ds: Tensor, ss: Tensor, acts: Tensor, w_r: Tensor, theta: Tensor
-              ) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward(
+    d_out: Tensor, dh: Tensor, ds: Tensor, ss: Tensor, acts: Tensor, w_r: Tensor, theta: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Backward through time of Eq. 4: the gradients of the pre-activations a = f_t + W_r h_{t-1}
     of every step (T x B x 4H, which is also df) and of the initial (h, s).  Per step, with
     s_t = g i + fg s_{t-1}, h_t = tanh(s_t) o (o's peephole reads s_t, i's and fg's s_{t-1})."""
@@ -134,7 +142,7 @@ def _backward(d_out: Tensor, dh: Tensor, ds: Tensor, ss: Tensor, acts: Tensor, w
     for t in range(acts.size(0) - 1, -1, -1):
         dh = dh + d_out[t]
         act = acts[t]
-        g, i, fg, o = act[:, :H], act[:, H:2 * H], act[:, 2 * H:3 * H], act[:, 3 * H:]
+        g, i, fg, o = act[:, :H], act[:, H : 2 * H], act[:, 2 * H : 3 * H], act[:, 3 * H :]
         s_prev = ss[t]
         ts = torch.tanh(ss[t + 1])
         da_pi = dh * ts * o * (1 - o)
@@ -177,13 +185,19 @@ class FFLSTMRecurrence(torch.autograd.Function):
         H = G // 4
         d_w_r = das.reshape(T * B, G).t().mm(hs[:-1].reshape(T * B, H))
         s_prev, s_new = ss[:-1], ss[1:]
-        d_theta = torch.stack([(das[..., H:2 * H] * s_prev).sum((0, 1)), (das[..., 2 * H:3 * H] * s_prev).sum((0, 1)),
-                               (das[..., 3 * H:] * s_new).sum((0, 1))])
+        d_theta = torch.stack(
+            [
+                (das[..., H : 2 * H] * s_prev).sum((0, 1)),
+                (das[..., 2 * H : 3 * H] * s_prev).sum((0, 1)),
+                (das[..., 3 * H :] * s_new).sum((0, 1)),
+            ]
+        )
         return das, d_w_r, d_theta, dh0, ds0
 
 
-def loop_recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
-                    ) -> Tuple[Tensor, Tensor, Tensor]:
+def loop_recurrence(
+    f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
     """The ``loop`` implementation: :class:`FFLSTMRecurrence` when a gradient is wanted, else
     :func:`lstm_recurrence` itself (inference saves nothing)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (f, w_r, theta, h, s)):
@@ -259,8 +273,9 @@ def gather_time(x: Tensor, index: Tensor) -> Tensor:
 class FFLSTMLayer(nn.Module):
     """The f block (W_f, with the bias) and the r block (Eq. 4) of one layer, in one direction."""
 
-    def __init__(self, input_size: int, hidden_size: int, reverse: bool = False,
-                 impl: str = DEFAULT_IMPL):
+    def __init__(
+        self, input_size: int, hidden_size: int, reverse: bool = False, impl: str = DEFAULT_IMPL
+    ):
         super().__init__()
         self.input_size, self.hidden_size, self.reverse = input_size, hidden_size, reverse
         self.proj = nn.Linear(input_size, 4 * hidden_size)  # W_f
@@ -274,7 +289,9 @@ class FFLSTMLayer(nn.Module):
         f = wide_linear(self.proj, x)
         if self.reverse:
             if rev_index is None:
-                rev_index = reverse_index(x.new_full((x.size(1),), x.size(0), dtype=torch.long), x.size(0))
+                rev_index = reverse_index(
+                    x.new_full((x.size(1),), x.size(0), dtype=torch.long), x.size(0)
+                )
             h, state = self.cell(gather_time(f, rev_index), state)
             h = gather_time(h, rev_index)
         else:
@@ -284,8 +301,11 @@ class FFLSTMLayer(nn.Module):
 
 # fairseq-deep-grow (modules/growth.py): a copy runs in the direction of its place (Deep-Att's
 # interleaved encoder alternates them); an LSTM layer has no branch that 0 turns off
-declare_layer(FFLSTMLayer, role=lambda layer: layer.reverse,
-              identity=lambda layer: "its layers are F-F LSTM layers, which have no zero branch")
+declare_layer(
+    FFLSTMLayer,
+    role=lambda layer: layer.reverse,
+    identity=lambda layer: "its layers are F-F LSTM layers, which have no zero branch",
+)
 
 
 def ff_input(f_prev: Tensor, h_prev: Tensor, ff_mode: str) -> Tensor:
@@ -311,8 +331,15 @@ class FFLSTMStack(nn.Module):
     direction term (-1)^k.  Dropout (Dr) is applied to h where it leaves the layer.  ``impl``:
     every cell's recurrence (:class:`FFLSTMCell`)."""
 
-    def __init__(self, input_size: int, hidden_size: int, directions: List[bool],
-                 ff_mode: str = "half", dropout: float = 0.0, impl: str = DEFAULT_IMPL):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        directions: List[bool],
+        ff_mode: str = "half",
+        dropout: float = 0.0,
+        impl: str = DEFAULT_IMPL,
+    ):
         super().__init__()
         if ff_mode not in FF_MODES:
             raise ValueError(f"--ff-mode must be one of {FF_MODES}, got {ff_mode!r}")
@@ -325,8 +352,9 @@ class FFLSTMStack(nn.Module):
     def drop(self, h: Tensor) -> Tensor:
         return F.dropout(h, p=self.dropout, training=self.training)
 
-    def forward(self, x: Optional[Tensor], lengths: Optional[Tensor] = None, states=None,
-                first=None):
+    def forward(
+        self, x: Optional[Tensor], lengths: Optional[Tensor] = None, states=None, first=None
+    ):
         """x: T x B x C right-padded (lengths: B).  ``states``: one (h, s) per layer, or None.
         ``first``: (f, h, state) of layer 1 when the caller ran it itself (the Deep-Att decoder,
         whose layer-1 input depends on its own previous output); x is then ignored.
@@ -335,8 +363,11 @@ class FFLSTMStack(nn.Module):
         (B x H): the top layer's h at the last real step of its processing order; all in
         :func:`wide_dtype` of the input (float32 for float16/bfloat16 input)."""
         T = x.size(0) if first is None else first[0].size(0)
-        rev = reverse_index(lengths, T) if lengths is not None and any(
-            layer.reverse for layer in self.layers) else None
+        rev = (
+            reverse_index(lengths, T)
+            if lengths is not None and any(layer.reverse for layer in self.layers)
+            else None
+        )
         new_states = []
         f = h = None
         for k, layer in enumerate(self.layers):

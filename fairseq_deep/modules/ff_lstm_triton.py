@@ -1,8 +1,8 @@
 """The Deep-Att / Deep-ED cell's time loop with one fused Triton kernel per step (issue 16).
 
 ``FFLSTMCell(impl="triton")``, ``--deep-att-cell-impl triton``, and the default ``auto`` on CUDA
-(:mod:`.kernel_choice`); otherwise the Python loop :func:`.fast_forward_lstm.lstm_recurrence`, whose arithmetic this module repeats
-(Zhou et al. 2016, Eq. 4):
+(:mod:`.kernel_choice`); otherwise the Python loop :func:`.fast_forward_lstm.lstm_recurrence`,
+whose arithmetic this module repeats (Zhou et al. 2016, Eq. 4):
 
     [z, z_rho, z_phi, z_pi] = f_t + h_{t-1} W_r^T                       (one matmul, all four blocks)
     s_t = tanh(z) * sigmoid(z_rho + s_{t-1} theta_rho) + sigmoid(z_phi + s_{t-1} theta_phi) * s_{t-1}
@@ -66,7 +66,9 @@ def _fwd_step(Z, S_PREV, THETA, S_OUT, H_OUT, N, H, BLOCK: tl.constexpr):
     h_{t-1} W_r^T); S_PREV, S_OUT, H_OUT: B x H; THETA: 3 x H; all contiguous, N = B * H."""
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = n < N
-    b, j, z, z_rho, z_phi, z_pi, s_prev, th_rho, th_phi, th_pi = _load_step(Z, S_PREV, THETA, n, H, mask)
+    b, j, z, z_rho, z_phi, z_pi, s_prev, th_rho, th_phi, th_pi = _load_step(
+        Z, S_PREV, THETA, n, H, mask
+    )
     s = _tanh(z) * _sigmoid(z_rho + s_prev * th_rho) + _sigmoid(z_phi + s_prev * th_phi) * s_prev
     h = _tanh(s) * _sigmoid(z_pi + s * th_pi)
     tl.store(S_OUT + n, s, mask=mask)
@@ -82,7 +84,9 @@ def _bwd_step(D_OUT, DH, DS, Z, S_PREV, S, THETA, DZ, DTH, N, H, BLOCK: tl.const
     dh_{t-1} = dz W_r."""
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = n < N
-    b, j, z, z_rho, z_phi, z_pi, s_prev, th_rho, th_phi, th_pi = _load_step(Z, S_PREV, THETA, n, H, mask)
+    b, j, z, z_rho, z_phi, z_pi, s_prev, th_rho, th_phi, th_pi = _load_step(
+        Z, S_PREV, THETA, n, H, mask
+    )
     s = tl.load(S + n, mask=mask, other=0.0)
     # the forward again, from the saved pre-activations
     tz = _tanh(z)
@@ -125,8 +129,9 @@ def _grid(N: int, options: Dict) -> Tuple[int]:
     return (triton.cdiv(N, options["BLOCK"]),)
 
 
-def _forward(f: Tensor, w_r: Tensor, theta: Tensor, h0: Tensor, s0: Tensor,
-             save: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _forward(
+    f: Tensor, w_r: Tensor, theta: Tensor, h0: Tensor, s0: Tensor, save: bool
+) -> Tuple[Tensor, Tensor, Tensor]:
     """The time loop.  Returns hs (T x B x H, the outputs), ss (T x B x H when ``save``, else
     2 x B x H with s_T at [(T - 1) % 2]) and zs (the pre-activations: T x B x 4H when ``save``,
     else the last step's B x 4H)."""
@@ -155,8 +160,10 @@ def _prepare(f, w_r, theta, h, s):
     dtype = f.dtype
     tensors = (f, w_r, theta, h, s)
     if dtype not in (torch.float32, torch.float64) or any(t.dtype != dtype for t in tensors):
-        raise TypeError(f"the Triton Deep-Att cell runs in float32 or float64, one dtype for all inputs (FFLSTMCell "
-                        f"hands it float32 under float16/bfloat16 and autocast); got {[t.dtype for t in tensors]}")
+        raise TypeError(
+            f"the Triton Deep-Att cell runs in float32 or float64, one dtype for all inputs (FFLSTMCell "
+            f"hands it float32 under float16/bfloat16 and autocast); got {[t.dtype for t in tensors]}"
+        )
     return [t.contiguous() for t in tensors]
 
 
@@ -186,10 +193,29 @@ class TritonFFLSTMRecurrence(torch.autograd.Function):
         dth = zs.new_empty(T, B, 3 * H)
         options = _launch_options(N)
         grid = _grid(N, options)
-        d_outs, z_s, s_s, dzs, dths = d_out.unbind(0), zs.unbind(0), ss.unbind(0), dz.unbind(0), dth.unbind(0)
+        d_outs, z_s, s_s, dzs, dths = (
+            d_out.unbind(0),
+            zs.unbind(0),
+            ss.unbind(0),
+            dz.unbind(0),
+            dth.unbind(0),
+        )
         s_prevs = (s0,) + s_s[:-1]
         for t in range(T - 1, -1, -1):
-            _bwd_step[grid](d_outs[t], dh, ds, z_s[t], s_prevs[t], s_s[t], theta, dzs[t], dths[t], N, H, **options)
+            _bwd_step[grid](
+                d_outs[t],
+                dh,
+                ds,
+                z_s[t],
+                s_prevs[t],
+                s_s[t],
+                theta,
+                dzs[t],
+                dths[t],
+                N,
+                H,
+                **options,
+            )
             torch.mm(dzs[t], w_r, out=dh)  # dh_{t-1} = dz_t W_r
         # the parameter gradients of all steps at once
         h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]]) if T > 1 else h0.unsqueeze(0)
@@ -198,7 +224,9 @@ class TritonFFLSTMRecurrence(torch.autograd.Function):
         return dz, d_w, d_theta, dh, ds
 
 
-def recurrence(f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+def recurrence(
+    f: Tensor, w_r: Tensor, theta: Tensor, h: Tensor, s: Tensor
+) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`.fast_forward_lstm.lstm_recurrence` (same arguments and results: h of every step
     T x B x H, the final h and s) with the fused Triton kernels; float32 or float64."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (f, w_r, theta, h, s)):

@@ -99,7 +99,9 @@ class LayerRule:
     #: layer -> names of its parameters that, set to 0, make it the identity map, or why it cannot be
     identity: Callable[[nn.Module], Union[List[str], str]] = _no_identity
     #: (the shallow model's options, the grown model's (changed in place), GrowRequest) -> notes
-    options: Optional[Callable[[argparse.Namespace, argparse.Namespace, "GrowRequest"], List[str]]] = None
+    options: Optional[
+        Callable[[argparse.Namespace, argparse.Namespace, "GrowRequest"], List[str]]
+    ] = None
 
 
 class _Rules:
@@ -127,7 +129,12 @@ class _Rules:
         return self.rule(**found) if declared else None
 
 
-FAMILIES, STACKS, PARTS, LAYER_RULES = _Rules(FamilyRule), _Rules(StackRule), _Rules(PartRule), _Rules(LayerRule)
+FAMILIES, STACKS, PARTS, LAYER_RULES = (
+    _Rules(FamilyRule),
+    _Rules(StackRule),
+    _Rules(PartRule),
+    _Rules(LayerRule),
+)
 
 
 def declare_family(model: type, depth_options=None) -> type:
@@ -138,7 +145,9 @@ def declare_family(model: type, depth_options=None) -> type:
 
 def declare_stack(stack: type, layers, unit_offset: Optional[int] = None, layer_role=None) -> type:
     """Declare where the layers of an encoder or decoder class are, and how its units count."""
-    return STACKS.declare(stack, dict(layers=layers, unit_offset=unit_offset, layer_role=layer_role))
+    return STACKS.declare(
+        stack, dict(layers=layers, unit_offset=unit_offset, layer_role=layer_role)
+    )
 
 
 def declare_part(part: type, grow=None, identity=None) -> type:
@@ -165,8 +174,10 @@ def stack_layers(name: str, stack: nn.Module) -> Dict[str, List[nn.Module]]:
     """{key prefix ("encoder.layers"): layers} of the ``name`` stack, as it declares them."""
     rule = STACKS.of(stack)
     if rule is None or rule.layers is None:
-        raise GrowError(f"the {name} of this model ({type(stack).__name__}) declares no growth rule: "
-                        "fairseq-deep-grow grows the stacks that declare where their layers are (docs/grow.md)")
+        raise GrowError(
+            f"the {name} of this model ({type(stack).__name__}) declares no growth rule: "
+            "fairseq-deep-grow grows the stacks that declare where their layers are (docs/grow.md)"
+        )
     return {f"{name}.{prefix}": list(layers) for prefix, layers in rule.layers(stack).items()}
 
 
@@ -212,7 +223,12 @@ def layer_role(stack: nn.Module, index: int, layer: nn.Module) -> Tuple:
     """What a copy of ``layer`` (layer ``index`` of ``stack``) must share with its source: its
     class, its tensors' shapes, and what the layer and the stack declare."""
     shapes = tuple((n, tuple(t.shape)) for n, t in layer.state_dict().items())
-    return type(layer), shapes, layer_rule(layer).role(layer), STACKS.of(stack).layer_role(stack, index)
+    return (
+        type(layer),
+        shapes,
+        layer_rule(layer).role(layer),
+        STACKS.of(stack).layer_role(stack, index),
+    )
 
 
 class StackGrowth:
@@ -221,8 +237,15 @@ class StackGrowth:
     starts from old layer ``maps[prefix][j]``; None: no old layer of its role; ``layer_map`` is the
     first stack's), the units of its history and readouts, and its parts with a rule."""
 
-    def __init__(self, name: str, old_module: nn.Module, new_module: nn.Module, method: str,
-                 old_depth: int, new_depth: int):
+    def __init__(
+        self,
+        name: str,
+        old_module: nn.Module,
+        new_module: nn.Module,
+        method: str,
+        old_depth: int,
+        new_depth: int,
+    ):
         self.name, self.method = name, method
         self.old_module, self.new_module = old_module, new_module
         self.old_depth, self.new_depth = old_depth, new_depth
@@ -232,15 +255,21 @@ class StackGrowth:
         self.maps: Dict[str, List[Optional[int]]] = {}
         for prefix, layers in new_layers.items():
             old = old_layers.get(prefix, [])
-            if len(old) == len(layers):  # a stack this side does not grow (e.g. a hybrid's other part)
+            if len(old) == len(
+                layers
+            ):  # a stack this side does not grow (e.g. a hybrid's other part)
                 self.maps[prefix] = list(range(len(layers)))
                 continue
             if len(old) != old_depth or len(layers) != new_depth:
-                raise GrowError(f"{prefix}: {len(old)} -> {len(layers)} layers, not the {old_depth} -> "
-                                f"{new_depth} of the {name} depth option")
+                raise GrowError(
+                    f"{prefix}: {len(old)} -> {len(layers)} layers, not the {old_depth} -> "
+                    f"{new_depth} of the {name} depth option"
+                )
             old_roles = [layer_role(old_module, i, m) for i, m in enumerate(old)]
             new_roles = [layer_role(new_module, j, m) for j, m in enumerate(layers)]
-            self.maps[prefix] = fit_roles(base_layer_map(method, len(old), len(layers)), old_roles, new_roles)
+            self.maps[prefix] = fit_roles(
+                base_layer_map(method, len(old), len(layers)), old_roles, new_roles
+            )
         self.grows = new_depth != old_depth
         main = sorted(self.maps)[0] if self.maps else None
         self.layer_map = self.maps[main] if main else list(range(new_depth))
@@ -249,7 +278,7 @@ class StackGrowth:
     def _parts(self) -> List[Tuple[str, nn.Module, PartRule]]:
         """(key prefix, module, rule) of every outermost part of the grown stack that declares a
         rule (its layers are not parts: the layer maps fill them)."""
-        taken = [prefix[len(self.name) + 1:] for prefix in self.maps]
+        taken = [prefix[len(self.name) + 1 :] for prefix in self.maps]
         parts = []
         for sub, module in self.new_module.named_modules():
             if not sub or any(sub == t or sub.startswith(t + ".") for t in taken):
@@ -294,7 +323,9 @@ class GrownState:
     ``new`` (the grown model's, as built: a rule that sets nothing leaves the built value),
     ``origin`` (key -> where its value came from) and ``stacks`` (name -> StackGrowth)."""
 
-    def __init__(self, old: Dict[str, Tensor], new: Dict[str, Tensor], stacks: Dict[str, StackGrowth]):
+    def __init__(
+        self, old: Dict[str, Tensor], new: Dict[str, Tensor], stacks: Dict[str, StackGrowth]
+    ):
         self.old, self.new, self.stacks = old, new, stacks
         self.origin: Dict[str, str] = {}
 
@@ -314,6 +345,6 @@ class GrownState:
         """(key, i, rest) of every key ``prefix{i}.{rest}`` of the grown model (``layers.``, ``norms.``)."""
         for key in list(self.new):
             if key.startswith(prefix):
-                head, _, rest = key[len(prefix):].partition(".")
+                head, _, rest = key[len(prefix) :].partition(".")
                 if head.isdigit():
                     yield key, int(head), rest

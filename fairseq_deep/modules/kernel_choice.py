@@ -21,7 +21,7 @@ DEFAULT = "auto"
 
 @functools.lru_cache(maxsize=None)
 def triton_mode() -> str:
-    """"" when triton does not import, "interpreter" under TRITON_INTERPRET=1, else "gpu"."""
+    """ "" when triton does not import, "interpreter" under TRITON_INTERPRET=1, else "gpu"."""
     try:
         from .triton_common import INTERPRETED
     except ImportError:

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
-from torch import Tensor, nn
-
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
+from torch import Tensor, nn
 
 from .growth import READOUT, GrownState, StackGrowth, declare_part
 from .layer_history import HistoryState, LayerHistory
@@ -40,35 +39,64 @@ class AggregationConfig(FairseqDataclass):
     and :func:`node_factory` only."""
 
     agg_encoder: ChoiceEnum(list(STRATEGIES)) = field(
-        default="none", metadata={"help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
-                                  "dense (Eq. 3; Eq. 4 with --agg-dense-sum states), linear (Eq. 5), "
-                                  "iterative (Eq. 6), hierarchical (Fig. 2)"})
+        default="none",
+        metadata={
+            "help": "layer aggregation of the encoder (Dou et al. 2018, Sec. 3.1.1): "
+            "dense (Eq. 3; Eq. 4 with --agg-dense-sum states), linear (Eq. 5), "
+            "iterative (Eq. 6), hierarchical (Fig. 2)"
+        },
+    )
     agg_decoder: ChoiceEnum(list(STRATEGIES)) = field(
-        default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"})
+        default="none", metadata={"help": "layer aggregation of the decoder (as --agg-encoder)"}
+    )
     agg_function: ChoiceEnum(list(AGG_FUNCTIONS)) = field(
-        default="ff_sigmoid", metadata={"help": "F of the AGG node LN(F([x;y]) + x + y) (Eq. 7, Table 4): "
-                                        "feed-forward with sigmoid or ReLU, or self-attention over the inputs"})
+        default="ff_sigmoid",
+        metadata={
+            "help": "F of the AGG node LN(F([x;y]) + x + y) (Eq. 7, Table 4): "
+            "feed-forward with sigmoid or ReLU, or self-attention over the inputs"
+        },
+    )
     agg_residual: ChoiceEnum(list(AGG_RESIDUALS)) = field(
-        default="all", metadata={"help": "residual inputs of an AGG node (Table 4): all inputs, the "
-                                 "top-level one, or none"})
+        default="all",
+        metadata={
+            "help": "residual inputs of an AGG node (Table 4): all inputs, the "
+            "top-level one, or none"
+        },
+    )
     agg_ffn_dim: int = field(
-        default=-1, metadata={"help": "hidden size of the AGG feed-forward: -1 (default) the stack's FFN "
-                              "width (--encoder/decoder-ffn-embed-dim) for iterative/hierarchical "
-                              "nodes and d for --mla-layers' nodes (Dou et al. Sec. 4.2's parameter "
-                              "counts), 0 the stack's embedding dim d (the default before issue 15: "
-                              "older checkpoints saved 0)"})
+        default=-1,
+        metadata={
+            "help": "hidden size of the AGG feed-forward: -1 (default) the stack's FFN "
+            "width (--encoder/decoder-ffn-embed-dim) for iterative/hierarchical "
+            "nodes and d for --mla-layers' nodes (Dou et al. Sec. 4.2's parameter "
+            "counts), 0 the stack's embedding dim d (the default before issue 15: "
+            "older checkpoints saved 0)"
+        },
+    )
     agg_dropout: float = field(
-        default=-1.0, metadata={"architecture": False,
-                                "help": "dropout on the output of the AGG node's F: -1 (default) the model's "
-                                "--dropout, as on every Transformer sublayer (this package's choice); 0 "
-                                "Eq. 7 as written, which has none"})
+        default=-1.0,
+        metadata={
+            "architecture": False,
+            "help": "dropout on the output of the AGG node's F: -1 (default) the model's "
+            "--dropout, as on every Transformer sublayer (this package's choice); 0 "
+            "Eq. 7 as written, which has none",
+        },
+    )
     agg_linear_init: ChoiceEnum(["top", "avg"]) = field(
-        default="top", metadata={"architecture": False,
-                                 "help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
-                                 "initialised from), or W_l = I/L"})
+        default="top",
+        metadata={
+            "architecture": False,
+            "help": "--agg-* linear: W_L = I, others 0 (starts as the model it is "
+            "initialised from), or W_l = I/L",
+        },
+    )
     agg_dense_sum: ChoiceEnum(["outputs", "states"]) = field(
-        default="outputs", metadata={"help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "
-                                     "1..l, or the literal Eq. 4 recursion over states (grows as 2^l)"})
+        default="outputs",
+        metadata={
+            "help": "--agg-* dense: layer l+1 reads the sum of the layer outputs "
+            "1..l, or the literal Eq. 4 recursion over states (grows as 2^l)"
+        },
+    )
 
 
 class AggregationNode(nn.Module):
@@ -88,9 +116,17 @@ class AggregationNode(nn.Module):
     ``--dropout`` as on every Transformer sublayer; ``--agg-dropout 0`` is Eq. 7 as written.
     """
 
-    def __init__(self, num_inputs: int, embed_dim: int, hidden_dim: Optional[int] = None,
-                 function: str = "ff_sigmoid", residual: str = "all", top: int = 0,
-                 num_heads: int = 1, dropout: float = 0.0):
+    def __init__(
+        self,
+        num_inputs: int,
+        embed_dim: int,
+        hidden_dim: Optional[int] = None,
+        function: str = "ff_sigmoid",
+        residual: str = "all",
+        top: int = 0,
+        num_heads: int = 1,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if function not in AGG_FUNCTIONS:
             raise ValueError(f"--agg-function must be one of {AGG_FUNCTIONS}, got {function!r}")
@@ -185,8 +221,9 @@ class DenseHistory(LayerHistory):
     """
 
     indexed_by_depth = True  # the input depends on the layer's row: no layerdrop
-    combination = ("dense connections: every layer reads the sum of the layers below it "
-                   "(Dou et al. 2018)")
+    combination = (
+        "dense connections: every layer reads the sum of the layers below it (Dou et al. 2018)"
+    )
 
     def __init__(self, num_layers: int, sum_of: str = "outputs"):
         super().__init__(num_layers)
@@ -222,20 +259,28 @@ class LinearCombinationHistory(LayerHistory):
     """
 
     indexed_by_depth = True
-    combination = ("linear layer aggregation: the stack returns a learned combination of all its "
-                   "layers (Dou et al. 2018)")
+    combination = (
+        "linear layer aggregation: the stack returns a learned combination of all its "
+        "layers (Dou et al. 2018)"
+    )
 
     def __init__(self, num_layers: int, embed_dim: int, init: str = "top"):
         super().__init__(num_layers)
         if init not in ("top", "avg"):
             raise ValueError(f"--agg-linear-init must be 'top' or 'avg', got {init!r}")
-        self.weights = nn.ModuleList(nn.Linear(embed_dim, embed_dim, bias=False) for _ in range(num_layers))
+        self.weights = nn.ModuleList(
+            nn.Linear(embed_dim, embed_dim, bias=False) for _ in range(num_layers)
+        )
         with torch.no_grad():
             for l, w in enumerate(self.weights, start=1):
                 if init == "avg":
                     w.weight.copy_(torch.eye(embed_dim) / num_layers)
                 else:
-                    w.weight.copy_(torch.eye(embed_dim) if l == num_layers else torch.zeros(embed_dim, embed_dim))
+                    w.weight.copy_(
+                        torch.eye(embed_dim)
+                        if l == num_layers
+                        else torch.zeros(embed_dim, embed_dim)
+                    )
 
     def start(self, embedding):
         return _LinearState(self, embedding)
@@ -261,8 +306,10 @@ class IterativeAggregationHistory(LayerHistory):
     backbone layers read H^{l-1} as usual.  ``top`` of every node is H^l (input 0)."""
 
     indexed_by_depth = True
-    combination = ("iterative layer aggregation: the stack returns aggregation nodes over all its "
-                   "layers (Dou et al. 2018)")
+    combination = (
+        "iterative layer aggregation: the stack returns aggregation nodes over all its "
+        "layers (Dou et al. 2018)"
+    )
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)
@@ -340,8 +387,10 @@ class HierarchicalAggregationHistory(LayerHistory):
     """Hierarchical deep aggregation (Dou et al. Fig. 2): see :func:`hierarchical_plan`."""
 
     indexed_by_depth = True
-    combination = ("hierarchical layer aggregation: aggregation nodes over groups of layers feed "
-                   "the stack (Dou et al. 2018)")
+    combination = (
+        "hierarchical layer aggregation: aggregation nodes over groups of layers feed "
+        "the stack (Dou et al. 2018)"
+    )
 
     def __init__(self, num_layers: int, node_factory):
         super().__init__(num_layers)
@@ -372,8 +421,9 @@ def agg_hidden_dim(agg_ffn_dim: int, embed_dim: int, ffn_dim: Optional[int]) -> 
     return ffn_dim
 
 
-def build_aggregation(cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int,
-                      ffn_dim: Optional[int] = None) -> LayerHistory:
+def build_aggregation(
+    cfg, prefix: str, num_layers: int, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = None
+) -> LayerHistory:
     """The history of the `prefix` ("encoder"/"decoder") stack under the ``--agg-*`` options;
     `ffn_dim` is the stack's FFN width (the AGG nodes' hidden size by default)."""
     opts = AggregationConfig.from_namespace(cfg)
@@ -400,8 +450,13 @@ def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = N
 
     def make(num_inputs: int, top: int) -> AggregationNode:
         return AggregationNode(
-            num_inputs, embed_dim, hidden_dim=hidden_dim,
-            function=opts.agg_function, residual=opts.agg_residual, top=top, num_heads=num_heads,
+            num_inputs,
+            embed_dim,
+            hidden_dim=hidden_dim,
+            function=opts.agg_function,
+            residual=opts.agg_residual,
+            top=top,
+            num_heads=num_heads,
             dropout=opts.agg_dropout if opts.agg_dropout >= 0 else getattr(cfg, "dropout", 0.0),
         )
 
@@ -414,7 +469,9 @@ def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = N
 # ---------------------------------------------------------------------------------------------
 
 
-def _grow_linear(history: LinearCombinationHistory, prefix: str, stack: StackGrowth, grown: GrownState):
+def _grow_linear(
+    history: LinearCombinationHistory, prefix: str, stack: StackGrowth, grown: GrownState
+):
     """W_l of a copy: the source layer's W shared out among its copies (W / copies), so that the
     readout is unchanged when the copies are equal; ``--method identity``: 0 for the new layers."""
     for key, l, rest in grown.indexed(prefix + "weights."):
@@ -422,13 +479,19 @@ def _grow_linear(history: LinearCombinationHistory, prefix: str, stack: StackGro
             if l < stack.old_depth:
                 grown.copy(key, key)
             else:
-                grown.set(key, torch.zeros_like(grown.new[key]),
-                          "zeros: --method identity (the readout ignores the new layers)")
+                grown.set(
+                    key,
+                    torch.zeros_like(grown.new[key]),
+                    "zeros: --method identity (the readout ignores the new layers)",
+                )
             continue
         src = stack.layer_map[l]
         share = stack.copies(range(stack.offset, stack.new_units + 1))[src + stack.offset]
-        grown.set(key, grown.old[f"{prefix}weights.{src}.{rest}"].clone() / share,
-                  f"W of old layer {src} / {share} copies")
+        grown.set(
+            key,
+            grown.old[f"{prefix}weights.{src}.{rest}"].clone() / share,
+            f"W of old layer {src} / {share} copies",
+        )
 
 
 def _grow_nodes(source: Callable[[StackGrowth, int], Optional[int]]):
@@ -439,7 +502,9 @@ def _grow_nodes(source: Callable[[StackGrowth, int], Optional[int]]):
         for key, i, rest in grown.indexed(prefix + "nodes."):
             src = source(stack, i)
             if src is None or src < 0 or not grown.copy(key, f"{prefix}nodes.{src}.{rest}"):
-                grown.origin[key] = "initialised: a new aggregation node without a node of its shape"
+                grown.origin[key] = (
+                    "initialised: a new aggregation node without a node of its shape"
+                )
 
     return grow
 
@@ -456,10 +521,24 @@ def _hierarchical_source(stack: StackGrowth, i: int) -> Optional[int]:
     return None if first is None else first // 2
 
 
-declare_part(DenseHistory, identity=lambda history: (
-    "its DenseHistory (every layer reads the sum of all layers below it, a new layer's output included)"))
+declare_part(
+    DenseHistory,
+    identity=lambda history: (
+        "its DenseHistory (every layer reads the sum of all layers below it, a new layer's output included)"
+    ),
+)
 declare_part(LinearCombinationHistory, grow=_grow_linear, identity=lambda history: READOUT)
-declare_part(IterativeAggregationHistory, grow=_grow_nodes(_iterative_source), identity=lambda history: (
-    "its IterativeAggregationHistory (the readout's aggregation nodes merge every layer's output)"))
-declare_part(HierarchicalAggregationHistory, grow=_grow_nodes(_hierarchical_source), identity=lambda history: (
-    "its HierarchicalAggregationHistory (aggregation nodes merge every layer's output and feed the layers above)"))
+declare_part(
+    IterativeAggregationHistory,
+    grow=_grow_nodes(_iterative_source),
+    identity=lambda history: (
+        "its IterativeAggregationHistory (the readout's aggregation nodes merge every layer's output)"
+    ),
+)
+declare_part(
+    HierarchicalAggregationHistory,
+    grow=_grow_nodes(_hierarchical_source),
+    identity=lambda history: (
+        "its HierarchicalAggregationHistory (aggregation nodes merge every layer's output and feed the layers above)"
+    ),
+)

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch import Tensor, nn
-
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
+from torch import Tensor, nn
 
 from .growth import LAYERS, READOUT, GrownState, StackGrowth, declare_part
 from .precision import no_autocast
@@ -196,8 +195,9 @@ class DynamicLinearCombination(LayerHistory):
             for i in range(n)
         )
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         """Refuse softmax logits loaded as plain weights (or the reverse): same name and shape,
         another meaning.  A checkpoint from before the flag was saved is taken as it is."""
         key = prefix + "softmax_rows"
@@ -213,8 +213,9 @@ class DynamicLinearCombination(LayerHistory):
                 f"{'add' if bool(saved) else 'drop'} --dlcl-softmax-weights"
             )
             state_dict[key] = self.softmax_rows.clone()
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def start(self, embedding: Tensor) -> HistoryState:
         if torch.is_grad_enabled():
@@ -242,7 +243,9 @@ class DynamicLinearCombination(LayerHistory):
 class _InferenceState(EntryState):
     """DLCL without autograd: each row is ``e_0 * w_0`` plus one ``add_(e_k, alpha=w_k)`` per entry."""
 
-    def __init__(self, history: "DynamicLinearCombination", embedding: Tensor, rows: List[List[float]]):
+    def __init__(
+        self, history: "DynamicLinearCombination", embedding: Tensor, rows: List[List[float]]
+    ):
         self.rows = rows
         super().__init__(history, embedding)
 
@@ -276,8 +279,9 @@ class _TrainingState(EntryState):
             return self.memo[1]
         entries = self.entries
         carry = self.carry if self.carry is not None else entries[0].new_zeros(())
-        out, self.carry = _DeferredRow.apply(self.weight, carry, entries[-1], entries, row,
-                                             self.history.num_layers + 1)
+        out, self.carry = _DeferredRow.apply(
+            self.weight, carry, entries[-1], entries, row, self.history.num_layers + 1
+        )
         if not self.history.normalize_before:
             out = self.history.norms[row](out)
         self.memo = (row, out)
@@ -303,7 +307,9 @@ class _DeferredRow(torch.autograd.Function):
     when it is read; a backward from an inner layer finds no carry gradient and starts from zeros."""
 
     @staticmethod
-    def forward(ctx, weight: Tensor, carry: Tensor, entry: Tensor, entries: List[Tensor], row: int, n: int):
+    def forward(
+        ctx, weight: Tensor, carry: Tensor, entry: Tensor, entries: List[Tensor], row: int, n: int
+    ):
         with no_autocast(entry):
             out = _sum_of_products(weight[row, : row + 1], entries)
         ctx.row, ctx.n = row, n
@@ -319,8 +325,10 @@ class _DeferredRow(torch.autograd.Function):
         row, n = ctx.row, ctx.n
         with no_autocast(entry):
             if grad_carry is None:  # the top row of this backward
-                G = entry.new_empty((n, entry.numel()), dtype=entry.dtype if grad is None else grad.dtype)
-                G[row + 1:].zero_()
+                G = entry.new_empty(
+                    (n, entry.numel()), dtype=entry.dtype if grad is None else grad.dtype
+                )
+                G[row + 1 :].zero_()
             else:
                 G = grad_carry
             if grad is None:
@@ -385,26 +393,32 @@ class DLCLConfig(FairseqDataclass):
 
     dlcl_stacks: DLCL_STACKS = field(
         default="both",
-        metadata={"help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
-                  "'none' gives the plain residual Transformer"},
+        metadata={
+            "help": "stacks that combine their layers with DLCL (Wang et al. 2019, Eq. 7); "
+            "'none' gives the plain residual Transformer"
+        },
     )
     dlcl_init: ChoiceEnum(list(INITS)) = field(
         default="avg",
-        metadata={"architecture": False,
-                  "help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
-                  "All-One, residual = W[l+1,l]=1 (Table 6)"},
+        metadata={
+            "architecture": False,
+            "help": "initial weights: avg = 1/(l+1) over the row (authors' code), one = "
+            "All-One, residual = W[l+1,l]=1 (Table 6)",
+        },
     )
     dlcl_fixed_weights: bool = field(
         default=False, metadata={"help": "keep the DLCL weights at their initial values (Table 6)"}
     )
     dlcl_no_layer_norm: bool = field(
-        default=False, metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"}
+        default=False,
+        metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"},
     )
     dlcl_normalize_embed: bool = field(
         default=False, metadata={"help": "also layer-normalise the embedding's entry (row)"}
     )
     dlcl_softmax_weights: bool = field(
-        default=False, metadata={"help": "softmax-normalise each row of DLCL weights (needs --dlcl-init avg)"}
+        default=False,
+        metadata={"help": "softmax-normalise each row of DLCL weights (needs --dlcl-init avg)"},
     )
 
 
@@ -477,7 +491,9 @@ def dlcl_rows(stack: StackGrowth) -> Dict[int, Tuple[int, Dict[int, int]]]:
     return rows
 
 
-def _grow_dlcl(history: DynamicLinearCombination, prefix: str, stack: StackGrowth, grown: GrownState):
+def _grow_dlcl(
+    history: DynamicLinearCombination, prefix: str, stack: StackGrowth, grown: GrownState
+):
     """W, (U+1) x (U+1) over units: the rows of kept layers keep their old weights (:func:`dlcl_rows`),
     new rows take the model's ``--dlcl-init``; the layer norms, one per unit, follow the unit map
     (``--method identity``: the readout's norm is the old top's)."""
@@ -491,7 +507,9 @@ def _grow_dlcl(history: DynamicLinearCombination, prefix: str, stack: StackGrowt
                 w[r, : r + 1] = 0.0  # a kept row reads exactly what the old row read
         for c_new, c_old in cols.items():
             w[r, c_new] = old_w[old_r, c_old]
-    grown.set(key, w, f"rows {sorted(rows)} from the old weights, the others the model's --dlcl-init")
+    grown.set(
+        key, w, f"rows {sorted(rows)} from the old weights, the others the model's --dlcl-init"
+    )
     for key, u, rest in grown.indexed(prefix + "norms."):
         src = stack.unit_source(u)
         if stack.method == "identity" and u == stack.new_units:

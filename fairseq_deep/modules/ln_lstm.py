@@ -40,12 +40,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .growth import declare_layer
-from .kernel_choice import DEFAULT as DEFAULT_IMPL, IMPLS, resolve as resolve_impl, scripted
+from .kernel_choice import DEFAULT as DEFAULT_IMPL
+from .kernel_choice import IMPLS, scripted
+from .kernel_choice import resolve as resolve_impl
 from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
 
-def _cell_output(i: Tensor, f: Tensor, o: Tensor, j: Tensor, h: Tensor, c: Tensor, p: Optional[Tensor],
-                 cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor]:
+def _cell_output(
+    i: Tensor,
+    f: Tensor,
+    o: Tensor,
+    j: Tensor,
+    h: Tensor,
+    c: Tensor,
+    p: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+) -> Tuple[Tensor, Tensor]:
     """(h_t, c_t) from the activated gates and (h_{t-1}, c_{t-1}); a padded position (p True)
     keeps the old state."""
     new_c = torch.addcmul(f * c, i, j)
@@ -85,10 +96,12 @@ def _ln_lstm_recurrence(
         gates = torch.baddbmm(xw[t], h, w_hh)
         gates = F.layer_norm(gates.view(D, B, 4, H), [H], None, None, eps).view(D, B, 4 * H)
         gates = torch.addcmul(beta, gates, gamma)
-        ifo = torch.sigmoid(gates[:, :, :3 * H])  # one call for the three sigmoid gates
+        ifo = torch.sigmoid(gates[:, :, : 3 * H])  # one call for the three sigmoid gates
         i, f, o = ifo.chunk(3, 2)
-        j = torch.tanh(gates[:, :, 3 * H:])
-        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
+        j = torch.tanh(gates[:, :, 3 * H :])
+        h, c = _cell_output(
+            i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh
+        )
         outputs.append(h)
     return torch.stack(outputs), h, c
 
@@ -122,16 +135,23 @@ def _ln_lstm_forward_saving(
         xhat, _, rstd = torch.native_layer_norm(a.view(D, B, 4, H), [H], None, None, eps)
         xhat = xhat.view(D, B, 4 * H)
         gates = torch.addcmul(beta, xhat, gamma)
-        act = torch.cat([torch.sigmoid(gates[:, :, :3 * H]), torch.tanh(gates[:, :, 3 * H:])], 2)
+        act = torch.cat([torch.sigmoid(gates[:, :, : 3 * H]), torch.tanh(gates[:, :, 3 * H :])], 2)
         i, f, o, j = act.chunk(4, 2)
-        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
+        h, c = _cell_output(
+            i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh
+        )
         hs.append(h)
         cs.append(c)
         xhats.append(xhat)
         rstds.append(rstd)
         acts.append(act)
-    return (torch.stack(hs, 1), torch.stack(cs, 1), torch.stack(xhats, 1), torch.stack(rstds, 1),
-            torch.stack(acts, 1))
+    return (
+        torch.stack(hs, 1),
+        torch.stack(cs, 1),
+        torch.stack(xhats, 1),
+        torch.stack(rstds, 1),
+        torch.stack(acts, 1),
+    )
 
 
 def _ln_lstm_backward(
@@ -186,16 +206,18 @@ def _ln_lstm_backward(
         # c = f * c_prev + i * j; gate order (i, f, o, j), sigmoid'(x) = s - s^2, tanh'(x) = 1 - j^2
         dg = torch.empty_like(act)
         torch.mul(dc, j, out=dg[:, :, :H])
-        torch.mul(dc, c_prev, out=dg[:, :, H:2 * H])
-        dg[:, :, 2 * H:3 * H] = do
-        torch.mul(dc, i, out=dg[:, :, 3 * H:])
-        s = act[:, :, :3 * H]
-        dg[:, :, :3 * H] *= s - s * s
-        dg[:, :, 3 * H:] *= 1 - j * j
+        torch.mul(dc, c_prev, out=dg[:, :, H : 2 * H])
+        dg[:, :, 2 * H : 3 * H] = do
+        torch.mul(dc, i, out=dg[:, :, 3 * H :])
+        s = act[:, :, : 3 * H]
+        dg[:, :, : 3 * H] *= s - s * s
+        dg[:, :, 3 * H :] *= 1 - j * j
         # g = gamma * LN(a) + beta, per gate: da = rstd * (dx - mean(dx) - xhat * mean(dx * xhat))
         dx = (dg * gamma).view(D, B, 4, H)
         xhat = xhats[:, t].view(D, B, 4, H)
-        da = rstds[:, t] * (dx - dx.mean(-1, keepdim=True) - xhat * (dx * xhat).mean(-1, keepdim=True))
+        da = rstds[:, t] * (
+            dx - dx.mean(-1, keepdim=True) - xhat * (dx * xhat).mean(-1, keepdim=True)
+        )
         da = da.view(D, B, 4 * H)
         dh = torch.bmm(da, w_t)
         dc = dc * f
@@ -213,6 +235,7 @@ ln_lstm_recurrence = scripted(_ln_lstm_recurrence)
 _forward_saving = scripted(_ln_lstm_forward_saving)
 _backward = scripted(_ln_lstm_backward)
 
+
 class LNLSTMRecurrence(torch.autograd.Function):
     """``ln_lstm_recurrence`` with a hand-written backward through time (same arguments and
     results), for inputs of one dtype; :func:`recurrence` runs it in float32 for reduced-precision
@@ -221,8 +244,9 @@ class LNLSTMRecurrence(torch.autograd.Function):
     @staticmethod
     @custom_fwd
     def forward(ctx, xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps):
-        hs, cs, xhats, rstds, acts = _forward_saving(xw, h, c, w_hh, gamma, beta, pad, cell_clip,
-                                                     output_tanh, eps)
+        hs, cs, xhats, rstds, acts = _forward_saving(
+            xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps
+        )
         ctx.save_for_backward(hs, cs, xhats, rstds, acts, w_hh, gamma, pad)
         ctx.options = (cell_clip, output_tanh)
         return hs[:, 1:].transpose(0, 1), hs[:, -1], cs[:, -1]
@@ -232,28 +256,48 @@ class LNLSTMRecurrence(torch.autograd.Function):
     def backward(ctx, d_out, dh, dc):
         hs, cs, xhats, rstds, acts, w_hh, gamma, pad = ctx.saved_tensors
         D, T, B, H = xhats.size(0), xhats.size(1), xhats.size(2), hs.size(3)
-        das, dgs, dh0, dc0 = _backward(d_out, dh, dc, cs, xhats, rstds, acts, w_hh, gamma, pad,
-                                       *ctx.options)
+        das, dgs, dh0, dc0 = _backward(
+            d_out, dh, dc, cs, xhats, rstds, acts, w_hh, gamma, pad, *ctx.options
+        )
         # the weight gradients of all steps at once
-        d_w_hh = torch.bmm(hs[:, :-1].reshape(D, T * B, H).transpose(1, 2), das.view(D, T * B, 4 * H))
+        d_w_hh = torch.bmm(
+            hs[:, :-1].reshape(D, T * B, H).transpose(1, 2), das.view(D, T * B, 4 * H)
+        )
         dgs = dgs.view(D, T * B, 4 * H)
         d_gamma = (dgs * xhats.view(D, T * B, 4 * H)).sum(1, keepdim=True)
         d_beta = dgs.sum(1, keepdim=True)
         return das.transpose(0, 1), dh0, dc0, d_w_hh, d_gamma, d_beta, None, None, None, None
 
 
-def _loop(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-          pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
-          eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    if torch.is_grad_enabled() and any(
-            t.requires_grad for t in (xw, h, c, w_hh, gamma, beta)):
+def _loop(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (xw, h, c, w_hh, gamma, beta)):
         return LNLSTMRecurrence.apply(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
     return ln_lstm_recurrence(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
 
 
-def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-               pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
-               eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def recurrence(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """The time loop: through ``LNLSTMRecurrence`` when a gradient is wanted, else the plain loop.
 
     Mixed precision: with a float16/bfloat16 input (``--fp16``, ``--bf16``) or under autocast
@@ -264,7 +308,9 @@ def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, be
     casts are autograd's own, so the gradients come back in each input's dtype.  Outputs return
     in the input's dtype, or in float32 under autocast (as autocast's float32 ops do).  Float32
     and float64 inputs run as they are."""
-    return in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
+    return in_float32_when_reduced(
+        _loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps
+    )
 
 
 def _plain_lstm_recurrence(
@@ -284,17 +330,17 @@ def _plain_lstm_recurrence(
     outputs: List[Tensor] = []
     for t in range(T):
         gates = torch.baddbmm(xw[t], h, w_hh)
-        ifo = torch.sigmoid(gates[:, :, :3 * H])
+        ifo = torch.sigmoid(gates[:, :, : 3 * H])
         i, f, o = ifo.chunk(3, 2)
-        j = torch.tanh(gates[:, :, 3 * H:])
-        h, c = _cell_output(i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh)
+        j = torch.tanh(gates[:, :, 3 * H :])
+        h, c = _cell_output(
+            i, f, o, j, h, c, None if pad is None else pad[t], cell_clip, output_tanh
+        )
         outputs.append(h)
     return torch.stack(outputs), h, c
 
 
 plain_lstm_recurrence = scripted(_plain_lstm_recurrence)
-
-
 
 
 def triton_recurrence():
@@ -310,12 +356,21 @@ def triton_recurrence():
     return fused
 
 
-def plain_recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, pad: Optional[Tensor],
-                     cell_clip: float, output_tanh: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def plain_recurrence(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`plain_lstm_recurrence` with :func:`recurrence`'s precision rule: in float32 for
     float16/bfloat16 inputs and under autocast, outputs back in the input's dtype (float32 under
     autocast)."""
-    return in_float32_when_reduced(plain_lstm_recurrence, (xw, h, c, w_hh), pad, cell_clip, output_tanh)
+    return in_float32_when_reduced(
+        plain_lstm_recurrence, (xw, h, c, w_hh), pad, cell_clip, output_tanh
+    )
 
 
 class LayerNormLSTM(nn.Module):
@@ -335,23 +390,35 @@ class LayerNormLSTM(nn.Module):
     ``impl`` (``--rnmt-lstm-impl``): ``"auto"`` (default; :mod:`.kernel_choice`) the fused kernels on
     CUDA when triton imports, the loop otherwise, decided at each call; ``"loop"`` the TorchScript
     loop, ``"triton"`` the fused Triton kernels of :mod:`.ln_lstm_triton` (same arithmetic; CUDA, or
-    Triton's CPU interpreter with ``TRITON_INTERPRET=1``).  Without layer norm there is no fused kernel: ``layer_norm=False``
-    runs :func:`plain_recurrence` whatever ``impl`` says.
+    Triton's CPU interpreter with ``TRITON_INTERPRET=1``).  Without layer norm there is no fused
+    kernel: ``layer_norm=False`` runs :func:`plain_recurrence` whatever ``impl`` says.
     """
 
     impl = "loop"  # the class default: a module pickled before the option existed
 
-    def __init__(self, input_size: int, hidden_size: int, bidirectional: bool = False,
-                 cell_clip: float = 0.0, output_tanh: bool = False, eps: float = 1e-6,
-                 init_scale: Optional[float] = None, layer_norm: bool = True, impl: str = DEFAULT_IMPL):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        bidirectional: bool = False,
+        cell_clip: float = 0.0,
+        output_tanh: bool = False,
+        eps: float = 1e-6,
+        init_scale: Optional[float] = None,
+        layer_norm: bool = True,
+        impl: str = DEFAULT_IMPL,
+    ):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"--rnmt-lstm-impl {impl!r}: choose one of {', '.join(IMPLS)}")
         if impl == "triton" and layer_norm:
             triton_recurrence()  # a missing triton stops here, not at the first batch
         elif impl == "triton":
-            warnings.warn("--rnmt-lstm-impl triton has no kernel for cells without layer norm "
-                          "(--rnmt-no-layer-norm): they run the loop")
+            warnings.warn(
+                "--rnmt-lstm-impl triton has no kernel for cells without layer norm "
+                "(--rnmt-no-layer-norm): they run the loop",
+                stacklevel=2,
+            )
         self.impl = impl
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -372,7 +439,7 @@ class LayerNormLSTM(nn.Module):
 
     def reset_parameters(self, init_scale: Optional[float] = None):
         # lingvo's default for RNMT+ is uniform(-0.04, 0.04); torch.nn.LSTM's is 1/sqrt(H).
-        bound = init_scale if init_scale is not None else self.hidden_size ** -0.5
+        bound = init_scale if init_scale is not None else self.hidden_size**-0.5
         nn.init.uniform_(self.weight_ih, -bound, bound)
         nn.init.uniform_(self.weight_hh, -bound, bound)
         if self.ln_weight is not None:
@@ -384,10 +451,12 @@ class LayerNormLSTM(nn.Module):
         return self.num_directions * self.hidden_size
 
     def extra_repr(self) -> str:
-        return (f"{self.input_size}, {self.hidden_size}, directions={self.num_directions}, "
-                f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}"
-                + ("" if self.use_layer_norm else ", layer_norm=False")
-                + ("" if self.impl == DEFAULT_IMPL else f", impl={self.impl}"))
+        return (
+            f"{self.input_size}, {self.hidden_size}, directions={self.num_directions}, "
+            f"cell_clip={self.cell_clip}, output_tanh={self.output_tanh}"
+            + ("" if self.use_layer_norm else ", layer_norm=False")
+            + ("" if self.impl == DEFAULT_IMPL else f", impl={self.impl}")
+        )
 
     def _recurrence(self, x: Tensor):
         """The layer-norm loop of ``self.impl`` for ``x``'s device (:func:`.kernel_choice.resolve`)."""
@@ -407,9 +476,13 @@ class LayerNormLSTM(nn.Module):
             xw = torch.stack([xw[:, 0], xw[:, 1].flip(0)], dim=1)
         return xw.contiguous()
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
-                state: Optional[Tuple[Tensor, Tensor]] = None,
-                xw: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    def forward(
+        self,
+        x: Tensor,
+        padding_mask: Optional[Tensor] = None,
+        state: Optional[Tuple[Tensor, Tensor]] = None,
+        xw: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         """x: T x B x I; padding_mask: T x B (True = padding) or None; state: (h, c), each
         D x B x H (zeros when None); xw: precomputed extra input gates T x D x B x 4H added to
         W x_t (a decoder feeds a per-step context through it).
@@ -427,12 +500,27 @@ class LayerNormLSTM(nn.Module):
             pad = torch.cat([p, p.flip(0)], dim=1) if D == 2 else p
         if self.use_layer_norm:
             out, h, c = self._recurrence(gates_in)(
-                gates_in, h, c, self.weight_hh, self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1),
-                pad, self.cell_clip, self.output_tanh, self.eps,
+                gates_in,
+                h,
+                c,
+                self.weight_hh,
+                self.ln_weight.unsqueeze(1),
+                self.bias.unsqueeze(1),
+                pad,
+                self.cell_clip,
+                self.output_tanh,
+                self.eps,
             )
         else:
-            out, h, c = plain_recurrence(gates_in + self.bias.unsqueeze(1), h, c, self.weight_hh, pad,
-                                         self.cell_clip, self.output_tanh)
+            out, h, c = plain_recurrence(
+                gates_in + self.bias.unsqueeze(1),
+                h,
+                c,
+                self.weight_hh,
+                pad,
+                self.cell_clip,
+                self.output_tanh,
+            )
         if D == 2:
             out = torch.cat([out[:, 0], out[:, 1].flip(0)], dim=-1)  # T x B x 2H
         else:
@@ -444,16 +532,32 @@ class LayerNormLSTM(nn.Module):
     def step(self, gates_in: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
         """One step from precomputed input gates (D x B x 4H) and state (h, c): the new (h, c)."""
         if not self.use_layer_norm:
-            out, h, c = plain_recurrence((gates_in + self.bias.unsqueeze(1)).unsqueeze(0), state[0],
-                                         state[1], self.weight_hh, None, self.cell_clip, self.output_tanh)
+            out, h, c = plain_recurrence(
+                (gates_in + self.bias.unsqueeze(1)).unsqueeze(0),
+                state[0],
+                state[1],
+                self.weight_hh,
+                None,
+                self.cell_clip,
+                self.output_tanh,
+            )
             return h, c
         out, h, c = self._recurrence(gates_in)(
-            gates_in.unsqueeze(0), state[0], state[1], self.weight_hh,
-            self.ln_weight.unsqueeze(1), self.bias.unsqueeze(1), None, self.cell_clip,
-            self.output_tanh, self.eps,
+            gates_in.unsqueeze(0),
+            state[0],
+            state[1],
+            self.weight_hh,
+            self.ln_weight.unsqueeze(1),
+            self.bias.unsqueeze(1),
+            None,
+            self.cell_clip,
+            self.output_tanh,
+            self.eps,
         )
         return h, c
 
 
 # fairseq-deep-grow (modules/growth.py): an LSTM layer has no branch that 0 turns off
-declare_layer(LayerNormLSTM, identity=lambda layer: "its layers are LSTM layers, which have no zero branch")
+declare_layer(
+    LayerNormLSTM, identity=lambda layer: "its layers are LSTM layers, which have no zero branch"
+)

@@ -1,8 +1,8 @@
 """The layer-normalized LSTM's time loop with one fused Triton kernel per step (issue 16).
 
 ``LayerNormLSTM(impl="triton")``, ``--rnmt-lstm-impl triton``, and the default ``auto`` on CUDA
-(:mod:`.kernel_choice`); otherwise the TorchScript loop of :mod:`.ln_lstm`, whose arithmetic this module repeats exactly (Chen et al. 2018,
-Sec. 4.1, lingvo's ``LayerNormalizedLSTMCellSimple``):
+(:mod:`.kernel_choice`); otherwise the TorchScript loop of :mod:`.ln_lstm`, whose arithmetic this
+module repeats exactly (Chen et al. 2018, Sec. 4.1, lingvo's ``LayerNormalizedLSTMCellSimple``):
 
     a_t  = W x_t + U h_{t-1}                                 (W x_t: one matmul before the loop)
     g_k  = gamma_k * (a_k - mean(a_k)) / sqrt(var(a_k) + eps) + beta_k,   k in (i, f, o, j)
@@ -62,9 +62,26 @@ def _gates(a, gamma, beta, gate, mask, eps, H):
 
 
 @triton.jit
-def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C_OUT, B, H,
-              HAS_PAD: tl.constexpr, SAVE: tl.constexpr, OUTPUT_TANH: tl.constexpr, CLIP: tl.constexpr,
-              BLOCK_H: tl.constexpr):
+def _fwd_step(
+    XW,
+    HU,
+    H_PREV,
+    C_PREV,
+    PAD,
+    GAMMA,
+    BETA,
+    SCALARS,
+    A_OUT,
+    H_OUT,
+    C_OUT,
+    B,
+    H,
+    HAS_PAD: tl.constexpr,
+    SAVE: tl.constexpr,
+    OUTPUT_TANH: tl.constexpr,
+    CLIP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """One step of one (batch row, direction): program ids (b, d).  XW, HU, A_OUT: D x B x 4H;
     H_PREV, C_PREV, H_OUT, C_OUT: D x B x H; PAD: D x B (uint8); GAMMA, BETA: D x 4H; SCALARS:
     (cell_clip, eps) in the compute dtype.  All contiguous."""
@@ -74,9 +91,11 @@ def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C
     cols = tl.arange(0, BLOCK_H)
     gate = tl.arange(0, 4)
     col_ok = cols < H
-    offs = gate[:, None] * H + cols[None, :]                   # 4 x BLOCK_H, gate order (i, f, o, j)
+    offs = gate[:, None] * H + cols[None, :]  # 4 x BLOCK_H, gate order (i, f, o, j)
     mask = (gate[:, None] < 4) & col_ok[None, :]
-    a = tl.load(XW + row * 4 * H + offs, mask=mask, other=0.0) + tl.load(HU + row * 4 * H + offs, mask=mask, other=0.0)
+    a = tl.load(XW + row * 4 * H + offs, mask=mask, other=0.0) + tl.load(
+        HU + row * 4 * H + offs, mask=mask, other=0.0
+    )
     if SAVE:
         tl.store(A_OUT + row * 4 * H + offs, a, mask=mask)
     clip = tl.load(SCALARS)
@@ -102,8 +121,26 @@ def _fwd_step(XW, HU, H_PREV, C_PREV, PAD, GAMMA, BETA, SCALARS, A_OUT, H_OUT, C
 
 
 @triton.jit
-def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, B, H,
-              HAS_PAD: tl.constexpr, OUTPUT_TANH: tl.constexpr, CLIP: tl.constexpr, BLOCK_H: tl.constexpr):
+def _bwd_step(
+    D_OUT,
+    DH,
+    DC,
+    A,
+    C_PREV,
+    PAD,
+    GAMMA,
+    BETA,
+    SCALARS,
+    DA,
+    DG,
+    DGX,
+    B,
+    H,
+    HAS_PAD: tl.constexpr,
+    OUTPUT_TANH: tl.constexpr,
+    CLIP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """The backward of one step of one (batch row, direction).  Reads the gradient of the step's
     output (D_OUT) and of its state (DH, DC: the carry from step t+1), the saved gates A and
     c_{t-1}; writes da (DA), dg (DG, the gradient of the post-norm gates) and dg * xhat (DGX), and
@@ -130,7 +167,9 @@ def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, 
     if CLIP:
         c = tl.minimum(tl.maximum(c, -clip), clip)
     # the gradients
-    dh = tl.load(DH + row * H + cols, mask=col_ok, other=0.0) + tl.load(D_OUT + row * H + cols, mask=col_ok, other=0.0)
+    dh = tl.load(DH + row * H + cols, mask=col_ok, other=0.0) + tl.load(
+        D_OUT + row * H + cols, mask=col_ok, other=0.0
+    )
     dc_in = tl.load(DC + row * H + cols, mask=col_ok, other=0.0)
     dh_cell = dh
     dc = dc_in
@@ -152,9 +191,15 @@ def _bwd_step(D_OUT, DH, DC, A, C_PREV, PAD, GAMMA, BETA, SCALARS, DA, DG, DGX, 
     dgf = dc * c_prev * (f - f * f)
     dgo = do * (o - o * o)
     dgj = dc * i * (1.0 - j * j)
-    dg = tl.where(gate[:, None] == 0, dgi[None, :],
-                  tl.where(gate[:, None] == 1, dgf[None, :],
-                           tl.where(gate[:, None] == 2, dgo[None, :], dgj[None, :])))
+    dg = tl.where(
+        gate[:, None] == 0,
+        dgi[None, :],
+        tl.where(
+            gate[:, None] == 1,
+            dgf[None, :],
+            tl.where(gate[:, None] == 2, dgo[None, :], dgj[None, :]),
+        ),
+    )
     dg = tl.where(mask, dg, 0.0)
     # g = gamma * LN(a) + beta, per gate: da = rstd * (dx - mean(dx) - xhat * mean(dx * xhat))
     dx = dg * gamma
@@ -197,9 +242,19 @@ def _launch_options(H: int) -> Dict:
     return {"BLOCK_H": block, "num_warps": 4 if block <= 256 else 8 if block <= 1024 else 16}
 
 
-def _forward(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-             pad: Optional[Tensor], cell_clip: float, output_tanh: bool, eps: float,
-             save: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+def _forward(
+    xw: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_hh: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+    eps: float,
+    save: bool,
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
     """The time loop.  Returns hs (T x D x B x H, the outputs), cs (T x D x B x H when ``save``, else
     2 x D x B x H with c_T at [(T - 1) % 2]) and, when ``save``, the pre-norm gates a (T x D x B x 4H)."""
     T, D, B, G = xw.shape
@@ -209,8 +264,13 @@ def _forward(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, gamma: Tensor, be
     a_all = xw.new_empty(T, D, B, G) if save else None
     hu = xw.new_empty(D, B, G)
     scalars = _scalars(cell_clip, eps, xw)
-    options = dict(HAS_PAD=pad is not None, SAVE=save, OUTPUT_TANH=bool(output_tanh), CLIP=cell_clip > 0,
-                   **_launch_options(H))
+    options = dict(
+        HAS_PAD=pad is not None,
+        SAVE=save,
+        OUTPUT_TANH=bool(output_tanh),
+        CLIP=cell_clip > 0,
+        **_launch_options(H),
+    )
     # the per-step views, made at once (less Python per step: the launches are what a step costs)
     xws, hss, css = xw.unbind(0), hs.unbind(0), cs.unbind(0)
     pads = [scalars] * T if pad is None else pad.unbind(0)
@@ -219,7 +279,9 @@ def _forward(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, gamma: Tensor, be
     for t in range(T):
         torch.bmm(h, w_hh, out=hu)
         c_out = css[t] if save else css[t % 2]
-        _fwd_step[(B, D)](xws[t], hu, h, c, pads[t], gamma, beta, scalars, a_s[t], hss[t], c_out, B, H, **options)
+        _fwd_step[(B, D)](
+            xws[t], hu, h, c, pads[t], gamma, beta, scalars, a_s[t], hss[t], c_out, B, H, **options
+        )
         h, c = hss[t], c_out
     return hs, cs, a_all
 
@@ -227,9 +289,13 @@ def _forward(xw: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, gamma: Tensor, be
 def _prepare(xw, h, c, w_hh, gamma, beta, pad):
     check_device(xw)
     dtype = xw.dtype
-    if dtype not in (torch.float32, torch.float64) or any(t.dtype != dtype for t in (h, c, w_hh, gamma, beta)):
-        raise TypeError(f"the Triton LN-LSTM loop runs in float32 or float64, one dtype for all inputs; got "
-                        f"{[t.dtype for t in (xw, h, c, w_hh, gamma, beta)]}")
+    if dtype not in (torch.float32, torch.float64) or any(
+        t.dtype != dtype for t in (h, c, w_hh, gamma, beta)
+    ):
+        raise TypeError(
+            f"the Triton LN-LSTM loop runs in float32 or float64, one dtype for all inputs; got "
+            f"{[t.dtype for t in (xw, h, c, w_hh, gamma, beta)]}"
+        )
     D, G = w_hh.size(0), w_hh.size(2)
     tensors = [t.contiguous() for t in (xw, h, c, w_hh)]
     tensors += [gamma.reshape(D, G).contiguous(), beta.reshape(D, G).contiguous()]
@@ -267,37 +333,86 @@ class TritonLNLSTMRecurrence(torch.autograd.Function):
         dgx = torch.empty_like(a_all)
         w_t = w.transpose(1, 2).contiguous()
         scalars = _scalars(cell_clip, eps, a_all)
-        options = dict(HAS_PAD=pad is not None, OUTPUT_TANH=bool(output_tanh), CLIP=cell_clip > 0,
-                       **_launch_options(H))
-        d_outs, a_s, das, dgs, dgxs = d_out.unbind(0), a_all.unbind(0), da.unbind(0), dg.unbind(0), dgx.unbind(0)
+        options = dict(
+            HAS_PAD=pad is not None,
+            OUTPUT_TANH=bool(output_tanh),
+            CLIP=cell_clip > 0,
+            **_launch_options(H),
+        )
+        d_outs, a_s, das, dgs, dgxs = (
+            d_out.unbind(0),
+            a_all.unbind(0),
+            da.unbind(0),
+            dg.unbind(0),
+            dgx.unbind(0),
+        )
         c_prevs = (c0,) + cs.unbind(0)[:-1]
         pads = [scalars] * T if pad is None else pad.unbind(0)
         for t in range(T - 1, -1, -1):
-            _bwd_step[(B, D)](d_outs[t], dh, dc, a_s[t], c_prevs[t], pads[t], gamma, beta, scalars, das[t], dgs[t],
-                              dgxs[t], B, H, **options)
+            _bwd_step[(B, D)](
+                d_outs[t],
+                dh,
+                dc,
+                a_s[t],
+                c_prevs[t],
+                pads[t],
+                gamma,
+                beta,
+                scalars,
+                das[t],
+                dgs[t],
+                dgxs[t],
+                B,
+                H,
+                **options,
+            )
             dh.baddbmm_(das[t], w_t)  # dh_{t-1} = (padded: dh_t) + da_t U^T
         # the weight gradients of all steps at once
         h_prev = torch.cat([h0.unsqueeze(0), hs[:-1]]) if T > 1 else h0.unsqueeze(0)
-        d_w = torch.bmm(h_prev.transpose(0, 1).reshape(D, T * B, H).transpose(1, 2),
-                        da.transpose(0, 1).reshape(D, T * B, G))
+        d_w = torch.bmm(
+            h_prev.transpose(0, 1).reshape(D, T * B, H).transpose(1, 2),
+            da.transpose(0, 1).reshape(D, T * B, G),
+        )
         d_gamma = dgx.sum((0, 2)).view(ctx.gamma_shape)
         d_beta = dg.sum((0, 2)).view(ctx.gamma_shape)
         return da, dh, dc, d_w, d_gamma, d_beta, None, None, None, None
 
 
-def _loop(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-          pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
-          eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def _loop(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (xw, h, c, w_hh, gamma, beta)):
-        return TritonLNLSTMRecurrence.apply(xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps)
+        return TritonLNLSTMRecurrence.apply(
+            xw, h, c, w_hh, gamma, beta, pad, cell_clip, output_tanh, eps
+        )
     (xw, h0, c0, w, g, bt), pad8 = _prepare(xw, h, c, w_hh, gamma, beta, pad)
     hs, cs, _ = _forward(xw, h0, c0, w, g, bt, pad8, cell_clip, output_tanh, eps, save=False)
     return hs, hs[-1], cs[(hs.size(0) - 1) % 2]
 
 
-def recurrence(xw: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, gamma: Tensor, beta: Tensor,
-               pad: Optional[Tensor], cell_clip: float, output_tanh: bool,
-               eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+def recurrence(
+    xw: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    pad: Optional[Tensor],
+    cell_clip: float,
+    output_tanh: bool,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`.ln_lstm.recurrence` (same arguments, results and precision rule: float16/bfloat16
     and autocast run in float32) with the fused Triton kernels."""
-    return in_float32_when_reduced(_loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps)
+    return in_float32_when_reduced(
+        _loop, (xw, h, c, w_hh, gamma, beta), pad, cell_clip, output_tanh, eps
+    )

@@ -22,7 +22,9 @@ def autocast_enabled(device_type: str) -> bool:
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # pragma: no cover - torch < 2.4
-        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        return (
+            torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        )
 
 
 def no_autocast(x: torch.Tensor):

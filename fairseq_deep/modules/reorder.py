@@ -16,7 +16,9 @@ Entry = Union[Optional[Tensor], List[Tensor]]
 ENCODER_OUT_TIME_MAJOR = ("encoder_out", "encoder_states", "fc_results")
 
 
-def reorder_batch(state: Dict[str, Entry], new_order: Tensor, time_major: Iterable[str] = ()) -> Dict[str, Entry]:
+def reorder_batch(
+    state: Dict[str, Entry], new_order: Tensor, time_major: Iterable[str] = ()
+) -> Dict[str, Entry]:
     """A new dict: every tensor of ``state`` reordered along its batch dimension, which is 1 for
     the keys in ``time_major`` and 0 for the others; None stays None."""
     time_major = set(time_major)
@@ -24,12 +26,15 @@ def reorder_batch(state: Dict[str, Entry], new_order: Tensor, time_major: Iterab
     def one(key: str, t: Optional[Tensor]) -> Optional[Tensor]:
         return None if t is None else t.index_select(1 if key in time_major else 0, new_order)
 
-    return {key: [one(key, t) for t in value] if isinstance(value, list) else one(key, value)
-            for key, value in state.items()}
+    return {
+        key: [one(key, t) for t in value] if isinstance(value, list) else one(key, value)
+        for key, value in state.items()
+    }
 
 
-def reorder_encoder_out(encoder_out: Dict[str, List[Tensor]], new_order: Tensor,
-                        time_major: Iterable[str] = ()) -> Dict[str, List[Tensor]]:
+def reorder_encoder_out(
+    encoder_out: Dict[str, List[Tensor]], new_order: Tensor, time_major: Iterable[str] = ()
+) -> Dict[str, List[Tensor]]:
     """fairseq's ``encoder_out`` dict reordered: its own time-major entries and ``time_major``
     (a model's extra T x B x C entries) along dimension 1, the others along dimension 0."""
     return reorder_batch(encoder_out, new_order, (*ENCODER_OUT_TIME_MAJOR, *time_major))

@@ -46,10 +46,12 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
-
 from fairseq.dataclass import FairseqDataclass
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+from torch import Tensor, nn
 
 from ..errors import UserError
 from .growth import GrowError, declare_layer
@@ -63,17 +65,23 @@ class DeepNormConfig(FairseqDataclass):
 
     deepnorm: bool = field(
         default=False,
-        metadata={"help": "DeepNorm (Wang et al. 2022): post-norm sublayers x = LN(alpha x + G(x)) and "
-                  "Xavier-normal init with gain beta of the FFN and attention value/output projections"},
+        metadata={
+            "help": "DeepNorm (Wang et al. 2022): post-norm sublayers x = LN(alpha x + G(x)) and "
+            "Xavier-normal init with gain beta of the FFN and attention value/output projections"
+        },
     )
     deepnorm_alpha: Optional[str] = field(
         default=None,
-        metadata={"help": "residual scale alpha as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
+        metadata={
+            "help": "residual scale alpha as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"
+        },
     )
     deepnorm_beta: Optional[str] = field(
         default=None,
-        metadata={"architecture": False,
-                  "help": "init gain beta as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)"},
+        metadata={
+            "architecture": False,
+            "help": "init gain beta as ENCODER,DECODER (default: from the depths, Sec. 3 of the paper)",
+        },
     )
 
 
@@ -83,8 +91,10 @@ class AdminConfig(FairseqDataclass):
 
     admin: bool = field(
         default=False,
-        metadata={"help": "Admin (Liu et al. 2020): post-norm x = LN(x * omega + f(x)), omega learned per "
-                  "sublayer and initialised by profiling the first training batch"},
+        metadata={
+            "help": "Admin (Liu et al. 2020): post-norm x = LN(x * omega + f(x)), omega learned per "
+            "sublayer and initialised by profiling the first training batch"
+        },
     )
 
 
@@ -94,12 +104,17 @@ class ReZeroConfig(FairseqDataclass):
 
     rezero: bool = field(
         default=False,
-        metadata={"help": "ReZero (Bachlechner et al. 2020): x = x + alpha F(x), one learned scalar per "
-                  "layer, no layer norm"},
+        metadata={
+            "help": "ReZero (Bachlechner et al. 2020): x = x + alpha F(x), one learned scalar per "
+            "layer, no layer norm"
+        },
     )
     rezero_init: float = field(
-        default=0.0, metadata={"architecture": False,
-                               "help": "initial value of every ReZero alpha (the paper's: 0)"}
+        default=0.0,
+        metadata={
+            "architecture": False,
+            "help": "initial value of every ReZero alpha (the paper's: 0)",
+        },
     )
 
 
@@ -109,12 +124,15 @@ class DSInitConfig(FairseqDataclass):
 
     ds_init: bool = field(
         default=False,
-        metadata={"architecture": False,
-                  "help": "depth-scaled initialisation (Zhang et al. 2019): the weights of layer l drawn "
-                  "from the Xavier range scaled by alpha / sqrt(l)"},
+        metadata={
+            "architecture": False,
+            "help": "depth-scaled initialisation (Zhang et al. 2019): the weights of layer l drawn "
+            "from the Xavier range scaled by alpha / sqrt(l)",
+        },
     )
     ds_init_alpha: float = field(
-        default=1.0, metadata={"architecture": False, "help": "alpha of DS-Init (in [0, 1] in the paper)"}
+        default=1.0,
+        metadata={"architecture": False, "help": "alpha of DS-Init (in [0, 1] in the paper)"},
     )
 
 
@@ -132,9 +150,13 @@ def check_schemes(cfg) -> ResidualSchemesConfig:
     opts = ResidualSchemesConfig.from_namespace(cfg)
     chosen = [name for name in RESIDUAL_SCHEMES if getattr(opts, name)]
     if len(chosen) > 1:
-        raise UserError(f"--{' and --'.join(chosen)} each replace the residual connection: choose one")
+        raise UserError(
+            f"--{' and --'.join(chosen)} each replace the residual connection: choose one"
+        )
     if opts.deepnorm and opts.ds_init:
-        raise UserError("--deepnorm and --ds-init both set the scale of the initial weights: choose one")
+        raise UserError(
+            "--deepnorm and --ds-init both set the scale of the initial weights: choose one"
+        )
     if chosen:
         for side in ("encoder", "decoder"):
             if _stack_options(cfg, side)[0]:
@@ -154,14 +176,16 @@ def _stack_options(cfg, side: str) -> Tuple[bool, int]:
     sub = getattr(cfg, side, None)
     if sub is not None and hasattr(sub, "layers"):
         return bool(sub.normalize_before), int(sub.layers)
-    return bool(getattr(cfg, f"{side}_normalize_before", False)), int(getattr(cfg, f"{side}_layers"))
+    return bool(getattr(cfg, f"{side}_normalize_before", False)), int(
+        getattr(cfg, f"{side}_layers")
+    )
 
 
 def deepnorm_constants(side: str, encoder_layers: int, decoder_layers: int) -> Tuple[float, float]:
     """(alpha, beta) of DeepNorm for one side of an encoder-decoder of N + M layers (Sec. 3)."""
     n, m = encoder_layers, decoder_layers
     if side == "encoder":
-        return 0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)
+        return 0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
     return (3 * m) ** 0.25, (12 * m) ** -0.25
 
 
@@ -201,8 +225,10 @@ class ReZeroResidual:
     """``residual_connection``: residual + alpha * x, alpha = ``self.rezero_alpha`` (one per layer)."""
 
     #: why fairseq's own Transformer layer cannot compute this one (fairseq-deep-export)
-    why_not_standard = ("ReZero's layers compute x + alpha F(x) without layer norm (Bachlechner "
-                        "et al. 2020), which no standard Transformer layer does")
+    why_not_standard = (
+        "ReZero's layers compute x + alpha F(x) without layer norm (Bachlechner "
+        "et al. 2020), which no standard Transformer layer does"
+    )
 
     def residual_connection(self, x, residual):
         return residual + self.rezero_alpha * x
@@ -292,20 +318,31 @@ class AdminResidual:
 # ----------------------------------------------------------------------------------------------
 
 _CLASSES: Dict[Tuple[type, type], type] = {}
-_PLAIN_RESIDUAL = (TransformerEncoderLayerBase.residual_connection, TransformerDecoderLayerBase.residual_connection)
+_PLAIN_RESIDUAL = (
+    TransformerEncoderLayerBase.residual_connection,
+    TransformerDecoderLayerBase.residual_connection,
+)
 
 
 def _mix(layer: nn.Module, mixin: type):
     """Make ``layer`` an instance of ``mixin`` + its own class (one class per pair, made once)."""
     base = type(layer)
     if base.residual_connection not in _PLAIN_RESIDUAL:
-        raise UserError(f"{base.__name__} has its own residual connection (e.g. --ta-no-encoder-residual); "
-                        "it takes no --deepnorm, --admin or --rezero")
+        raise UserError(
+            f"{base.__name__} has its own residual connection (e.g. --ta-no-encoder-residual); "
+            "it takes no --deepnorm, --admin or --rezero"
+        )
     key = (mixin, base)
     if key not in _CLASSES:
-        _CLASSES[key] = type(mixin.__name__.replace("Residual", "") + base.__name__, (mixin, base),
-                             {"__module__": __name__, "scheme_base": base,
-                              "__doc__": f"{base.__name__} with {mixin.__name__}."})
+        _CLASSES[key] = type(
+            mixin.__name__.replace("Residual", "") + base.__name__,
+            (mixin, base),
+            {
+                "__module__": __name__,
+                "scheme_base": base,
+                "__doc__": f"{base.__name__} with {mixin.__name__}.",
+            },
+        )
     layer.__class__ = _CLASSES[key]
 
 
@@ -330,7 +367,11 @@ def residual_scales(layer: nn.Module) -> Optional[Tensor]:
 
 
 def _attentions(layer: nn.Module):
-    return [m for m in (getattr(layer, "self_attn", None), getattr(layer, "encoder_attn", None)) if m is not None]
+    return [
+        m
+        for m in (getattr(layer, "self_attn", None), getattr(layer, "encoder_attn", None))
+        if m is not None
+    ]
 
 
 def _sublayers(layer: nn.Module) -> int:
@@ -340,7 +381,12 @@ def _sublayers(layer: nn.Module) -> int:
 def _init_deepnorm(layer: nn.Module, beta: float):
     """Fig. 2 of the paper: Xavier-normal, gain beta for the FFN and the value/output projections."""
     for attn in _attentions(layer):
-        for proj, gain in ((attn.q_proj, 1.0), (attn.k_proj, 1.0), (attn.v_proj, beta), (attn.out_proj, beta)):
+        for proj, gain in (
+            (attn.q_proj, 1.0),
+            (attn.k_proj, 1.0),
+            (attn.v_proj, beta),
+            (attn.out_proj, beta),
+        ):
             nn.init.xavier_normal_(proj.weight, gain=gain)
     for fc in (layer.fc1, layer.fc2):
         nn.init.xavier_normal_(fc.weight, gain=beta)
@@ -357,15 +403,23 @@ def _init_ds(layer: nn.Module, gain: float):
             nn.init.xavier_uniform_(module.weight, gain=gain)
 
 
-def apply_schemes(layer: nn.Module, cfg, side: str, index: int, num_layers: int,
-                  profile: Optional[AdminProfile] = None) -> nn.Module:
+def apply_schemes(
+    layer: nn.Module,
+    cfg,
+    side: str,
+    index: int,
+    num_layers: int,
+    profile: Optional[AdminProfile] = None,
+) -> nn.Module:
     """Layer ``index`` of the ``side`` stack (``num_layers`` deep) under the schemes of ``cfg``,
     changed in place and returned.  ``profile`` is the stack's shared Admin profile."""
     opts = check_schemes(cfg)
     if opts.ds_init:
         _init_ds(layer, ds_init_gain(index, opts.ds_init_alpha))
     if opts.deepnorm:
-        alpha, beta = deepnorm_constants(side, _stack_options(cfg, "encoder")[1], _stack_options(cfg, "decoder")[1])
+        alpha, beta = deepnorm_constants(
+            side, _stack_options(cfg, "encoder")[1], _stack_options(cfg, "decoder")[1]
+        )
         given_alpha = _pair(opts.deepnorm_alpha, side, "--deepnorm-alpha")
         given_beta = _pair(opts.deepnorm_beta, side, "--deepnorm-beta")
         alpha = alpha if given_alpha is None else given_alpha
@@ -396,7 +450,9 @@ def scheme_names(cfg) -> str:
 
 def unprofiled_admin_layers(model: nn.Module) -> int:
     """How many Admin layers of ``model`` still wait for their profile (0 after the first training batch)."""
-    return sum(1 for m in model.modules() if isinstance(m, AdminResidual) and not bool(m.admin_profiled))
+    return sum(
+        1 for m in model.modules() if isinstance(m, AdminResidual) and not bool(m.admin_profiled)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,7 +468,11 @@ def _fairseq_layer_identity(layer: nn.Module):
         return f"its layers ({type(layer).__name__}) have a residual connection of their own"
     if not layer.normalize_before:
         return "its layers are post-norm Transformer layers (LN(x + 0) is not x)"
-    return [f"{p}.{w}" for p in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2") for w in ("weight", "bias")]
+    return [
+        f"{p}.{w}"
+        for p in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2")
+        for w in ("weight", "bias")
+    ]
 
 
 def _deepnorm_options(args, new_args, request) -> List[str]:
@@ -425,20 +485,35 @@ def _deepnorm_options(args, new_args, request) -> List[str]:
         old = request.old_depths
         for opt, i in (("deepnorm_alpha", 0), ("deepnorm_beta", 1)):
             if getattr(opts, opt) is None:
-                pair = [deepnorm_constants(s, old["encoder"], old["decoder"])[i] for s in ("encoder", "decoder")]
+                pair = [
+                    deepnorm_constants(s, old["encoder"], old["decoder"])[i]
+                    for s in ("encoder", "decoder")
+                ]
                 setattr(new_args, opt, f"{pair[0]!r},{pair[1]!r}")
         return []
-    if request.method == "identity" and request.new_depths != request.old_depths and opts.deepnorm_alpha is None:
-        raise GrowError("--method identity with --deepnorm: DeepNorm's alpha of every layer depends on the depth, "
-                        "so the grown model computes another function; add --deepnorm-constants keep")
+    if (
+        request.method == "identity"
+        and request.new_depths != request.old_depths
+        and opts.deepnorm_alpha is None
+    ):
+        raise GrowError(
+            "--method identity with --deepnorm: DeepNorm's alpha of every layer depends on the depth, "
+            "so the grown model computes another function; add --deepnorm-constants keep"
+        )
     return ["DeepNorm: alpha/beta of the new depth (every layer's residual scale changes)"]
 
 
 for _layer in (TransformerEncoderLayerBase, TransformerDecoderLayerBase):
     declare_layer(_layer, identity=_fairseq_layer_identity)
-declare_layer(DeepNormResidual, options=_deepnorm_options, identity=lambda layer: (
-    "its layers are post-norm DeepNorm layers (LN(alpha x + 0) is not x)"))
+declare_layer(
+    DeepNormResidual,
+    options=_deepnorm_options,
+    identity=lambda layer: "its layers are post-norm DeepNorm layers (LN(alpha x + 0) is not x)",
+)
 # Admin's omegas (the profile, a buffer, and the learned part) and admin_profiled travel with their
 # layer: a copied layer is not profiled again
-declare_layer(AdminResidual, identity=lambda layer: "its layers are post-norm Admin layers (LN(omega x + 0) is not x)")
+declare_layer(
+    AdminResidual,
+    identity=lambda layer: "its layers are post-norm Admin layers (LN(omega x + 0) is not x)",
+)
 declare_layer(ReZeroResidual, identity=lambda layer: ["rezero_alpha"])  # alpha 0: x + 0 F(x)

@@ -22,9 +22,8 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from torch import Tensor, nn
 
 from .growth import LAYERS, GrownState, StackGrowth, declare_part
 
@@ -38,15 +37,19 @@ class TransparentReadoutConfig(FairseqDataclass):
 
     ta_dropout: float = field(
         default=0.1,
-        metadata={"architecture": False,
-                  "help": "dropout on the (N+1) x M transparent attention logits W (Bapna et al. 2018, "
-                  "Sec. 2.4; 0.1 as in the authors' lingvo WeightedSumLayer)"},
+        metadata={
+            "architecture": False,
+            "help": "dropout on the (N+1) x M transparent attention logits W (Bapna et al. 2018, "
+            "Sec. 2.4; 0.1 as in the authors' lingvo WeightedSumLayer)",
+        },
     )
     ta_init: ChoiceEnum(list(INITS)) = field(
         default="uniform",
-        metadata={"architecture": False,
-                  "help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
-                  "top = almost all mass on the top layer (starts close to the plain model)"},
+        metadata={
+            "architecture": False,
+            "help": "initial weights s: uniform over the N+1 encoder outputs (W = 0), or "
+            "top = almost all mass on the top layer (starts close to the plain model)",
+        },
     )
 
 
@@ -65,16 +68,28 @@ class TransparentReadout(nn.Module):
     """
 
     @classmethod
-    def from_options(cls, cfg, num_entries: int, num_readouts: int,
-                     out_proj: Optional[nn.Module] = None) -> "TransparentReadout":
+    def from_options(
+        cls, cfg, num_entries: int, num_readouts: int, out_proj: Optional[nn.Module] = None
+    ) -> "TransparentReadout":
         """The readout under the ``--ta-*`` options of ``cfg`` (:class:`TransparentReadoutConfig`)."""
         opts = TransparentReadoutConfig.from_namespace(cfg)
-        return cls(num_entries, num_readouts, dropout=opts.ta_dropout, out_proj=out_proj,
-                   init=str(opts.ta_init))
+        return cls(
+            num_entries,
+            num_readouts,
+            dropout=opts.ta_dropout,
+            out_proj=out_proj,
+            init=str(opts.ta_init),
+        )
 
-    def __init__(self, num_entries: int, num_readouts: int, dropout: float = 0.0,
-                 out_proj: Optional[nn.Module] = None, init: str = "uniform",
-                 top_margin: float = 6.0):
+    def __init__(
+        self,
+        num_entries: int,
+        num_readouts: int,
+        dropout: float = 0.0,
+        out_proj: Optional[nn.Module] = None,
+        init: str = "uniform",
+        top_margin: float = 6.0,
+    ):
         super().__init__()
         if init not in INITS:
             raise ValueError(f"--ta-init must be one of {INITS}, got {init!r}")
@@ -134,10 +149,19 @@ def _grow_readout(readout: TransparentReadout, prefix: str, stack: StackGrowth, 
     counts = stack.copies(units)
     columns = list(range(w.size(1)))
     decoder = grown.stacks.get("decoder")
-    if decoder is not None and w.size(1) == decoder.new_depth and old_w.size(1) == decoder.old_depth:
-        columns = [decoder.value_source(j + 1) - 1 if decoder.method == "identity" and j >= decoder.old_depth
-                   else (decoder.layer_map[j] if decoder.layer_map[j] is not None else decoder.old_depth - 1)
-                   for j in columns]
+    if (
+        decoder is not None
+        and w.size(1) == decoder.new_depth
+        and old_w.size(1) == decoder.old_depth
+    ):
+        columns = [
+            decoder.value_source(j + 1) - 1
+            if decoder.method == "identity" and j >= decoder.old_depth
+            else (
+                decoder.layer_map[j] if decoder.layer_map[j] is not None else decoder.old_depth - 1
+            )
+            for j in columns
+        ]
     for u in units:
         v = stack.value_source(u)
         for j, c in enumerate(columns):

@@ -52,26 +52,32 @@ class AdaptiveClipConfig:
 
     adaptive_clip: bool = field(
         default=False,
-        metadata={"help": "skip an update whose gradient norm is an outlier: log-norm above the moving "
-                  "mean + --adaptive-clip-threshold moving std devs (RNMT+, Chen et al. 2018, Sec. 4.1)"},
+        metadata={
+            "help": "skip an update whose gradient norm is an outlier: log-norm above the moving "
+            "mean + --adaptive-clip-threshold moving std devs (RNMT+, Chen et al. 2018, Sec. 4.1)"
+        },
     )
     adaptive_clip_threshold: float = field(
         default=4.0, metadata={"help": "standard deviations above the moving mean of the log norm"}
     )
     adaptive_clip_decay: float = field(
-        default=0.995, metadata={"help": "decay of the moving statistics (lingvo GradNormTracker: 0.995)"}
+        default=0.995,
+        metadata={"help": "decay of the moving statistics (lingvo GradNormTracker: 0.995)"},
     )
     adaptive_clip_warmup: int = field(
         default=100, metadata={"help": "updates observed before any can be skipped"}
     )
     adaptive_clip_min_norm: float = field(
-        default=1e-2, metadata={"help": "norms below this enter the statistics as this (lingvo: 1e-2)"}
+        default=1e-2,
+        metadata={"help": "norms below this enter the statistics as this (lingvo: 1e-2)"},
     )
     adaptive_clip_variant: ChoiceEnum(["paper", "lingvo"]) = field(
         default="paper",
-        metadata={"help": "paper: log g, outliers left out of the statistics, skipping after "
-                  "--adaptive-clip-warmup updates; lingvo: lingvo's GradNormTracker exactly "
-                  "(log(g + 1), std floor 1e-3, outliers enter capped, skipping once 1 - d^n > 0.75)"},
+        metadata={
+            "help": "paper: log g, outliers left out of the statistics, skipping after "
+            "--adaptive-clip-warmup updates; lingvo: lingvo's GradNormTracker exactly "
+            "(log(g + 1), std floor 1e-3, outliers enter capped, skipping once 1 - d^n > 0.75)"
+        },
     )
 
 
@@ -79,8 +85,14 @@ VARIANTS = ("paper", "lingvo")
 
 
 class GradNormTracker:
-    def __init__(self, threshold: float = 4.0, decay: float = 0.995, warmup: int = 100,
-                 min_norm: float = 1e-2, variant: str = "paper"):
+    def __init__(
+        self,
+        threshold: float = 4.0,
+        decay: float = 0.995,
+        warmup: int = 100,
+        min_norm: float = 1e-2,
+        variant: str = "paper",
+    ):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"--adaptive-clip-decay must be in (0, 1), got {decay}")
         if threshold <= 0:
@@ -96,7 +108,9 @@ class GradNormTracker:
         self.skipped = 0
 
     def mean_std(self):
-        if self.variant == "lingvo":  # lingvo divides by max(total weight, 1e-6), floors the variance
+        if (
+            self.variant == "lingvo"
+        ):  # lingvo divides by max(total weight, 1e-6), floors the variance
             w = max(self.weight * (1.0 - self.decay), 1e-6) / (1.0 - self.decay)
             mean = self.sum / w
             return mean, math.sqrt(max(self.sum_sq / w - mean * mean, 1e-6))
@@ -141,11 +155,20 @@ class GradNormTracker:
         return outlier
 
     def state_dict(self) -> Dict[str, float]:
-        return {"weight": self.weight, "sum": self.sum, "sum_sq": self.sum_sq,
-                "observed": float(self.observed), "skipped": float(self.skipped)}
+        return {
+            "weight": self.weight,
+            "sum": self.sum,
+            "sum_sq": self.sum_sq,
+            "observed": float(self.observed),
+            "skipped": float(self.skipped),
+        }
 
     def load_state_dict(self, state: Dict[str, float]):
-        self.weight, self.sum, self.sum_sq = float(state["weight"]), float(state["sum"]), float(state["sum_sq"])
+        self.weight, self.sum, self.sum_sq = (
+            float(state["weight"]),
+            float(state["sum"]),
+            float(state["sum_sq"]),
+        )
         self.observed, self.skipped = int(state["observed"]), int(state["skipped"])
 
 
@@ -165,9 +188,13 @@ class AdaptiveClipTaskMixin:
             return None
         if self._grad_tracker is None:
             c = self.cfg
-            self._grad_tracker = GradNormTracker(c.adaptive_clip_threshold, c.adaptive_clip_decay,
-                                                 c.adaptive_clip_warmup, c.adaptive_clip_min_norm,
-                                                 getattr(c, "adaptive_clip_variant", "paper"))
+            self._grad_tracker = GradNormTracker(
+                c.adaptive_clip_threshold,
+                c.adaptive_clip_decay,
+                c.adaptive_clip_warmup,
+                c.adaptive_clip_min_norm,
+                getattr(c, "adaptive_clip_variant", "paper"),
+            )
         return self._grad_tracker
 
     @staticmethod

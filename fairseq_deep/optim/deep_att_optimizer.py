@@ -42,19 +42,28 @@ GROUPS = ("feedforward", "embedding", "recurrent")
 class DeepAttOptimizerConfig(FairseqDataclass):
     lr_recurrent: float = field(
         default=5e-4,
-        metadata={"help": "learning rate l_r of the recurrent parameters (W_r, theta) while --lr "
-                  "(l_f, everything else) is at its initial value; the ratio is kept (Sec. 4.3)"},
+        metadata={
+            "help": "learning rate l_r of the recurrent parameters (W_r, theta) while --lr "
+            "(l_f, everything else) is at its initial value; the ratio is kept (Sec. 4.3)"
+        },
     )
     l2_strength: float = field(
-        default=2.0, metadata={"help": "r of Eq. 12: v <- v - l (d + r v), on all but the embeddings"}
+        default=2.0,
+        metadata={"help": "r of Eq. 12: v <- v - l (d + r v), on all but the embeddings"},
     )
     update_rule: ChoiceEnum(["adam", "sgd"]) = field(
         default="adam",
         metadata={"help": "d of Eq. 12: Adam's step (Sec. 3.2) or the gradient (plain Eq. 12)"},
     )
-    adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for --deep-att-update-rule adam"})
-    adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for --deep-att-update-rule adam"})
-    momentum: float = field(default=0.0, metadata={"help": "momentum for --deep-att-update-rule sgd"})
+    adam_betas: Any = field(
+        default=(0.9, 0.999), metadata={"help": "betas for --deep-att-update-rule adam"}
+    )
+    adam_eps: float = field(
+        default=1e-8, metadata={"help": "epsilon for --deep-att-update-rule adam"}
+    )
+    momentum: float = field(
+        default=0.0, metadata={"help": "momentum for --deep-att-update-rule sgd"}
+    )
     lr: List[float] = II("optimization.lr")
 
 
@@ -76,8 +85,13 @@ class DeepAttOptimizer(FairseqOptimizer):
         super().add_args(parser)
         from ..models.flags import add_new_flag_names
 
-        add_new_flag_names(parser, {"--lr-recurrent": "--deep-att-lr-recurrent",
-                                    "--update-rule": "--deep-att-update-rule"})
+        add_new_flag_names(
+            parser,
+            {
+                "--lr-recurrent": "--deep-att-lr-recurrent",
+                "--update-rule": "--deep-att-update-rule",
+            },
+        )
 
     def __init__(self, cfg: DeepAttOptimizerConfig, params):
         super().__init__(cfg)
@@ -90,18 +104,31 @@ class DeepAttOptimizer(FairseqOptimizer):
         for p in params:
             members[group_of(p)].append(p)
         groups = [
-            {"params": members[g], "name": g, "lr_scale": scale[g], "lr": base_lr * scale[g],
-             "weight_decay": decay[g]}
-            for g in GROUPS if members[g]
+            {
+                "params": members[g],
+                "name": g,
+                "lr_scale": scale[g],
+                "lr": base_lr * scale[g],
+                "weight_decay": decay[g],
+            }
+            for g in GROUPS
+            if members[g]
         ]
         groups.sort(key=lambda g: g["lr_scale"] != 1.0)  # get_lr() reads group 0: keep it at --lr
-        logger.info("deep_att optimizer groups: " + ", ".join(
-            f"{g['name']} ({sum(p.numel() for p in g['params'])} params, lr {g['lr']:g}, "
-            f"l2 {g['weight_decay']:g})" for g in groups))
+        logger.info(
+            "deep_att optimizer groups: "
+            + ", ".join(
+                f"{g['name']} ({sum(p.numel() for p in g['params'])} params, lr {g['lr']:g}, "
+                f"l2 {g['weight_decay']:g})"
+                for g in groups
+            )
+        )
         if cfg.update_rule == "sgd":
             self._optimizer = torch.optim.SGD(groups, lr=base_lr, momentum=cfg.momentum)
         else:
-            betas = eval(cfg.adam_betas) if isinstance(cfg.adam_betas, str) else tuple(cfg.adam_betas)
+            betas = (
+                eval(cfg.adam_betas) if isinstance(cfg.adam_betas, str) else tuple(cfg.adam_betas)
+            )
             self._optimizer = torch.optim.AdamW(groups, lr=base_lr, betas=betas, eps=cfg.adam_eps)
 
     @property
@@ -117,8 +144,11 @@ class DeepAttOptimizer(FairseqOptimizer):
     def load_state_dict(self, state_dict, optimizer_overrides=None):
         lr = self.get_lr()
         super().load_state_dict(state_dict, optimizer_overrides)
-        self.set_lr(lr if not optimizer_overrides or "lr" not in optimizer_overrides
-                    else optimizer_overrides["lr"])
+        self.set_lr(
+            lr
+            if not optimizer_overrides or "lr" not in optimizer_overrides
+            else optimizer_overrides["lr"]
+        )
 
     @property
     def supports_flat_params(self):

@@ -23,14 +23,18 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 @dataclass
 class NoamLRScheduleConfig(FairseqDataclass):
     warmup_updates: int = field(
-        default=4000, metadata={"help": "p of Eq. 2: updates of linear warm-up (Bapna et al.: 40000)"}
+        default=4000,
+        metadata={"help": "p of Eq. 2: updates of linear warm-up (Bapna et al.: 40000)"},
     )
     noam_r0: float = field(
-        default=1.0, metadata={"help": "r0 of Eq. 2, the scale of the learning rate (Bapna et al.: 3.0)"}
+        default=1.0,
+        metadata={"help": "r0 of Eq. 2, the scale of the learning rate (Bapna et al.: 3.0)"},
     )
     noam_d_model: int = field(
         default=0,
-        metadata={"help": "d_model of Eq. 2, the model dimension (512 for Transformer Base); required"},
+        metadata={
+            "help": "d_model of Eq. 2, the model dimension (512 for Transformer Base); required"
+        },
     )
 
 
@@ -52,13 +56,17 @@ class NoamSchedule(FairseqLRScheduler):
                 "(e.g. --noam-d-model 512 for Transformer Base, the value of --encoder-embed-dim)"
             )
         if cfg.warmup_updates <= 0:
-            raise ValueError(f"--lr-scheduler noam needs --warmup-updates > 0, got {cfg.warmup_updates}")
+            raise ValueError(
+                f"--lr-scheduler noam needs --warmup-updates > 0, got {cfg.warmup_updates}"
+            )
         if cfg.noam_r0 <= 0:
             raise ValueError(f"--noam-r0 must be positive, got {cfg.noam_r0}")
         self.step_update(0)
 
     def lr_at(self, num_updates: int) -> float:
-        return noam_lr(num_updates, self.cfg.noam_r0, self.cfg.noam_d_model, self.cfg.warmup_updates)
+        return noam_lr(
+            num_updates, self.cfg.noam_r0, self.cfg.noam_d_model, self.cfg.warmup_updates
+        )
 
     def step(self, epoch, val_loss=None):
         """The schedule does not change at epoch boundaries."""

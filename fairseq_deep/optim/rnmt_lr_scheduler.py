@@ -25,14 +25,23 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 @dataclass
 class RNMTPlusLRScheduleConfig(FairseqDataclass):
     rnmt_base_lr: float = field(default=1e-4, metadata={"help": "the factor 10^-4 of Eq. 1"})
-    rnmt_replicas: int = field(default=1, metadata={"help": "n of Eq. 1: concurrent model replicas"})
-    warmup_updates: int = field(default=500, metadata={"help": "p of Eq. 1: warm-up (App. A.3: 500)"})
-    rnmt_decay_start: int = field(default=600000, metadata={"help": "s of Eq. 1 (En-De 600k, En-Fr 1.2M)"})
-    rnmt_decay_end: int = field(default=1200000, metadata={"help": "e of Eq. 1 (En-De 1.2M, En-Fr 3.6M)"})
+    rnmt_replicas: int = field(
+        default=1, metadata={"help": "n of Eq. 1: concurrent model replicas"}
+    )
+    warmup_updates: int = field(
+        default=500, metadata={"help": "p of Eq. 1: warm-up (App. A.3: 500)"}
+    )
+    rnmt_decay_start: int = field(
+        default=600000, metadata={"help": "s of Eq. 1 (En-De 600k, En-Fr 1.2M)"}
+    )
+    rnmt_decay_end: int = field(
+        default=1200000, metadata={"help": "e of Eq. 1 (En-De 1.2M, En-Fr 3.6M)"}
+    )
 
 
-def rnmt_plus_lr(t: int, base: float = 1e-4, n: int = 1, p: int = 500, s: int = 600000,
-                 e: int = 1200000) -> float:
+def rnmt_plus_lr(
+    t: int, base: float = 1e-4, n: int = 1, p: int = 500, s: int = 600000, e: int = 1200000
+) -> float:
     """Eq. 1 of Chen et al. (2018) at update t, constant base/2 after the decay."""
     if n * t >= e:
         return base * 0.5
@@ -45,7 +54,10 @@ def rnmt_plus_lr(t: int, base: float = 1e-4, n: int = 1, p: int = 500, s: int = 
 class RNMTPlusLRSchedule(FairseqLRScheduler):
     def __init__(self, cfg: RNMTPlusLRScheduleConfig, optimizer):
         super().__init__(cfg, optimizer)
-        for name, value in (("--rnmt-replicas", cfg.rnmt_replicas), ("--warmup-updates", cfg.warmup_updates)):
+        for name, value in (
+            ("--rnmt-replicas", cfg.rnmt_replicas),
+            ("--warmup-updates", cfg.warmup_updates),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if cfg.rnmt_decay_end <= cfg.rnmt_decay_start:
@@ -58,8 +70,14 @@ class RNMTPlusLRSchedule(FairseqLRScheduler):
 
     def get_lr(self, num_updates: int) -> float:
         c = self.cfg
-        return rnmt_plus_lr(num_updates, c.rnmt_base_lr, c.rnmt_replicas, c.warmup_updates,
-                            c.rnmt_decay_start, c.rnmt_decay_end)
+        return rnmt_plus_lr(
+            num_updates,
+            c.rnmt_base_lr,
+            c.rnmt_replicas,
+            c.warmup_updates,
+            c.rnmt_decay_start,
+            c.rnmt_decay_end,
+        )
 
     def step(self, epoch, val_loss=None):
         super().step(epoch, val_loss)

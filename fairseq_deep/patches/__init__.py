@@ -41,6 +41,14 @@ def apply():
         usage_errors,
     )
 
-    for patches in (safe_loading, evaluation_batches, checkpoint_errors, usage_errors, distributed_cpu,
-                    precision, hub, fully_sharded):
+    for patches in (
+        safe_loading,
+        evaluation_batches,
+        checkpoint_errors,
+        usage_errors,
+        distributed_cpu,
+        precision,
+        hub,
+        fully_sharded,
+    ):
         patches.apply()

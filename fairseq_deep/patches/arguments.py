@@ -91,16 +91,27 @@ def annotate_preset_help(parser, arch: str):
         action = by_dest.get(dest)
         return action.option_strings[-1] if action is not None else "--" + dest.replace("_", "-")
 
-    changed = [(dest, v) for dest, v in values.items() if family == arch or dest not in base or base[dest] != v]
+    changed = [
+        (dest, v)
+        for dest, v in values.items()
+        if family == arch or dest not in base or base[dest] != v
+    ]
     doc = " ".join((getattr(ARCH_CONFIG_REGISTRY[arch], "__doc__", None) or "").split())
     if family and family != arch:
-        what = (f"where it differs from --arch {family}: " + ", ".join(
-            f"{flag(d)} {_shown(v, by_dest.get(d))}" for d, v in changed)) if changed else \
-            f"the same values as --arch {family}"
+        what = (
+            (
+                f"where it differs from --arch {family}: "
+                + ", ".join(f"{flag(d)} {_shown(v, by_dest.get(d))}" for d, v in changed)
+            )
+            if changed
+            else f"the same values as --arch {family}"
+        )
     else:
         what = "the family's defaults"
     parser.epilog = (
-        f"--arch {arch}" + (f" ({doc.rstrip('.')})" if doc else "") + f" sets{',' if family and family != arch else ''} {what}. Every option it sets "
+        f"--arch {arch}"
+        + (f" ({doc.rstrip('.')})" if doc else "")
+        + f" sets{',' if family and family != arch else ''} {what}. Every option it sets "
         f"shows its value after its help as [--arch {arch}: VALUE]; a value given on the command line wins, "
         "except one the preset's name states (a depth): a different value stops with an error."
     ).replace("%", "%%")
@@ -112,11 +123,15 @@ def one_line_error(message: str):
     the nearest names."""
     choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
     if choice:
-        names = re.findall(r"'([^']*)'", choice.group(3)) or [c.strip() for c in choice.group(3).split(",")]
+        names = re.findall(r"'([^']*)'", choice.group(3)) or [
+            c.strip() for c in choice.group(3).split(",")
+        ]
         close = difflib.get_close_matches(choice.group(2), names, n=3, cutoff=0.6)
-        message = (f"argument {choice.group(1)}: invalid choice: '{choice.group(2)}'"
-                   + (f"; did you mean {', '.join(close)}?" if close else "")
-                   + f" (choose from {', '.join(names)})")
+        message = (
+            f"argument {choice.group(1)}: invalid choice: '{choice.group(2)}'"
+            + (f"; did you mean {', '.join(close)}?" if close else "")
+            + f" (choose from {', '.join(names)})"
+        )
     message = message.replace("invalid <lambda> value", "invalid value")
     if message.endswith("the following arguments are required: data"):
         message += " (the folder of binarized data: fairseq-preprocess's --destdir)"
@@ -146,12 +161,17 @@ def check_evaluated(args):
             continue
         try:
             parsed = ast.literal_eval(value)
-            ok = isinstance(parsed, (tuple, list)) and len(parsed) == 2 and all(
-                isinstance(v, (int, float)) for v in parsed)
+            ok = (
+                isinstance(parsed, (tuple, list))
+                and len(parsed) == 2
+                and all(isinstance(v, (int, float)) for v in parsed)
+            )
         except (ValueError, SyntaxError):
             ok = False
         if not ok:
-            raise UserError(f"--{dest.replace('_', '-')} {value}: not {what}; give e.g. --{dest.replace('_', '-')} {example}")
+            raise UserError(
+                f"--{dest.replace('_', '-')} {value}: not {what}; give e.g. --{dest.replace('_', '-')} {example}"
+            )
 
 
 def parse_args_and_arch_with_help(parse_args_and_arch):
@@ -169,17 +189,23 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
                 check_required(parsed, parse.required)
             check_evaluated(parsed)
             return parsed
-        if option_value(argv, "--arch", "-a") is None and any(a.dest == "arch" for a in parser._actions):
+        if option_value(argv, "--arch", "-a") is None and any(
+            a.dest == "arch" for a in parser._actions
+        ):
             return parse_args_and_arch(parser, input_args, *args, **kwargs)  # fairseq's own --help
         original = parser.parse_known_args
         first = [True]
 
         def parse_known_args(args=None, namespace=None):
-            if not first[0]:  # the options of --arch and the rest are added: show the preset's values
+            if not first[
+                0
+            ]:  # the options of --arch and the rest are added: show the preset's values
                 annotate_preset_help(parser, option_value(argv, "--arch", "-a"))
                 return original(args, namespace)
             first[0] = False  # the first parse: without --help, and without required arguments
-            args = [a for a in (sys.argv[1:] if args is None else args) if a not in ("-h", "--help")]
+            args = [
+                a for a in (sys.argv[1:] if args is None else args) if a not in ("-h", "--help")
+            ]
             required = [a for a in parser._actions if a.required]
             for action in required:
                 action.required = False
@@ -206,9 +232,12 @@ def training_parser_with_model_from(get_training_parser):
 
     def get(*args, **kwargs):
         parser = get_training_parser(*args, **kwargs)
-        parser.add_argument("--model-from", metavar="CK.pt",
-                            help="fairseq-deep-train: --arch and every model option of the checkpoint CK.pt (a grown "
-                                 "model, a run to continue); an option given on the command line wins")
+        parser.add_argument(
+            "--model-from",
+            metavar="CK.pt",
+            help="fairseq-deep-train: --arch and every model option of the checkpoint CK.pt (a grown "
+            "model, a run to continue); an option given on the command line wins",
+        )
         return parser
 
     get._fairseq_deep = True

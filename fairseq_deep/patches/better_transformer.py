@@ -23,8 +23,16 @@ tests/test_aggregation.py (``without_better_transformer_keys``: a baseline of fa
 """
 
 #: the fused copies that fairseq 0.12.2's TransformerEncoderLayerBase adds for its fast path
-BETTER_TRANSFORMER_PARAMS = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias",
-                             "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+BETTER_TRANSFORMER_PARAMS = (
+    "in_proj_weight",
+    "in_proj_bias",
+    "out_proj_weight",
+    "out_proj_bias",
+    "fc1_weight",
+    "fc1_bias",
+    "fc2_weight",
+    "fc2_bias",
+)
 
 
 def without_better_transformer(layer):
@@ -58,7 +66,9 @@ def without_better_transformer_keys(state_dict):
     loaded before): the entries ``P.in_proj_weight``, ... of every layer ``P`` that has
     ``P.self_attn.q_proj.weight``."""
     suffix = "self_attn.q_proj.weight"
-    fused = {prefix + name for prefix in (k[:-len(suffix)] for k in state_dict if k.endswith("." + suffix))
-             for name in BETTER_TRANSFORMER_PARAMS}
+    fused = {
+        prefix + name
+        for prefix in (k[: -len(suffix)] for k in state_dict if k.endswith("." + suffix))
+        for name in BETTER_TRANSFORMER_PARAMS
+    }
     return type(state_dict)((k, v) for k, v in state_dict.items() if k not in fused)
-

@@ -49,8 +49,10 @@ logger = logging.getLogger(__name__)
 
 
 def _raised_by_torch_load(exc: BaseException) -> bool:
-    return any(f.filename.replace("\\", "/").endswith("torch/serialization.py")
-               for f in traceback.extract_tb(exc.__traceback__))
+    return any(
+        f.filename.replace("\\", "/").endswith("torch/serialization.py")
+        for f in traceback.extract_tb(exc.__traceback__)
+    )
 
 
 #: this run's model options while ``Trainer.load_checkpoint`` restores a checkpoint (else None)
@@ -94,16 +96,21 @@ def _check_model_registered(path, state):
         return
     cfg = state.get("cfg") or {}
     common = cfg.get("common") if hasattr(cfg, "get") else None
-    user_dir = (_cfg_get(common, "user_dir") if common is not None else None) or \
-        _cfg_get(state.get("args") or argparse.Namespace(), "user_dir")
+    user_dir = (_cfg_get(common, "user_dir") if common is not None else None) or _cfg_get(
+        state.get("args") or argparse.Namespace(), "user_dir"
+    )
     import fairseq
 
     raise CheckpointError(
         f"{path} holds a model of --arch {name}, which neither fairseq {fairseq.__version__} nor a loaded "
         f"plugin registers: it was written "
-        + (f"with the plugin --user-dir {user_dir}" if user_dir else "by another plugin or a newer fairseq")
+        + (
+            f"with the plugin --user-dir {user_dir}"
+            if user_dir
+            else "by another plugin or a newer fairseq"
+        )
         + ". Load it with the plugin and the fairseq that wrote it (fairseq_deep's architectures: "
-          "fairseq-deep-list-archs)"
+        "fairseq-deep-list-archs)"
     )
 
 
@@ -159,7 +166,9 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
     except KeyError as e:
         # fairseq 0.12.2's encoder layer reads its q/k/v weights from the state dict before torch
         # matches the keys: a missing one is a KeyError there
-        if not any(f.name == "_load_from_state_dict" for f in traceback.extract_tb(e.__traceback__)):
+        if not any(
+            f.name == "_load_from_state_dict" for f in traceback.extract_tb(e.__traceback__)
+        ):
             raise
         raise CheckpointError(
             f"{', '.join(map(str, filenames))}: the checkpoint's parameters do not fit the model as this "
@@ -183,16 +192,32 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
 def _state_dict_mismatch(text: str) -> typing.List[str]:
     """What torch's "Error(s) in loading state_dict" says, short: the first tensors of another
     shape (both shapes), and the counts and first names of missing and unexpected keys."""
-    shapes = re.findall(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) "
-                        r"from checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)", text)
-    shown = [f"{name}: checkpoint {a.replace(', ', 'x')}, this model {b.replace(', ', 'x')}"
-             for name, a, b in shapes[:2]]
-    parts = [f"{len(shapes)} of another shape ({', '.join(shown)}{', ...' if len(shapes) > 2 else ''})"] if shapes else []
-    keys = {kind: re.findall(r'"([^"]+)"', found.group(1)) for kind in ("Missing", "Unexpected")
-            for found in [re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)]
-            if found}
-    return parts + [f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
-                    for kind, v in keys.items()]
+    shapes = re.findall(
+        r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) "
+        r"from checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)",
+        text,
+    )
+    shown = [
+        f"{name}: checkpoint {a.replace(', ', 'x')}, this model {b.replace(', ', 'x')}"
+        for name, a, b in shapes[:2]
+    ]
+    parts = (
+        [f"{len(shapes)} of another shape ({', '.join(shown)}{', ...' if len(shapes) > 2 else ''})"]
+        if shapes
+        else []
+    )
+    keys = {
+        kind: re.findall(r'"([^"]+)"', found.group(1))
+        for kind in ("Missing", "Unexpected")
+        for found in [
+            re.search(kind + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)
+        ]
+        if found
+    }
+    return parts + [
+        f"{len(v)} {kind.lower()} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+        for kind, v in keys.items()
+    ]
 
 
 def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
@@ -204,7 +229,9 @@ def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
     options or the first tensors that differ."""
     token = _RESTORING.set(self.cfg.model)
     try:
-        extra_state = fairseq_original(trainer_load_checkpoint_checked)(self, filename, *args, **kwargs)
+        extra_state = fairseq_original(trainer_load_checkpoint_checked)(
+            self, filename, *args, **kwargs
+        )
         _say_training_time(self, filename)
         return extra_state
     except Exception as e:
@@ -214,12 +241,20 @@ def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
 
         cause = str(e.__context__) if e.__context__ is not None else ""
         try:
-            found = describe(differences(saved_model_options(fairseq_original(load_checkpoint_to_cpu_checked)(
-                filename)), self.cfg.model))
+            found = describe(
+                differences(
+                    saved_model_options(fairseq_original(load_checkpoint_to_cpu_checked)(filename)),
+                    self.cfg.model,
+                )
+            )
         except Exception:  # noqa: BLE001 - the options are a courtesy; the tensors are named below
             found = ""
-        what = (f"its model options differ from this run's: {found}" if found else
-                "; ".join(_state_dict_mismatch(cause)) or (cause.strip().splitlines() or ["?"])[0][:300])
+        what = (
+            f"its model options differ from this run's: {found}"
+            if found
+            else "; ".join(_state_dict_mismatch(cause))
+            or (cause.strip().splitlines() or ["?"])[0][:300]
+        )
         raise CheckpointError(
             f"{filename}: the checkpoint's parameters do not fit the model of this run ({what}). Fix: train "
             f"with the checkpoint's model options (fairseq-deep-train --model-from {filename} takes them all), "
@@ -241,10 +276,16 @@ def _say_training_time(trainer, filename):
         return
     left = stop_s - spent
     say = logger.info if left > 0.1 * stop_s else logger.warning
-    say("%s trained %s already, which --stop-time-hours %g counts: %s", filename, hms(spent),
-        stop_s / 3600, f"{hms(left)} left" if left > 0 else
-        "nothing is left, training stops after one update (raise --stop-time-hours; fairseq-deep-grow "
-        "writes a checkpoint with no training time unless given --keep-training-time)")
+    say(
+        "%s trained %s already, which --stop-time-hours %g counts: %s",
+        filename,
+        hms(spent),
+        stop_s / 3600,
+        f"{hms(left)} left"
+        if left > 0
+        else "nothing is left, training stops after one update (raise --stop-time-hours; fairseq-deep-grow "
+        "writes a checkpoint with no training time unless given --keep-training-time)",
+    )
 
 
 def apply():

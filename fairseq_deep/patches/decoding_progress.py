@@ -37,7 +37,9 @@ from ..progress import (
     interval_seconds,
 )
 
-logger = logging.getLogger("fairseq_deep.progress")  # the progress lines' logger (own_data's recipe shows it)
+logger = logging.getLogger(
+    "fairseq_deep.progress"
+)  # the progress lines' logger (own_data's recipe shows it)
 
 
 def _sample_sentences(sample) -> int:
@@ -52,8 +54,13 @@ class _CountingBar:
     given a ``deadline`` (a time of ``wall_clock``), starts no batch after it (see the module's
     docstring): it ends early, with a warning, and fairseq's loop ends as if the data had."""
 
-    def __init__(self, bar, progress: DecodingProgress, deadline: Optional[float] = None,
-                 wall_clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        bar,
+        progress: DecodingProgress,
+        deadline: Optional[float] = None,
+        wall_clock: Callable[[], float] = time.time,
+    ):
         self._bar = bar
         self._progress = progress
         self._deadline = deadline
@@ -82,14 +89,25 @@ class _CountingBar:
 
     def _stop(self):
         p = self._progress
-        done = f"{p.sentences:,} of {p.total_sentences:,} sentences" if p.total_sentences else (
-            f"{p.sentences:,} sentences ({p.batches:,} of {p.total_batches:,} batches)" if p.total_batches
-            else f"{p.sentences:,} sentences")
+        done = (
+            f"{p.sentences:,} of {p.total_sentences:,} sentences"
+            if p.total_sentences
+            else (
+                f"{p.sentences:,} sentences ({p.batches:,} of {p.total_batches:,} batches)"
+                if p.total_batches
+                else f"{p.sentences:,} sentences"
+            )
+        )
         late = self._wall_clock() - self._deadline
-        when = (f"it passed {late:.0f} s ago" if late >= 0 else
-                f"{-late:.0f} s left, less than the last batch took")
-        logger.warning(f"{DEADLINE_STOP} ({DEADLINE_ENV}; {when}): {done} decoded; the rest are not "
-                       "translated, and the scores below are of the decoded ones only")
+        when = (
+            f"it passed {late:.0f} s ago"
+            if late >= 0
+            else f"{-late:.0f} s left, less than the last batch took"
+        )
+        logger.warning(
+            f"{DEADLINE_STOP} ({DEADLINE_ENV}; {when}): {done} decoded; the rest are not "
+            "translated, and the scores below are of the decoded ones only"
+        )
 
     def __len__(self):
         return len(self._bar)
@@ -125,16 +143,23 @@ def _decode_a_subset(dataset, fraction: float):
     def subset():
         indices = ordered_indices()
         chosen = indices[evenly_spaced(len(indices), fraction)]
-        logger.info(f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(chosen):,} of {len(indices):,} "
-                    "sentences, evenly spaced over the test set sorted by length (every length is in it)")
+        logger.info(
+            f"{DECODE_SUBSET} ({DECODE_FRACTION_ENV}={fraction:g}): {len(chosen):,} of {len(indices):,} "
+            "sentences, evenly spaced over the test set sorted by length (every length is in it)"
+        )
         return chosen
 
     dataset.ordered_indices = subset
 
 
-def install_decoding_progress(generate_module, interval: Optional[float] = None,
-                              clock: Callable[[], float] = time.monotonic, deadline: Optional[float] = None,
-                              wall_clock: Callable[[], float] = time.time, fraction: Optional[float] = None):
+def install_decoding_progress(
+    generate_module,
+    interval: Optional[float] = None,
+    clock: Callable[[], float] = time.monotonic,
+    deadline: Optional[float] = None,
+    wall_clock: Callable[[], float] = time.time,
+    fraction: Optional[float] = None,
+):
     """Make ``generate_module`` (``fairseq_cli.generate``) log :class:`DecodingProgress` lines and
     stop at ``deadline`` (a Unix time, by default from :data:`DEADLINE_ENV`; see the module's
     docstring): its ``tasks.setup_task`` returns a task whose ``get_batch_iterator`` is recorded
@@ -172,8 +197,12 @@ def install_decoding_progress(generate_module, interval: Optional[float] = None,
             batches = len(iterator)
         except TypeError:
             batches = None
-        return _CountingBar(bar, DecodingProgress(total, batches, interval=interval, clock=clock),
-                            deadline=deadline, wall_clock=wall_clock)
+        return _CountingBar(
+            bar,
+            DecodingProgress(total, batches, interval=interval, clock=clock),
+            deadline=deadline,
+            wall_clock=wall_clock,
+        )
 
     generate_module.tasks = _Proxy(real_tasks, setup_task=setup_task)
     generate_module.progress_bar = _Proxy(real_bars, progress_bar=progress_bar)

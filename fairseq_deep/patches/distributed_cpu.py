@@ -36,8 +36,13 @@ def no_gpu() -> bool:
 def infer_init_method_cpu(cfg, *args, **kwargs):
     """Under torchrun without GPUs, take the world size from torchrun (as fairseq does on GPUs)."""
     launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
-    if (no_gpu() and launched and cfg.distributed_init_method is None
-            and cfg.distributed_world_size == 1 and int(os.environ["WORLD_SIZE"]) > 1):
+    if (
+        no_gpu()
+        and launched
+        and cfg.distributed_init_method is None
+        and cfg.distributed_world_size == 1
+        and int(os.environ["WORLD_SIZE"]) > 1
+    ):
         cfg.distributed_world_size = int(os.environ["WORLD_SIZE"])
     return fairseq_original(infer_init_method_cpu)(cfg, *args, **kwargs)
 
@@ -63,7 +68,9 @@ def _ddp_for_cpu_modules(ddp_class):
         def __init__(self, module, *args, device_ids=None, output_device=None, **kwargs):
             if all(p.device.type == "cpu" for p in module.parameters()):
                 device_ids = output_device = None
-            super().__init__(module, *args, device_ids=device_ids, output_device=output_device, **kwargs)
+            super().__init__(
+                module, *args, device_ids=device_ids, output_device=output_device, **kwargs
+            )
 
     return DistributedDataParallel
 

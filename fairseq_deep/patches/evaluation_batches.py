@@ -19,14 +19,25 @@ from fairseq.data import data_utils
 from .install import fairseq_original, install
 
 
-def batch_by_size_all(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None,
-                      max_sentences=None, required_batch_size_multiple=1, fixed_shapes=None):
+def batch_by_size_all(
+    indices,
+    num_tokens_fn,
+    num_tokens_vec=None,
+    max_tokens=None,
+    max_sentences=None,
+    required_batch_size_multiple=1,
+    fixed_shapes=None,
+):
     """fairseq's ``batch_by_size``, with the sentences of a dropped final batch given back."""
     if not isinstance(indices, np.ndarray):  # an iterator would be consumed by fairseq's call
         indices = np.fromiter(indices, dtype=np.int64, count=-1)
     batches = fairseq_original(batch_by_size_all)(
-        indices, num_tokens_fn, num_tokens_vec=num_tokens_vec, max_tokens=max_tokens,
-        max_sentences=max_sentences, required_batch_size_multiple=required_batch_size_multiple,
+        indices,
+        num_tokens_fn,
+        num_tokens_vec=num_tokens_vec,
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        required_batch_size_multiple=required_batch_size_multiple,
         fixed_shapes=fixed_shapes,
     )
     covered = sum(len(b) for b in batches)

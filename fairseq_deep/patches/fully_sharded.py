@@ -53,9 +53,13 @@ _FSDP_BF16 = False
 def _fsdp_bf16(cfg) -> bool:
     """``--bf16 --ddp-backend fully_sharded`` (``--memory-efficient-bf16`` is left to fairseq's refusal)."""
     common, distributed = getattr(cfg, "common", None), getattr(cfg, "distributed_training", None)
-    return (common is not None and distributed is not None and bool(getattr(common, "bf16", False))
-            and not getattr(common, "memory_efficient_bf16", False)
-            and getattr(distributed, "ddp_backend", None) == "fully_sharded")
+    return (
+        common is not None
+        and distributed is not None
+        and bool(getattr(common, "bf16", False))
+        and not getattr(common, "memory_efficient_bf16", False)
+        and getattr(distributed, "ddp_backend", None) == "fully_sharded"
+    )
 
 
 def main_with_fsdp_bf16(main, cfg, **kwargs):
@@ -72,10 +76,16 @@ def _fully_sharded_process_group_of_one(cfg):
     """Under ``--ddp-backend fully_sharded``, where fairseq finds no launcher (torchrun, SLURM) and
     would run one process without torch.distributed: one process, in a process group of one."""
     distributed = getattr(cfg, "distributed_training", None)
-    if distributed is None or distributed.ddp_backend != "fully_sharded" or getattr(cfg.common, "tpu", False):
+    if (
+        distributed is None
+        or distributed.ddp_backend != "fully_sharded"
+        or getattr(cfg.common, "tpu", False)
+    ):
         return
     if distributed.distributed_init_method is None:
-        distributed_utils.infer_init_method(distributed)  # fairseq's own (torchrun, SLURM, several GPUs)
+        distributed_utils.infer_init_method(
+            distributed
+        )  # fairseq's own (torchrun, SLURM, several GPUs)
     if distributed.distributed_init_method is not None or distributed.distributed_world_size != 1:
         return
     with socket.socket() as s:
@@ -86,8 +96,10 @@ def _fully_sharded_process_group_of_one(cfg):
     distributed.distributed_rank = 0
     if (cfg.common.cpu or no_gpu()) and distributed.distributed_backend == "nccl":
         distributed.distributed_backend = "gloo"
-    logger.info("--ddp-backend fully_sharded on one process: a process group of one (%s)",
-                distributed.distributed_init_method)
+    logger.info(
+        "--ddp-backend fully_sharded on one process: a process group of one (%s)",
+        distributed.distributed_init_method,
+    )
 
 
 def enable_wrap_bf16(*args, **kwargs):
@@ -165,7 +177,9 @@ def apply():
     install(trainer.Trainer, "consolidate_optimizer", trainer_consolidate_optimizer_fsdp)
     try:
         import fairscale.nn
-    except ImportError:  # fairseq's fully sharded backend needs it; without it there is nothing to wrap
+    except (
+        ImportError
+    ):  # fairseq's fully sharded backend needs it; without it there is nothing to wrap
         pass
     else:
         install(fairscale.nn, "enable_wrap", enable_wrap_bf16)

@@ -24,11 +24,18 @@ from ..data.sentencepiece_data import sentencepiece_to_apply
 from ..quiet import quiet_pin_memory
 from .install import fairseq_original, install
 
-logger = logging.getLogger("fairseq_deep.interactive")  # the logger of the same check in -interactive
+logger = logging.getLogger(
+    "fairseq_deep.interactive"
+)  # the logger of the same check in -interactive
 
 
-def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                                archive_map=None, **kwargs):
+def hub_from_pretrained_checked(
+    model_name_or_path,
+    checkpoint_file="model.pt",
+    data_name_or_path=".",
+    archive_map=None,
+    **kwargs,
+):
     """fairseq's ``hub_utils.from_pretrained`` (``Model.from_pretrained``, the hub interface), then
     :func:`~fairseq_deep.data.sentencepiece_data.sentencepiece_to_apply`: without ``bpe=`` the hub's
     ``translate`` passes words to a model that knows sentencepiece pieces (``<unk>`` everywhere,
@@ -39,7 +46,8 @@ def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", 
     if not torch.cuda.is_available():
         quiet_pin_memory()  # torch's warning on every translate(): fairseq's batches ask for pinned memory
     loaded = fairseq_original(hub_from_pretrained_checked)(
-        model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
+        model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs
+    )
     cfg = loaded["args"]
     if loaded["task"] is None or isinstance(cfg, dict):  # fairseq's vocoders: no text in or out
         return loaded
@@ -47,7 +55,9 @@ def hub_from_pretrained_checked(model_name_or_path, checkpoint_file="model.pt", 
     if model is not None:
         logger.warning(
             "the data is sentencepiece data and no bpe= was given: translating with bpe='sentencepiece', "
-            "sentencepiece_model=%r (found beside the data; pass bpe= to choose)", model)
+            "sentencepiece_model=%r (found beside the data; pass bpe= to choose)",
+            model,
+        )
         with open_dict(cfg):
             cfg.bpe = {"_name": "sentencepiece", "sentencepiece_model": model}
     return loaded

@@ -45,8 +45,13 @@ def source_limit(max_positions):
 
 
 def empty_hypothesis(eos: int):
-    return {"tokens": torch.tensor([eos]), "score": torch.tensor(0.0), "alignment": [],
-            "positional_scores": torch.tensor([0.0]), "attention": None}
+    return {
+        "tokens": torch.tensor([eos]),
+        "score": torch.tensor(0.0),
+        "alignment": [],
+        "positional_scores": torch.tensor([0.0]),
+        "attention": None,
+    }
 
 
 class _KeptGoing:
@@ -69,11 +74,18 @@ class _KeptGoing:
                 logger.warning(
                     "input line %d (S-%d): %d tokens with </s>, more than the model takes "
                     "(%d: --max-source-positions); translating its first %d tokens",
-                    line_id + 1, line_id, len(t), self.limit, self.limit - 1)
+                    line_id + 1,
+                    line_id,
+                    len(t),
+                    self.limit,
+                    self.limit - 1,
+                )
                 tokens[i] = torch.cat([t[: self.limit - 1], t[-1:]])
                 lengths[i] = self.limit
             elif len(t) <= 1:
-                logger.warning("input line %d (S-%d) is empty: its hypothesis is empty", line_id + 1, line_id)
+                logger.warning(
+                    "input line %d (S-%d) is empty: its hypothesis is empty", line_id + 1, line_id
+                )
         return tokens, lengths
 
     def inference_step(self, generator, models, sample, *args, **kwargs):
@@ -113,9 +125,12 @@ def with_sentencepiece_check(main, reparse):
     def checked(cfg, *args, **kwargs):
         model = sentencepiece_to_apply(cfg)
         if model is not None:
-            logger.warning("the data is sentencepiece data and no --bpe was given: translating with "
-                           "--bpe sentencepiece --sentencepiece-model %s (found beside the data; "
-                           "give --bpe to choose)", model)
+            logger.warning(
+                "the data is sentencepiece data and no --bpe was given: translating with "
+                "--bpe sentencepiece --sentencepiece-model %s (found beside the data; "
+                "give --bpe to choose)",
+                model,
+            )
             cfg = reparse(["--bpe", "sentencepiece", "--sentencepiece-model", model])
         return main(cfg, *args, **kwargs)
 

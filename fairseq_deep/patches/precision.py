@@ -52,8 +52,10 @@ def call_main_prepared(cfg, main, **kwargs):
     (:func:`.fully_sharded.prepare_main`)."""
     common = cfg.common
     if getattr(common, "bf16", False) and getattr(common, "tpu", False) and not _has_torch_xla():
-        logger.info("--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
-                    "CPU" if common.cpu or no_gpu() else "the GPU")
+        logger.info(
+            "--bf16 without torch_xla: training in bfloat16 on %s, not on a TPU",
+            "CPU" if common.cpu or no_gpu() else "the GPU",
+        )
         common.tpu = False
     main = prepare_main(cfg, main)
     return fairseq_original(call_main_prepared)(cfg, main, **kwargs)
@@ -79,9 +81,12 @@ def fp16_build_optimizer(cls, cfg, params, **kwargs):
         name = getattr(cfg.optimizer, "_name", None)
         needs_groups = getattr(OPTIMIZER_REGISTRY.get(name), "needs_param_groups", False)
         if needs_groups or no_gpu():
-            logger.info("--fp16: float32 master weights per parameter (--fp16-no-flatten-grads) %s",
-                        f"for --optimizer {name}, which keeps parameter groups" if needs_groups
-                        else "since there is no GPU")
+            logger.info(
+                "--fp16: float32 master weights per parameter (--fp16-no-flatten-grads) %s",
+                f"for --optimizer {name}, which keeps parameter groups"
+                if needs_groups
+                else "since there is no GPU",
+            )
             common.fp16_no_flatten_grads = True
     return fairseq_original(fp16_build_optimizer)(cls, cfg, params, **kwargs)
 

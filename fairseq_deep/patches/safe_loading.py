@@ -51,7 +51,9 @@ def checkpoint_safe_globals():
         nodes.BooleanNode,
         np.dtype,
     ]
-    types += [type(np.dtype(t)) for t in ("float64", "float32", "float16", "int64", "int32", "bool")]
+    types += [
+        type(np.dtype(t)) for t in ("float64", "float32", "float16", "int64", "int32", "bool")
+    ]
     try:  # the name numpy pickles its scalars under: numpy._core (numpy >= 2) or numpy.core
         from numpy._core.multiarray import scalar
     except ImportError:  # pragma: no cover - numpy < 2

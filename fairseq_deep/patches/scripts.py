@@ -67,7 +67,11 @@ def install_interactive():
         from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
         parser = options.get_interactive_generation_parser()
-        return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, sys.argv[1:] + extra))
+        return convert_namespace_to_omegaconf(
+            options.parse_args_and_arch(parser, sys.argv[1:] + extra)
+        )
 
-    if not getattr(fairseq_interactive.main, "_fairseq_deep", False):  # sentencepiece data without --bpe
+    if not getattr(
+        fairseq_interactive.main, "_fairseq_deep", False
+    ):  # sentencepiece data without --bpe
         fairseq_interactive.main = with_sentencepiece_check(fairseq_interactive.main, reparse)

@@ -29,7 +29,11 @@ def _epoch_state(epoch_itr, update_freq: int):
     try:
         batches = len(epoch_itr)
         fraction = epoch_itr.iterations_in_epoch / batches if batches else None
-        return epoch_itr.epoch, fraction, math.ceil(batches / max(1, update_freq)) if batches else None
+        return (
+            epoch_itr.epoch,
+            fraction,
+            math.ceil(batches / max(1, update_freq)) if batches else None,
+        )
     except Exception:  # noqa: BLE001 - another iterator: no epoch in the line
         return getattr(epoch_itr, "epoch", None), None, None
 
@@ -72,8 +76,9 @@ def _wrap_train_step(trainer, progress: TrainingProgress, cfg):
     trainer.train_step = train_step_with_progress
 
 
-def install_training_progress(train_module, interval: Optional[float] = None,
-                              clock: Callable[[], float] = time.monotonic):
+def install_training_progress(
+    train_module, interval: Optional[float] = None, clock: Callable[[], float] = time.monotonic
+):
     """Wrap ``train_module.train`` (``fairseq_cli.train``'s one epoch) so that each run's trainer
     logs :class:`TrainingProgress` lines.  Idempotent."""
     train_epoch = train_module.train
@@ -88,10 +93,20 @@ def install_training_progress(train_module, interval: Optional[float] = None,
         progress = state.get(id(trainer))
         if progress is None:
             opt = cfg.optimization
-            budget = BudgetCheck(opt.stop_time_hours, getattr(getattr(cfg, "lr_scheduler", None), "warmup_updates", 0),
-                                 opt.max_update, os.environ.get(RECIPE_BUDGET_ENV))
+            budget = BudgetCheck(
+                opt.stop_time_hours,
+                getattr(getattr(cfg, "lr_scheduler", None), "warmup_updates", 0),
+                opt.max_update,
+                os.environ.get(RECIPE_BUDGET_ENV),
+            )
             progress = state[id(trainer)] = TrainingProgress(
-                opt.max_update, opt.max_epoch, opt.stop_time_hours, interval=interval, clock=clock, budget=budget)
+                opt.max_update,
+                opt.max_epoch,
+                opt.stop_time_hours,
+                interval=interval,
+                clock=clock,
+                budget=budget,
+            )
             _wrap_train_step(trainer, progress, cfg)
         progress.epoch_itr = epoch_itr
         return train_epoch(cfg, trainer, task, epoch_itr, *args, **kwargs)

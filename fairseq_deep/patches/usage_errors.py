@@ -32,13 +32,17 @@ def infer_language_pair_checked(path):
     (fairseq: "Could not infer language pair, please provide it explicitly")."""
     src, tgt = fairseq_original(infer_language_pair_checked)(path)
     if src is None or tgt is None:
-        dicts = sorted(f for f in os.listdir(path) if re.fullmatch(r"dict\..+\.txt", f)) if os.path.isdir(path) else []
+        dicts = (
+            sorted(f for f in os.listdir(path) if re.fullmatch(r"dict\..+\.txt", f))
+            if os.path.isdir(path)
+            else []
+        )
         raise MissingFileError(
             f"{path}: cannot tell the language pair: no binarized data (<split>.<src>-<tgt>.<lang>.idx) "
             f"in it{'' if os.path.isdir(path) else ' (no such directory)'}"
             + (f"; dictionaries found: {', '.join(dicts)}" if dicts else "")
             + ". Pass --source-lang and --target-lang (hub: source_lang=, target_lang=) and a data "
-              "directory holding dict.<src>.txt and dict.<tgt>.txt (the --destdir of fairseq-preprocess)"
+            "directory holding dict.<src>.txt and dict.<tgt>.txt (the --destdir of fairseq-preprocess)"
         )
     return src, tgt
 
@@ -51,13 +55,20 @@ def load_dictionary_checked(cls, f):
         if not isinstance(f, str) or isinstance(e, MissingFileError):
             raise
         folder = os.path.dirname(f) or "."
-        found = sorted(x for x in os.listdir(folder) if re.fullmatch(r"dict\..+\.txt", x)) if os.path.isdir(folder) else []
+        found = (
+            sorted(x for x in os.listdir(folder) if re.fullmatch(r"dict\..+\.txt", x))
+            if os.path.isdir(folder)
+            else []
+        )
         raise MissingFileError(
             f"{f}: no such dictionary"
-            + (f" (found in {folder}: {', '.join(found)}; check --source-lang/--target-lang)" if found
-               else f" ({folder} has no dict.<lang>.txt{'' if os.path.isdir(folder) else ': no such directory'})")
+            + (
+                f" (found in {folder}: {', '.join(found)}; check --source-lang/--target-lang)"
+                if found
+                else f" ({folder} has no dict.<lang>.txt{'' if os.path.isdir(folder) else ': no such directory'})"
+            )
             + ". Pass the data directory written by fairseq-preprocess (--destdir), which holds "
-              "dict.<src>.txt and dict.<tgt>.txt of the model's training data"
+            "dict.<src>.txt and dict.<tgt>.txt of the model's training data"
         ) from e
 
 
@@ -72,7 +83,8 @@ def memory_efficient_fp16_build_optimizer(cls, cfg, params, **kwargs):
         raise ValueError(
             f"--memory-efficient-fp16 needs an optimizer that keeps float32 state for float16 "
             f"parameters; --optimizer {name} does not. Use --fp16 (float32 master weights) or "
-            f"--amp instead.") from None
+            f"--amp instead."
+        ) from None
 
 
 def apply():
@@ -80,5 +92,9 @@ def apply():
 
     install(data_utils, "infer_language_pair", infer_language_pair_checked)
     install(Dictionary, "load", load_dictionary_checked, as_classmethod=True)
-    install(MemoryEfficientFP16Optimizer, "build_optimizer", memory_efficient_fp16_build_optimizer,
-            as_classmethod=True)
+    install(
+        MemoryEfficientFP16Optimizer,
+        "build_optimizer",
+        memory_efficient_fp16_build_optimizer,
+        as_classmethod=True,
+    )

@@ -31,7 +31,15 @@ from ..errors import UserError  # noqa: F401
 from ..runs import model_kind, paired_bootstrap, score, width_flags  # noqa: F401
 from .cli import cli_main, get_parser, main, select_groups  # noqa: F401
 from .commands import (  # noqa: F401
-    RNMT_LR_RATIO, RNMT_REPLICAS, generate_command, interval, recipe, recipe_text, stage_commands, train_command)
+    RNMT_LR_RATIO,
+    RNMT_REPLICAS,
+    generate_command,
+    interval,
+    recipe,
+    recipe_text,
+    stage_commands,
+    train_command,
+)
 from .groups import DEPTH_FAMILIES, DIVERSITY, GROUPS, DepthSweep, Grown, Rows, expand_group  # noqa: F401
 from .report import markdown, plot, results  # noqa: F401
 from .runner import RunState, Study, learning_curve, parse_generate, record  # noqa: F401

@@ -5,7 +5,16 @@ fairseq-train command, the stages of a grown system, and fairseq-generate's comm
 import os
 from typing import List, Sequence, Tuple
 
-from ..runs import GENERATE, TRAIN, command, grow_command, has_option, model_kind, restore_flags, width_flags
+from ..runs import (
+    GENERATE,
+    TRAIN,
+    command,
+    grow_command,
+    has_option,
+    model_kind,
+    restore_flags,
+    width_flags,
+)
 from .systems import System
 
 
@@ -43,19 +52,56 @@ def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
 
     The Transformers (Vaswani et al.'s recipe, which Wang, Bapna and Dou et al. use) and the
     hybrids (Chen et al. train them with the Transformer schedule, Eq. 2) keep the shared recipe."""
-    shared = ("shared", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-8",
-                         "--lr", str(args.lr)],
-              ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--warmup-init-lr", "1e-07"])
+    shared = (
+        "shared",
+        [
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--adam-eps",
+            "1e-8",
+            "--lr",
+            str(args.lr),
+        ],
+        [
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            str(args.warmup),
+            "--warmup-init-lr",
+            "1e-07",
+        ],
+    )
     if getattr(args, "recipe", "shared") != "paper":
         return shared
     kind = model_kind(arch)
     if kind == "rnmt_plus":
         n = RNMT_REPLICAS
         peak = RNMT_LR_RATIO * args.lr
-        return ("rnmt_plus", ["--optimizer", "adam", "--adam-betas", "(0.9, 0.999)", "--adam-eps", "1e-6",
-                              "--lr", f"{peak:.6g}"],
-                ["--lr-scheduler", "rnmt_plus", "--rnmt-replicas", str(n), "--rnmt-base-lr", f"{peak / n:.6g}",
-                 "--warmup-updates", str(max(1, round(args.warmup / n)))])
+        return (
+            "rnmt_plus",
+            [
+                "--optimizer",
+                "adam",
+                "--adam-betas",
+                "(0.9, 0.999)",
+                "--adam-eps",
+                "1e-6",
+                "--lr",
+                f"{peak:.6g}",
+            ],
+            [
+                "--lr-scheduler",
+                "rnmt_plus",
+                "--rnmt-replicas",
+                str(n),
+                "--rnmt-base-lr",
+                f"{peak / n:.6g}",
+                "--warmup-updates",
+                str(max(1, round(args.warmup / n))),
+            ],
+        )
     return shared
 
 
@@ -84,12 +130,33 @@ def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
     if not has_option(own, "--lr-scheduler"):
         cmd += schedule
     if not has_option(own, "--criterion"):
-        cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(args.label_smoothing)]
+        cmd += [
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            str(args.label_smoothing),
+        ]
     every = interval(args)
-    cmd += ["--max-tokens", str(args.max_tokens), "--seed", str(seed),
-            "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(every),
-            "--keep-interval-updates", "1", "--validate-interval-updates", str(every),
-            "--log-format", "json", "--log-interval", str(args.log_interval), "--skip-invalid-size-inputs-valid-test"]
+    cmd += [
+        "--max-tokens",
+        str(args.max_tokens),
+        "--seed",
+        str(seed),
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--save-interval-updates",
+        str(every),
+        "--keep-interval-updates",
+        "1",
+        "--validate-interval-updates",
+        str(every),
+        "--log-format",
+        "json",
+        "--log-interval",
+        str(args.log_interval),
+        "--skip-invalid-size-inputs-valid-test",
+    ]
     if args.max_update:
         cmd += ["--max-update", str(args.max_update)]
     if args.minutes:
@@ -107,7 +174,9 @@ def _restore_grown(save_dir: str, grown: str) -> List[str]:
     return restore_flags(grown)
 
 
-def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
+def stage_commands(
+    args, system: System, seed: int, run_dir: str
+) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
     """A grown system (``system.stages``): ([(name, command, the file that says it is done)], the
     last stage's train command).  Each earlier stage trains in ``run_dir/stage_D`` (from the
     previous stage's grown checkpoint), its last checkpoint is grown (fairseq-deep-grow --method
@@ -129,21 +198,41 @@ def stage_commands(args, system: System, seed: int, run_dir: str) -> Tuple[List[
     steps = []
     for i, depth in enumerate(system.stages):
         stage_dir = os.path.join(run_dir, f"stage_{depth}")
-        cmd = train_command(args, system, seed, stage_dir) + ["--encoder-layers", str(depth)] + budget(i)
+        cmd = (
+            train_command(args, system, seed, stage_dir)
+            + ["--encoder-layers", str(depth)]
+            + budget(i)
+        )
         if i > 0:
             cmd += _restore_grown(stage_dir, os.path.join(run_dir, f"grown_{depth}.pt"))
         steps.append((f"stage_{depth}", cmd, os.path.join(run_dir, f"stage_{depth}.done")))
         grown = os.path.join(run_dir, f"grown_{depths[i + 1]}.pt")
-        steps.append((f"grow_{depths[i + 1]}", grow_command(os.path.join(stage_dir, "checkpoint_last.pt"), grown,
-                                                            depths[i + 1]), grown))
+        steps.append(
+            (
+                f"grow_{depths[i + 1]}",
+                grow_command(os.path.join(stage_dir, "checkpoint_last.pt"), grown, depths[i + 1]),
+                grown,
+            )
+        )
     final = train_command(args, system, seed, run_dir) + budget(n - 1)
     return steps, final + _restore_grown(run_dir, os.path.join(run_dir, f"grown_{system.depth}.pt"))
 
 
 def generate_command(args, checkpoint: str) -> List[str]:
     """``python -m fairseq_cli.generate`` of the test set with ``checkpoint``."""
-    cmd = command(GENERATE, args.data, "--path", checkpoint, "--gen-subset", "test", "--beam", str(args.beam),
-                  "--batch-size", str(args.gen_batch_size), "--skip-invalid-size-inputs-valid-test")
+    cmd = command(
+        GENERATE,
+        args.data,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        "--beam",
+        str(args.beam),
+        "--batch-size",
+        str(args.gen_batch_size),
+        "--skip-invalid-size-inputs-valid-test",
+    )
     if args.spm:
         cmd += ["--post-process", "sentencepiece"]
     elif args.remove_bpe:

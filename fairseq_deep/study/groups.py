@@ -32,8 +32,11 @@ class DepthSweep:
 
     def systems(self, group: str, depths: Optional[List[int]]) -> Tuple[str, List[System]]:
         build = deep_both_system if self.both else depth_system
-        return self.baseline, [build(f"{prefix}_{n}", family, n, group, technique)
-                               for technique, family, prefix in self.families for n in (depths or self.depths)]
+        return self.baseline, [
+            build(f"{prefix}_{n}", family, n, group, technique)
+            for technique, family, prefix in self.families
+            for n in (depths or self.depths)
+        ]
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ class Rows:
     baseline: str
 
     def systems(self, group: str, depths: Optional[List[int]]) -> Tuple[str, List[System]]:
-        return self.baseline, [System(name, arch, list(flags), group, name if technique is None else technique, depth)
-                               for name, arch, flags, technique, depth in self.rows]
+        return self.baseline, [
+            System(name, arch, list(flags), group, name if technique is None else technique, depth)
+            for name, arch, flags, technique, depth in self.rows
+        ]
 
 
 @dataclass(frozen=True)
@@ -63,14 +68,24 @@ class Grown:
     def systems(self, group: str, depths: Optional[List[int]]) -> Tuple[str, List[System]]:
         depths = sorted(set(depths or self.depths))
         if len(depths) < 2:
-            raise UserError(f"--group {group} needs two depths at least (--depths SHALLOW,DEEP[,...])")
+            raise UserError(
+                f"--group {group} needs two depths at least (--depths SHALLOW,DEEP[,...])"
+            )
         shallow, deep = depths[0], depths[-1]
         flags = ["--encoder-layers", str(deep)]
         return f"{self.prefix}_{deep}", [
             depth_system(f"{self.prefix}_{shallow}", self.family, shallow, group, "shallow"),
             System(f"{self.prefix}_{deep}", self.family, list(flags), group, "from scratch", deep),
-            System(f"{self.prefix}_{'_'.join(map(str, depths))}", self.family, list(flags), group, "grown (stack)",
-                   deep, stages=depths[:-1])]
+            System(
+                f"{self.prefix}_{'_'.join(map(str, depths))}",
+                self.family,
+                list(flags),
+                group,
+                "grown (stack)",
+                deep,
+                stages=depths[:-1],
+            ),
+        ]
 
 
 class Group(NamedTuple):
@@ -78,52 +93,116 @@ class Group(NamedTuple):
     spec: object  # DepthSweep, Rows or Grown: .systems(group, depths) -> (baseline, systems)
 
 
-DIVERSITY = ("--criterion", "label_smoothed_cross_entropy_with_diversity", "--label-smoothing", "0.1")
+DIVERSITY = (
+    "--criterion",
+    "label_smoothed_cross_entropy_with_diversity",
+    "--label-smoothing",
+    "0.1",
+)
 
 #: the depth group's families: every way of training a deep post-norm (or pre-norm) Transformer of
 #: the package at equal depth, N encoder and N decoder layers, since DeepNet, Admin, DS-Init and
 #: ReZero deepen both sides (Wang et al. 2019 deepen the encoder only: that is the wang group)
-DEPTH_FAMILIES = (("post-norm", "transformer_postnorm", "postnorm"), ("pre-norm", "transformer_prenorm", "prenorm"),
-                  ("DLCL", "transformer_dlcl", "dlcl"), ("DeepNorm", "transformer_deepnorm", "deepnorm"),
-                  ("Admin", "transformer_admin", "admin"), ("DS-Init", "transformer_dsinit", "dsinit"),
-                  ("ReZero", "transformer_rezero", "rezero"))
+DEPTH_FAMILIES = (
+    ("post-norm", "transformer_postnorm", "postnorm"),
+    ("pre-norm", "transformer_prenorm", "prenorm"),
+    ("DLCL", "transformer_dlcl", "dlcl"),
+    ("DeepNorm", "transformer_deepnorm", "deepnorm"),
+    ("Admin", "transformer_admin", "admin"),
+    ("DS-Init", "transformer_dsinit", "dsinit"),
+    ("ReZero", "transformer_rezero", "rezero"),
+)
 
 GROUPS = {
-    "wang": Group("Wang et al. 2019: post-norm / pre-norm / DLCL / post-norm DLCL against encoder depth", DepthSweep(
-        (("post-norm", "transformer_postnorm", "postnorm"), ("pre-norm", "transformer_prenorm", "prenorm"),
-         ("DLCL", "transformer_dlcl", "dlcl"), ("post-norm DLCL", "transformer_dlcl_postnorm", "dlcl_postnorm")),
-        depths=(6, 12, 16, 20, 25, 30), baseline="postnorm_6")),
-    "bapna": Group("Bapna et al. 2018: post-norm baseline, no residuals, transparent attention against depth",
-                   DepthSweep((("baseline", "transformer_ta_baseline", "baseline"),
-                               ("no residuals", "transformer_ta_nores", "nores"),
-                               ("transparent attention", "transformer_ta", "ta")),
-                              depths=(6, 12, 16), baseline="baseline_6")),
-    "chen": Group("Chen et al. 2018: Transformer (pre-norm), RNMT+ and the four hybrids", Rows(
-        tuple((name, arch, (), None, None) for name, arch in (
-            ("transformer", "transformer_prenorm"), ("rnmt_plus", "rnmt_plus"),
-            ("hybrid_transformer_rnmt", "hybrid_transformer_rnmt"),
-            ("hybrid_rnmt_transformer", "hybrid_rnmt_transformer"),
-            ("hybrid_cascaded", "hybrid_cascaded"), ("hybrid_multicolumn", "hybrid_multicolumn"))),
-        baseline="transformer")),
-    "zhou": Group("Zhou et al. 2016: Deep-Att with and without fast-forward connections at two depths", Rows(
-        (("noff_2x2", "deep_att_noff_2x2", (), "no F-F", 2), ("ff_2x2", "deep_att_ff_2x2", (), "F-F", 2),
-         ("noff_5x3", "deep_att_ff", ("--ff-mode", "none", "--encoder-layers", "5", "--decoder-layers", "3"),
-          "no F-F", 5),
-         ("ff_5x3", "deep_att_ff_5x3", (), "F-F", 5)),
-        baseline="noff_2x2")),
-    "dou": Group("Dou et al. 2018: baseline, dense, linear, iterative, hierarchical, MLA-2/3, +diversity", Rows(
-        tuple((name, arch, flags, None, None) for name, arch, flags in (
-            ("baseline", "transformer_agg_baseline", ()), ("dense", "transformer_dense", ()),
-            ("linear", "transformer_linear_agg", ()), ("iterative", "transformer_iterative_agg", ()),
-            ("hierarchical", "transformer_hier_agg", ()), ("mla2", "transformer_mla2", ()),
-            ("mla3", "transformer_mla3", ()), ("hierarchical+div", "transformer_hier_agg", DIVERSITY))),
-        baseline="baseline")),
-    "depth": Group("N + N layers: post-norm, pre-norm, DLCL (Wang et al. 2019), DeepNorm (Wang et al. 2022), "
-                   "Admin (Liu et al. 2020), DS-Init (Zhang et al. 2019), ReZero (Bachlechner et al. 2020)",
-                   DepthSweep(DEPTH_FAMILIES, depths=(6, 18), baseline="postnorm_6", both=True)),
-    "li": Group("Li et al. 2020: a deep pre-norm DLCL grown from a shallow one (fairseq-deep-grow, stages sharing "
-                "the budget) against the same depth from scratch and the shallow model",
-                Grown("transformer_dlcl", "dlcl", depths=(6, 12))),
+    "wang": Group(
+        "Wang et al. 2019: post-norm / pre-norm / DLCL / post-norm DLCL against encoder depth",
+        DepthSweep(
+            (
+                ("post-norm", "transformer_postnorm", "postnorm"),
+                ("pre-norm", "transformer_prenorm", "prenorm"),
+                ("DLCL", "transformer_dlcl", "dlcl"),
+                ("post-norm DLCL", "transformer_dlcl_postnorm", "dlcl_postnorm"),
+            ),
+            depths=(6, 12, 16, 20, 25, 30),
+            baseline="postnorm_6",
+        ),
+    ),
+    "bapna": Group(
+        "Bapna et al. 2018: post-norm baseline, no residuals, transparent attention against depth",
+        DepthSweep(
+            (
+                ("baseline", "transformer_ta_baseline", "baseline"),
+                ("no residuals", "transformer_ta_nores", "nores"),
+                ("transparent attention", "transformer_ta", "ta"),
+            ),
+            depths=(6, 12, 16),
+            baseline="baseline_6",
+        ),
+    ),
+    "chen": Group(
+        "Chen et al. 2018: Transformer (pre-norm), RNMT+ and the four hybrids",
+        Rows(
+            tuple(
+                (name, arch, (), None, None)
+                for name, arch in (
+                    ("transformer", "transformer_prenorm"),
+                    ("rnmt_plus", "rnmt_plus"),
+                    ("hybrid_transformer_rnmt", "hybrid_transformer_rnmt"),
+                    ("hybrid_rnmt_transformer", "hybrid_rnmt_transformer"),
+                    ("hybrid_cascaded", "hybrid_cascaded"),
+                    ("hybrid_multicolumn", "hybrid_multicolumn"),
+                )
+            ),
+            baseline="transformer",
+        ),
+    ),
+    "zhou": Group(
+        "Zhou et al. 2016: Deep-Att with and without fast-forward connections at two depths",
+        Rows(
+            (
+                ("noff_2x2", "deep_att_noff_2x2", (), "no F-F", 2),
+                ("ff_2x2", "deep_att_ff_2x2", (), "F-F", 2),
+                (
+                    "noff_5x3",
+                    "deep_att_ff",
+                    ("--ff-mode", "none", "--encoder-layers", "5", "--decoder-layers", "3"),
+                    "no F-F",
+                    5,
+                ),
+                ("ff_5x3", "deep_att_ff_5x3", (), "F-F", 5),
+            ),
+            baseline="noff_2x2",
+        ),
+    ),
+    "dou": Group(
+        "Dou et al. 2018: baseline, dense, linear, iterative, hierarchical, MLA-2/3, +diversity",
+        Rows(
+            tuple(
+                (name, arch, flags, None, None)
+                for name, arch, flags in (
+                    ("baseline", "transformer_agg_baseline", ()),
+                    ("dense", "transformer_dense", ()),
+                    ("linear", "transformer_linear_agg", ()),
+                    ("iterative", "transformer_iterative_agg", ()),
+                    ("hierarchical", "transformer_hier_agg", ()),
+                    ("mla2", "transformer_mla2", ()),
+                    ("mla3", "transformer_mla3", ()),
+                    ("hierarchical+div", "transformer_hier_agg", DIVERSITY),
+                )
+            ),
+            baseline="baseline",
+        ),
+    ),
+    "depth": Group(
+        "N + N layers: post-norm, pre-norm, DLCL (Wang et al. 2019), DeepNorm (Wang et al. 2022), "
+        "Admin (Liu et al. 2020), DS-Init (Zhang et al. 2019), ReZero (Bachlechner et al. 2020)",
+        DepthSweep(DEPTH_FAMILIES, depths=(6, 18), baseline="postnorm_6", both=True),
+    ),
+    "li": Group(
+        "Li et al. 2020: a deep pre-norm DLCL grown from a shallow one (fairseq-deep-grow, stages sharing "
+        "the budget) against the same depth from scratch and the shallow model",
+        Grown("transformer_dlcl", "dlcl", depths=(6, 12)),
+    ),
 }
 
 
@@ -143,7 +222,9 @@ def expand_group(spec: str, depths: Optional[Sequence[int]] = None) -> Tuple[str
         wanted = [w for w in subset.split(",") if w]
         unknown = set(wanted) - {s.name for s in systems}
         if unknown:
-            raise UserError(f"--group {spec}: no system {', '.join(sorted(unknown))} in {name}; it has "
-                             f"{', '.join(s.name for s in systems)}")
+            raise UserError(
+                f"--group {spec}: no system {', '.join(sorted(unknown))} in {name}; it has "
+                f"{', '.join(s.name for s in systems)}"
+            )
         systems = [s for s in systems if s.name == baseline or s.name in wanted]
     return baseline, systems

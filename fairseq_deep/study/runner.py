@@ -69,7 +69,10 @@ def learning_curve(series: dict) -> Tuple[List[List[float]], Optional[float]]:
         u0, w0 = below[-1]
         return w0 + (update - u0) / ups
 
-    curve = [[u, None if seconds(u) is None else round(seconds(u), 1), v] for u, v in series.get("valid_loss", [])]
+    curve = [
+        [u, None if seconds(u) is None else round(seconds(u), 1), v]
+        for u, v in series.get("valid_loss", [])
+    ]
     return curve, (round(ups, 4) if ups else None)
 
 
@@ -102,12 +105,17 @@ def record(run: RunState, hyps: List[str], refs: List[str], n_test: int, checkpo
     valid = [v for _, v in series.get("valid_loss", [])]
     with open(run.path("train.done")) as f:
         train_s = float(f.read().strip() or "nan")
-    result = {**runs.score(hyps, refs), "sentences": len(hyps), "test_size": n_test,
-              # the last validation comes after the last train_inner record (a --minutes stop)
-              "updates": runs.updates_done(records),
-              "best_valid_loss": min(valid) if valid else None,
-              "last_valid_loss": valid[-1] if valid else None, "train_seconds": round(train_s, 1),
-              "checkpoint": os.path.basename(checkpoint)}
+    result = {
+        **runs.score(hyps, refs),
+        "sentences": len(hyps),
+        "test_size": n_test,
+        # the last validation comes after the last train_inner record (a --minutes stop)
+        "updates": runs.updates_done(records),
+        "best_valid_loss": min(valid) if valid else None,
+        "last_valid_loss": valid[-1] if valid else None,
+        "train_seconds": round(train_s, 1),
+        "checkpoint": os.path.basename(checkpoint),
+    }
     result["curve"], result["updates_per_second"] = learning_curve(series)
     for d in run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
         result["updates"] += runs.updates_done(runs.parse_log(run.path(f"stage_{d}.log")))
@@ -125,9 +133,15 @@ class Study:
         self.n_test = runs.count_test_sentences(args.data)
         self.refs: Optional[List[str]] = read_text(args.ref) if args.ref else None
         if self.refs is not None and len(self.refs) != self.n_test:
-            raise UserError(f"--ref {args.ref} has {len(self.refs)} lines, the test set {self.n_test} sentences")
-        self.runs = [RunState(s, seed, os.path.join(args.out, "runs", s.group, s.name, f"seed{seed}"))
-                     for _, systems in groups.values() for s in systems for seed in range(1, args.seeds + 1)]
+            raise UserError(
+                f"--ref {args.ref} has {len(self.refs)} lines, the test set {self.n_test} sentences"
+            )
+        self.runs = [
+            RunState(s, seed, os.path.join(args.out, "runs", s.group, s.name, f"seed{seed}"))
+            for _, systems in groups.values()
+            for s in systems
+            for seed in range(1, args.seeds + 1)
+        ]
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # set on Ctrl-C / SIGTERM: queued runs do not start
         self.procs = set()  # the running fairseq subprocesses
@@ -151,7 +165,9 @@ class Study:
                 with self.lock:
                     self.procs.discard(proc)
 
-    def _step(self, run: RunState, cmd: List[str], log_path: str, what: str, interrupted: str) -> bool:
+    def _step(
+        self, run: RunState, cmd: List[str], log_path: str, what: str, interrupted: str
+    ) -> bool:
         """Run one fairseq (or fairseq-deep-grow) command; False (``run`` failed) unless it succeeded."""
         rc = self._subprocess(cmd, log_path)
         if rc != 0 and self.stopping.is_set():
@@ -170,12 +186,16 @@ class Study:
                 proc.terminate()
 
     # -- the steps of one run ------------------------------------------------------------------
-    def grow_stages(self, run: RunState, steps: List[Tuple[str, List[str], str]], t0: float) -> bool:
+    def grow_stages(
+        self, run: RunState, steps: List[Tuple[str, List[str], str]], t0: float
+    ) -> bool:
         """The stages before a grown system's last one: train, grow, train, ... (each once)."""
         for name, step, done in steps:
             if os.path.exists(done):
                 continue
-            if not self._step(run, step, run.path(name + ".log"), name, "resumes from its last stage"):
+            if not self._step(
+                run, step, run.path(name + ".log"), name, "resumes from its last stage"
+            ):
                 return False
             if not name.startswith("grow_"):
                 with open(done, "w") as f:
@@ -192,7 +212,9 @@ class Study:
         t0 = time.time()
         if not self.grow_stages(run, steps, t0):
             return False
-        if not self._step(run, cmd, run.path("train.log"), "fairseq-train", "resumes from checkpoint_last.pt"):
+        if not self._step(
+            run, cmd, run.path("train.log"), "fairseq-train", "resumes from checkpoint_last.pt"
+        ):
             return False
         with open(run.path("train.done"), "w") as f:
             f.write(f"{time.time() - t0:.1f}\n")
@@ -214,7 +236,9 @@ class Study:
             return None
         return generated, checkpoint
 
-    def score(self, run: RunState, generated: runs.Generated) -> Optional[Tuple[List[str], List[str]]]:
+    def score(
+        self, run: RunState, generated: runs.Generated
+    ) -> Optional[Tuple[List[str], List[str]]]:
         """(hypotheses, references) in the test set's order, None where they do not match it."""
         try:
             hyps, t_refs = generated.in_order(self.n_test)
@@ -230,15 +254,21 @@ class Study:
     def run_one(self, run: RunState):
         """Train, decode, score and record one run; a run with a result.json is kept as it is."""
         cmd, steps = train_command(self.args, run.system, run.seed, run.run_dir), []
-        if run.system.stages:  # grown from shallower stages (the li group): stage, grow, ..., this one
+        if (
+            run.system.stages
+        ):  # grown from shallower stages (the li group): stage, grow, ..., this one
             steps, cmd = stage_commands(self.args, run.system, run.seed, run.run_dir)
         cmd_path = run.path("train_command.json")
         if os.path.exists(cmd_path):
             with open(cmd_path) as f:
                 if json.load(f) != cmd[1:]:
-                    logger.warning("%s: the fairseq-train command differs from the one saved in %s; a finished "
-                                   "run keeps its scores, an unfinished one resumes from its checkpoint_last.pt "
-                                   "with the new command (delete the folder to start again)", run.label, cmd_path)
+                    logger.warning(
+                        "%s: the fairseq-train command differs from the one saved in %s; a finished "
+                        "run keeps its scores, an unfinished one resumes from its checkpoint_last.pt "
+                        "with the new command (delete the folder to start again)",
+                        run.label,
+                        cmd_path,
+                    )
         if os.path.exists(run.path("result.json")):
             with open(run.path("result.json")) as f:
                 run.result = json.load(f)
@@ -283,14 +313,18 @@ class Study:
         elapsed = time.time() - (run.started or time.time())
         done = (update or 0) - (run.start_update or 0)
         rate = done / elapsed if update is not None and done > 0 and elapsed > 0 else None
-        eta = TrainingProgress(max_update=self.args.max_update, stop_time_hours=self.args.minutes / 60)
+        eta = TrainingProgress(
+            max_update=self.args.max_update, stop_time_hours=self.args.minutes / 60
+        )
         return f"{line}, {eta.eta(update or 0, rate, elapsed if self.args.minutes else None)}"
 
     def log_progress(self, only: Optional[RunState] = None):
         with self.lock:
             runs_ = [only] if only else self.runs
-            counts = {s: sum(r.status == s for r in self.runs) for s in ("done", "failed", "training",
-                                                                           "decoding", "queued")}
+            counts = {
+                s: sum(r.status == s for r in self.runs)
+                for s in ("done", "failed", "training", "decoding", "queued")
+            }
             if not only:
                 logger.info("progress: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
             for r in runs_:

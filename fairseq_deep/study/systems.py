@@ -52,12 +52,16 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
     """``"NAME=ARCH [FLAGS...]"`` (split with shlex) as a System."""
     words = shlex.split(value)
     if not words or "=" not in words[0]:
-        raise UserError(f"--system {value!r}: expected NAME=ARCH [FLAGS...], e.g. "
-                         "--system \"dlcl=transformer_dlcl --encoder-layers 6\"")
+        raise UserError(
+            f"--system {value!r}: expected NAME=ARCH [FLAGS...], e.g. "
+            '--system "dlcl=transformer_dlcl --encoder-layers 6"'
+        )
     name, arch = words[0].split("=", 1)
     if not _NAME.match(name) or not arch:
-        raise UserError(f"--system {value!r}: NAME must be letters, digits, '_', '.', '+', '-' "
-                         "and ARCH must not be empty")
+        raise UserError(
+            f"--system {value!r}: NAME must be letters, digits, '_', '.', '+', '-' "
+            "and ARCH must not be empty"
+        )
     flags = words[1:]
     if "--arch" in flags or "-a" in flags:
         raise UserError(f"--system {value!r}: give the architecture as NAME=ARCH, not --arch")
@@ -71,13 +75,21 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
 def depth_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
     """``family`` for 6 encoder layers (the depth-free preset), ``family_{N}l`` where that preset
     exists, else ``family --encoder-layers N``."""
-    import fairseq_deep  # noqa: F401  (registers the architectures)
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_deep  # noqa: F401  (registers the architectures)
 
     named = f"{family}_{depth}l"
     if depth != 6 and named in ARCH_MODEL_REGISTRY:
         return System(name, named, [], group, technique, depth)
-    return System(name, family, [] if depth == 6 else ["--encoder-layers", str(depth)], group, technique, depth)
+    return System(
+        name,
+        family,
+        [] if depth == 6 else ["--encoder-layers", str(depth)],
+        group,
+        technique,
+        depth,
+    )
 
 
 def preset_depths(arch: str) -> Tuple[int, int]:
@@ -95,12 +107,16 @@ def deep_both_system(name: str, family: str, depth: int, group: str, technique: 
     """N encoder and N decoder layers: ``family_{N}l`` where that preset has N + N layers (a
     preset of another shape, e.g. ``transformer_admin_60l``'s 60 + 12, is not used), the
     depth-free ``family`` where it has them, else ``family --encoder-layers N --decoder-layers N``."""
-    import fairseq_deep  # noqa: F401  (registers the architectures)
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_deep  # noqa: F401  (registers the architectures)
 
     named = f"{family}_{depth}l"
     if named in ARCH_MODEL_REGISTRY and preset_depths(named) == (depth, depth):
         return System(name, named, [], group, technique, depth)
-    flags = [] if preset_depths(family) == (depth, depth) else [
-        "--encoder-layers", str(depth), "--decoder-layers", str(depth)]
+    flags = (
+        []
+        if preset_depths(family) == (depth, depth)
+        else ["--encoder-layers", str(depth), "--decoder-layers", str(depth)]
+    )
     return System(name, family, flags, group, technique, depth)

@@ -24,7 +24,9 @@ def freeze_bottom_layers(model, value: str) -> int:
     except ValueError:
         bounds = []
     if len(bounds) not in (1, 2) or min(bounds) < 0:
-        raise UserError(f"--freeze-grown-from takes N or N,M (encoder, decoder layers), got {value!r}")
+        raise UserError(
+            f"--freeze-grown-from takes N or N,M (encoder, decoder layers), got {value!r}"
+        )
     limit = {"encoder": bounds[0], "decoder": bounds[1] if len(bounds) > 1 else 0}
     depth = {"encoder": 0, "decoder": 0}
     frozen = 0
@@ -39,6 +41,8 @@ def freeze_bottom_layers(model, value: str) -> int:
             frozen += 1
     for side in limit:
         if limit[side] > depth[side]:
-            raise UserError(f"--freeze-grown-from {value}: the model has {depth[side]} {side} layers, fewer than "
-                            f"the {limit[side]} to freeze")
+            raise UserError(
+                f"--freeze-grown-from {value}: the model has {depth[side]} {side} layers, fewer than "
+                f"the {limit[side]} to freeze"
+            )
     return frozen

@@ -22,7 +22,6 @@ from fairseq.logging import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..optim.adaptive_clip import AdaptiveClipConfig, AdaptiveClipTaskMixin  # --adaptive-clip
 from ..diagnostics.grad_norm import (
     FIRST_KEY,
     TA_COUNT_KEY,
@@ -32,6 +31,7 @@ from ..diagnostics.grad_norm import (
     is_ta_weight_key,
     transparent_weights_logging,
 )
+from ..optim.adaptive_clip import AdaptiveClipConfig, AdaptiveClipTaskMixin  # --adaptive-clip
 from .freeze import freeze_bottom_layers  # --freeze-grown-from
 
 logger = logging.getLogger(__name__)
@@ -41,19 +41,25 @@ logger = logging.getLogger(__name__)
 class TranslationDeepConfig(TranslationConfig, AdaptiveClipConfig):
     log_grad_norm_ratio: bool = field(
         default=False,
-        metadata={"help": "log r_t = ||dL/dh_1|| / ||dL/dh_N|| of the encoder (Bapna et al. 2018, "
-                  "Sec. 2.3) as 'gnorm_ratio' at every update"},
+        metadata={
+            "help": "log r_t = ||dL/dh_1|| / ||dL/dh_N|| of the encoder (Bapna et al. 2018, "
+            "Sec. 2.3) as 'gnorm_ratio' at every update"
+        },
     )
     log_ta_weights: ChoiceEnum(["none", "last", "all"]) = field(
         default="none",
-        metadata={"help": "log the transparent attention weights s_{i,j} as 'ta_s{i}_{j}': of the "
-                  "last decoder layer (Fig. 4 of Bapna et al.) or of all"},
+        metadata={
+            "help": "log the transparent attention weights s_{i,j} as 'ta_s{i}_{j}': of the "
+            "last decoder layer (Fig. 4 of Bapna et al.) or of all"
+        },
     )
     freeze_grown_from: str = field(
         default="",
-        metadata={"help": "N or N,M: freeze the bottom N encoder layers (and M decoder layers) of a model grown "
-                  "from a shallow one by fairseq-deep-grow, as Wu et al. (2019) train the new layers on top "
-                  "of a fixed bottom; embeddings and everything outside the layers still train"},
+        metadata={
+            "help": "N or N,M: freeze the bottom N encoder layers (and M decoder layers) of a model grown "
+            "from a shallow one by fairseq-deep-grow, as Wu et al. (2019) train the new layers on top "
+            "of a fixed bottom; embeddings and everything outside the layers still train"
+        },
     )
 
 
@@ -65,12 +71,16 @@ class TranslationDeepTask(AdaptiveClipTaskMixin, TranslationTask):
         model = super().build_model(cfg, from_checkpoint)
         if self.cfg.freeze_grown_from:
             frozen = freeze_bottom_layers(model, self.cfg.freeze_grown_from)
-            logger.info(f"--freeze-grown-from {self.cfg.freeze_grown_from}: {frozen} parameter tensors frozen")
+            logger.info(
+                f"--freeze-grown-from {self.cfg.freeze_grown_from}: {frozen} parameter tensors frozen"
+            )
         if self.cfg.log_grad_norm_ratio:
             encoder_end_layers(model)  # a model without encoder layers stops here, with the fix
         if self.cfg.log_ta_weights not in (None, "none") and not transparent_weights_logging(model):
-            logger.warning("--log-ta-weights: the model has no transparent attention weights; "
-                           "nothing will be logged (use --arch transformer_ta*)")
+            logger.warning(
+                "--log-ta-weights: the model has no transparent attention weights; "
+                "nothing will be logged (use --arch transformer_ta*)"
+            )
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):

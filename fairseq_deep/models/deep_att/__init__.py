@@ -2,6 +2,8 @@
 
 from .config import DeepAttConfig
 from .model import DeepAttModel  # registers the model ...
+
+# isort: split
 from . import presets  # noqa: F401,E402  (... then its named architectures)
 
 __all__ = ["DeepAttConfig", "DeepAttModel"]

@@ -27,7 +27,13 @@ from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
-from ...modules.fast_forward_lstm import FFLSTMStack, no_autocast, wide_dtype, wide_linear, with_dtype
+from ...modules.fast_forward_lstm import (
+    FFLSTMStack,
+    no_autocast,
+    wide_dtype,
+    wide_linear,
+    with_dtype,
+)
 from ...modules.growth import declare_stack
 from ...modules.precision import Float32UnderHalf
 from ...modules.reorder import reorder_batch
@@ -37,29 +43,45 @@ from .config import DeepAttConfig
 class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, context_dim: int):
         super().__init__(dictionary)
-        args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
+        args = DeepAttConfig.from_namespace(
+            args
+        )  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.max_target_positions = args.max_target_positions
         self.dropout = args.dropout
         self.context_dim = context_dim
         H, n = args.decoder_hidden_size, args.decoder_layers
-        self.stack = FFLSTMStack(context_dim + embed_tokens.embedding_dim, H, [False] * n,
-                                 ff_mode=args.ff_mode, dropout=args.dropout, impl=args.deep_att_cell_impl)
+        self.stack = FFLSTMStack(
+            context_dim + embed_tokens.embedding_dim,
+            H,
+            [False] * n,
+            ff_mode=args.ff_mode,
+            dropout=args.dropout,
+            impl=args.deep_att_cell_impl,
+        )
         self.attention = None
         if args.ff_interface == "att":
-            self.attention = AdditiveAttention(H, context_dim, args.ff_attention_dim or H,
-                                               num_heads=1, project_values=False)
+            self.attention = AdditiveAttention(
+                H, context_dim, args.ff_attention_dim or H, num_heads=1, project_values=False
+            )
         self.output_projection = nn.Linear(H, len(dictionary))
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only: bool = False, **unused):
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only: bool = False,
+        **unused,
+    ):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                         **unused):
+    def extract_features(
+        self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused
+    ):
         cache = None
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
@@ -79,7 +101,11 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
             mask = encoder_out["encoder_padding_mask"]
             mask = mask[0] if len(mask) > 0 else None
             # keys = precompute(context)[0] (values are not projected), in float32 under --fp16
-            keys = cache["keys"] if cache is not None else wide_linear(self.attention.key_proj, context)
+            keys = (
+                cache["keys"]
+                if cache is not None
+                else wide_linear(self.attention.key_proj, context)
+            )
             new_cache["keys"] = keys
             first, attn = self._first_layer(y, context, keys, mask, states)
             f, h, states, _ = self.stack(None, None, states, first=first)
@@ -87,11 +113,12 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
             new_cache[f"h{k}"], new_cache[f"s{k}"] = hk, sk
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", new_cache)
-        h = F.dropout(h.to(self.output_projection.weight.dtype), p=self.dropout, training=self.training)
+        h = F.dropout(
+            h.to(self.output_projection.weight.dtype), p=self.dropout, training=self.training
+        )
         return h.transpose(0, 1), {"attn": [attn], "inner_states": [h]}
 
-    def _first_layer(self, y: Tensor, values: Tensor, keys: Tensor, mask: Optional[Tensor],
-                     states):
+    def _first_layer(self, y: Tensor, values: Tensor, keys: Tensor, mask: Optional[Tensor], states):
         """Layer 1 of Deep-Att, step by step: c_t from h^1_{t-1} (Eq. 9), f^1_t = W_f^1 [c_t, y_t]."""
         layer = self.stack.layers[0]
         dt = wide_dtype(y)  # float32 for float16/bfloat16 or under autocast
@@ -130,7 +157,9 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
         if cache is None:
             return
         # the attention keys are S x B x A, every (h, s) B x H
-        self.set_incremental_state(incremental_state, "state", reorder_batch(cache, new_order, ("keys",)))
+        self.set_incremental_state(
+            incremental_state, "state", reorder_batch(cache, new_order, ("keys",))
+        )
 
     def max_positions(self):
         return self.max_target_positions

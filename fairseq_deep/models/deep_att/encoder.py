@@ -61,7 +61,9 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
 
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
-        args = DeepAttConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
+        args = DeepAttConfig.from_namespace(
+            args
+        )  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
         self.max_source_positions = args.max_source_positions
@@ -73,15 +75,23 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
             raise ValueError(f"--ff-encoder-columns must be 1 or 2, got {cols}")
         interleaved = args.ff_encoder_directions == "interleaved"
         self.columns = nn.ModuleList(
-            FFLSTMStack(embed_tokens.embedding_dim, H, column_directions(n, c, interleaved),
-                        ff_mode=args.ff_mode, dropout=args.dropout, impl=args.deep_att_cell_impl)
+            FFLSTMStack(
+                embed_tokens.embedding_dim,
+                H,
+                column_directions(n, c, interleaved),
+                ff_mode=args.ff_mode,
+                dropout=args.dropout,
+                impl=args.deep_att_cell_impl,
+            )
             for c in range(cols)
         )
         e_dim = interface_dim(H, cols, args.ff_mode)
         if args.ff_interface == "att" and args.ff_proj_ratio > 1:
             if e_dim % args.ff_proj_ratio:
-                raise ValueError(f"--ff-proj-ratio {args.ff_proj_ratio} does not divide the "
-                                 f"interface size {e_dim}")
+                raise ValueError(
+                    f"--ff-proj-ratio {args.ff_proj_ratio} does not divide the "
+                    f"interface size {e_dim}"
+                )
             self.proj = nn.Linear(e_dim, e_dim // args.ff_proj_ratio, bias=False)  # W_p
             self.output_dim = e_dim // args.ff_proj_ratio
         else:
@@ -107,7 +117,9 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
         fs = [f for f, _, _, _ in outs] if self.ff_mode != "none" else []
         e = torch.cat(hs + fs, dim=-1)
         if self.proj is not None:
-            e = wide_linear(self.proj, e)  # e holds f: float32 under --fp16/--amp (fast_forward_lstm)
+            e = wide_linear(
+                self.proj, e
+            )  # e holds f: float32 under --fp16/--amp (fast_forward_lstm)
         if has_pads:  # back to the layout of src_tokens
             e = gather_time(e, front.argsort(dim=0))
         return self._out(e, [pad_mask] if has_pads else [])
@@ -147,5 +159,9 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
 
 # fairseq-deep-grow (modules/growth.py): each column is a stack of its own, grown by the same map
 # (a copy keeps its layer's direction: FFLSTMLayer's role)
-declare_stack(DeepAttEncoder, layers=lambda stack: {f"columns.{c}.layers": column.layers
-                                                    for c, column in enumerate(stack.columns)})
+declare_stack(
+    DeepAttEncoder,
+    layers=lambda stack: {
+        f"columns.{c}.layers": column.layers for c, column in enumerate(stack.columns)
+    },
+)

@@ -8,9 +8,9 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, reg
 from torch import nn
 
 from ...errors import UserError, refuse_options
-from ..reduction import declare_reduction, never
 from ...modules.fast_forward_lstm import RECURRENT, mark
 from ...modules.growth import declare_family
+from ..reduction import declare_reduction, never
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
 from .encoder import DeepAttEncoder
@@ -26,9 +26,17 @@ class DeepAttModel(FairseqEncoderDecoderModel):
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, DeepAttConfig(), delete_default=True, with_prefix="")
         # fairseq's Transformer options that a user tries here: known, so that they are refused with a reason
-        parser.add_argument("--checkpoint-activations", action="store_true",
-                            help="not supported by Deep-Att (refused): lower --max-tokens, raise --update-freq")
-        parser.add_argument("--encoder-layerdrop", type=float, metavar="D", help="not supported by Deep-Att (refused)")
+        parser.add_argument(
+            "--checkpoint-activations",
+            action="store_true",
+            help="not supported by Deep-Att (refused): lower --max-tokens, raise --update-freq",
+        )
+        parser.add_argument(
+            "--encoder-layerdrop",
+            type=float,
+            metavar="D",
+            help="not supported by Deep-Att (refused)",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -39,7 +47,8 @@ class DeepAttModel(FairseqEncoderDecoderModel):
                 f"--ddp-backend fully_sharded with --fp16 is not supported by --arch {args.arch}: FSDP "
                 "computes on a float16 copy of every parameter, and Deep-Att's F-F gradients overflow "
                 "float16 (its parameters stay float32 under --fp16, docs/precision.md). Use "
-                "--ddp-backend c10d with --fp16 or --amp, or fully sharded with --bf16 or in float32")
+                "--ddp-backend c10d with --fp16 or --amp, or fully sharded with --bf16 or in float32"
+            )
         opts = DeepAttConfig.from_namespace(args)
         enc_embed = build_embedding(task.source_dictionary, opts.encoder_embed_dim)
         dec_embed = build_embedding(task.target_dictionary, opts.decoder_embed_dim)
@@ -70,7 +79,9 @@ def paper_init_(model: nn.Module, std: float):
             module.weight[module.padding_idx].zero_()
 
 
-declare_reduction("deep_att", never("Deep-Att is a recurrent model with fast-forward connections "
-                                    "(Zhou et al. 2016)"))
+declare_reduction(
+    "deep_att",
+    never("Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"),
+)
 # fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
 declare_family(DeepAttModel)

@@ -20,9 +20,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from fairseq.models import FairseqIncrementalDecoder
+from torch import Tensor, nn
 
 from ...modules.additive_attention import AdditiveAttention
 from ...modules.growth import declare_stack
@@ -37,7 +36,9 @@ CACHE = "rnmt_state"
 class RNMTPlusDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_output_dim: int):
         super().__init__(dictionary)
-        args = RNMTPlusConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
+        args = RNMTPlusConfig.from_namespace(
+            args
+        )  # the dataclass defaults where a namespace has none
         self.embed_tokens = embed_tokens
         self.padding_idx = embed_tokens.padding_idx
         self.max_target_positions = args.max_target_positions
@@ -59,16 +60,25 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
                 f"{args.rnmt_attention_heads}"
             )
         self.attention = AdditiveAttention(
-            query_dim=H, key_dim=encoder_output_dim, attn_dim=H, num_heads=args.rnmt_attention_heads,
-            project_values=True, dropout=args.attention_dropout,
+            query_dim=H,
+            key_dim=encoder_output_dim,
+            attn_dim=H,
+            num_heads=args.rnmt_attention_heads,
+            project_values=True,
+            dropout=args.attention_dropout,
         )
         C = self.context_dim = self.attention.output_dim
         init = args.rnmt_init_scale or None
         self.layers = nn.ModuleList(
-            LayerNormLSTM((E if i == 0 else H) + C, H, cell_clip=args.rnmt_cell_clip,
-                          output_tanh=args.rnmt_output_tanh, init_scale=init,
-                          layer_norm=not args.rnmt_no_layer_norm,
-                          impl=str(args.rnmt_lstm_impl))
+            LayerNormLSTM(
+                (E if i == 0 else H) + C,
+                H,
+                cell_clip=args.rnmt_cell_clip,
+                output_tanh=args.rnmt_output_tanh,
+                init_scale=init,
+                layer_norm=not args.rnmt_no_layer_norm,
+                impl=str(args.rnmt_lstm_impl),
+            )
             for i in range(self.num_layers)
         )
         self.history = build_history(args, "decoder", self.num_layers, H)
@@ -84,15 +94,23 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
 
     # -- state ------------------------------------------------------------------------------
 
-    def _initial_state(self, encoder_out, batch_size: int, like: Tensor) -> Dict[str, Optional[Tensor]]:
+    def _initial_state(
+        self, encoder_out, batch_size: int, like: Tensor
+    ) -> Dict[str, Optional[Tensor]]:
         keys, values = self.attention.precompute(encoder_out["encoder_out"][0])
         zeros = like.new_zeros(self.num_layers, batch_size, self.hidden_size)
         # whether the attention needs the source mask is asked once per batch, not at every step
         # (the question makes the host wait for the device)
         masks = encoder_out["encoder_padding_mask"]
         padding_mask = masks[0] if len(masks) > 0 and masks[0].any() else None
-        return {"hiddens": zeros, "cells": zeros, "context": like.new_zeros(batch_size, self.context_dim),
-                "keys": keys, "values": values, "padding_mask": padding_mask}
+        return {
+            "hiddens": zeros,
+            "cells": zeros,
+            "context": like.new_zeros(batch_size, self.context_dim),
+            "keys": keys,
+            "values": values,
+            "padding_mask": padding_mask,
+        }
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         state = self.get_incremental_state(incremental_state, CACHE)
@@ -104,14 +122,22 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
 
     # -- forward ------------------------------------------------------------------------------
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                features_only: bool = False, **kwargs):
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only: bool = False,
+        **kwargs,
+    ):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+    def extract_features(
+        self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs
+    ):
         if encoder_out is None:
             raise ValueError("the RNMT+ decoder attends an encoder: encoder_out is required")
         if incremental_state is not None:
@@ -147,22 +173,34 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         ctx = torch.stack(contexts)  # T x B x C
 
         def run_layer(i: int, x: Tensor) -> Tensor:  # layers 2..L read the context of their step
-            y, (h, c) = self.layers[i](torch.cat([x, ctx], dim=-1), state=(hiddens[i:i + 1], cells[i:i + 1]))
+            y, (h, c) = self.layers[i](
+                torch.cat([x, ctx], dim=-1), state=(hiddens[i : i + 1], cells[i : i + 1])
+            )
             new_h.append(h)
             new_c.append(c)
             return layer_output(i, x, y, self.residual_start, self.dropout, self.training)
 
         outputs: List[Tensor] = []
-        first = layer_output(0, x, torch.stack(outs), self.residual_start, self.dropout, self.training)
+        first = layer_output(
+            0, x, torch.stack(outs), self.residual_start, self.dropout, self.training
+        )
         inner_states: List[Optional[Tensor]] = [x]
         x = run_stack(self.history, first, self.num_layers, run_layer, outputs).readout()
         inner_states.extend(outputs)
 
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, CACHE, {
-                "hiddens": torch.cat(new_h), "cells": torch.cat(new_c), "context": context,
-                "keys": keys, "values": values, "padding_mask": padding_mask,
-            })
+            self.set_incremental_state(
+                incremental_state,
+                CACHE,
+                {
+                    "hiddens": torch.cat(new_h),
+                    "cells": torch.cat(new_c),
+                    "context": context,
+                    "keys": keys,
+                    "values": values,
+                    "padding_mask": padding_mask,
+                },
+            )
 
         features = torch.cat([x, ctx], dim=-1).transpose(0, 1)  # B x T x (H + C)
         attn_weights = torch.stack(attns).mean(dim=2).transpose(0, 1)  # B x T x S, heads averaged
@@ -179,4 +217,9 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
 
 
 # fairseq-deep-grow (modules/growth.py): as the encoder's (rnmt_plus/encoder.py)
-declare_stack(RNMTPlusDecoder, layers=lambda stack: {"layers": stack.layers}, unit_offset=0, layer_role=residual_role)
+declare_stack(
+    RNMTPlusDecoder,
+    layers=lambda stack: {"layers": stack.layers},
+    unit_offset=0,
+    layer_role=residual_role,
+)

@@ -20,9 +20,8 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from fairseq.models import FairseqEncoder
+from torch import Tensor, nn
 
 from ...modules.growth import declare_stack
 from ...modules.layer_history import LayerHistory
@@ -34,10 +33,18 @@ from .stack import build_history, layer_output, residual_role, run_stack
 
 
 class RNMTPlusEncoder(FairseqEncoder):
-    def __init__(self, args, dictionary, embed_tokens: nn.Embedding, output_dim: int,
-                 num_layers: Optional[int] = None):
+    def __init__(
+        self,
+        args,
+        dictionary,
+        embed_tokens: nn.Embedding,
+        output_dim: int,
+        num_layers: Optional[int] = None,
+    ):
         super().__init__(dictionary)
-        args = RNMTPlusConfig.from_namespace(args)  # the dataclass defaults where a namespace has none
+        args = RNMTPlusConfig.from_namespace(
+            args
+        )  # the dataclass defaults where a namespace has none
         self.padding_idx = embed_tokens.padding_idx
         self.embed_tokens = embed_tokens
         self.max_source_positions = args.max_source_positions
@@ -55,10 +62,16 @@ class RNMTPlusEncoder(FairseqEncoder):
             )
         init = args.rnmt_init_scale or None
         self.layers = nn.ModuleList(
-            LayerNormLSTM(E if i == 0 else 2 * H, H, bidirectional=True, cell_clip=args.rnmt_cell_clip,
-                          output_tanh=args.rnmt_output_tanh, init_scale=init,
-                          layer_norm=not args.rnmt_no_layer_norm,
-                          impl=str(args.rnmt_lstm_impl))
+            LayerNormLSTM(
+                E if i == 0 else 2 * H,
+                H,
+                bidirectional=True,
+                cell_clip=args.rnmt_cell_clip,
+                output_tanh=args.rnmt_output_tanh,
+                init_scale=init,
+                layer_norm=not args.rnmt_no_layer_norm,
+                impl=str(args.rnmt_lstm_impl),
+            )
             for i in range(self.num_layers)
         )
         self.output_dim = output_dim
@@ -68,11 +81,17 @@ class RNMTPlusEncoder(FairseqEncoder):
             self.transparent_attention = TransparentReadout.from_options(args, self.num_layers, 1)
         self.history = build_history(args, "encoder", self.num_layers, 2 * H)
         if self.transparent_attention is not None and type(self.history) is not LayerHistory:
-            raise ValueError("--rnmt-transparent and --dlcl-stacks encoder/both both choose what the "
-                             "decoder reads of the encoder layers: use one of them")
+            raise ValueError(
+                "--rnmt-transparent and --dlcl-stacks encoder/both both choose what the "
+                "decoder reads of the encoder layers: use one of them"
+            )
 
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
-                return_all_hiddens: bool = False) -> Dict[str, List[Tensor]]:
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_lengths: Optional[Tensor] = None,
+        return_all_hiddens: bool = False,
+    ) -> Dict[str, List[Tensor]]:
         padding_mask = src_tokens.eq(self.padding_idx)  # B x T
         embedding = self.embed_tokens(src_tokens)
         x = F.dropout(embedding, p=self.dropout, training=self.training).transpose(0, 1)
@@ -100,7 +119,9 @@ class RNMTPlusEncoder(FairseqEncoder):
             "encoder_states": encoder_states,  # List[T x B x C]: embedding, then each layer
             "fc_results": [],
             "src_tokens": [],
-            "src_lengths": [src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)],
+            "src_lengths": [
+                src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1)
+            ],
         }
 
     @torch.jit.export
@@ -113,4 +134,9 @@ class RNMTPlusEncoder(FairseqEncoder):
 
 # fairseq-deep-grow (modules/growth.py): the units of the history and of the transparent readout
 # are the layer outputs (unit 0: the first layer's); a copied layer keeps its residual connection
-declare_stack(RNMTPlusEncoder, layers=lambda stack: {"layers": stack.layers}, unit_offset=0, layer_role=residual_role)
+declare_stack(
+    RNMTPlusEncoder,
+    layers=lambda stack: {"layers": stack.layers},
+    unit_offset=0,
+    layer_role=residual_role,
+)

@@ -17,13 +17,28 @@ from ..presets import register_preset, same_as
 from .config import RNMTPlusConfig
 
 rnmt_plus_architecture = register_preset(
-    "rnmt_plus", "rnmt_plus", "RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads.",
+    "rnmt_plus",
+    "rnmt_plus",
+    "RNMT+ of Chen et al. (2018), App. A.3: 1024 units, 6 + 8 layers, 4 heads.",
     # "all dropout types" share one rate; RNMT+ as published has no DLCL (RNMTPlusConfig: --dlcl-stacks none)
-    defaults={"attention_dropout": same_as("dropout", RNMTPlusConfig.dropout)}, options=RNMTPlusConfig)
+    defaults={"attention_dropout": same_as("dropout", RNMTPlusConfig.dropout)},
+    options=RNMTPlusConfig,
+)
 rnmt_plus_512 = register_preset(
-    "rnmt_plus", "rnmt_plus_512", "The smaller RNMT+ of Bapna et al. (2018, Sec. 2.2): 512 units, 6 + 8 layers.",
-    rnmt_plus_architecture, defaults={name: 512 for name in ("encoder_embed_dim", "decoder_embed_dim",
-                                                              "encoder_hidden_size", "decoder_hidden_size")})
+    "rnmt_plus",
+    "rnmt_plus_512",
+    "The smaller RNMT+ of Bapna et al. (2018, Sec. 2.2): 512 units, 6 + 8 layers.",
+    rnmt_plus_architecture,
+    defaults={
+        name: 512
+        for name in (
+            "encoder_embed_dim",
+            "decoder_embed_dim",
+            "encoder_hidden_size",
+            "decoder_hidden_size",
+        )
+    },
+)
 
 
 VARIANTS = {  # name part: (what, the options it owns)
@@ -37,6 +52,10 @@ for _depth in (6, 12, 16, 20):
     for _part, (_what, _fixed) in VARIANTS.items():
         if _part or _depth != 6:  # rnmt_plus_512 itself is registered above
             register_preset(
-                "rnmt_plus", f"rnmt_plus_512{_part}{_suffix}",
+                "rnmt_plus",
+                f"rnmt_plus_512{_part}{_suffix}",
                 f"RNMT+ (512) of Bapna et al. (2018), {_depth}-layer encoder, {_what} (Tables 3-4).",
-                rnmt_plus_512, fixed={"encoder_layers": _depth, **_fixed}, instead="rnmt_plus_512")
+                rnmt_plus_512,
+                fixed={"encoder_layers": _depth, **_fixed},
+                instead="rnmt_plus_512",
+            )

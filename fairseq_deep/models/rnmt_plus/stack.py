@@ -37,15 +37,22 @@ def build_history(args, stack: str, num_layers: int, dim: int) -> LayerHistory:
     return build_dlcl(args, stack, num_layers - 1, dim, normalize_before=True)
 
 
-def layer_output(index: int, x: Tensor, y: Tensor, residual_start: int, dropout: float, training: bool) -> Tensor:
+def layer_output(
+    index: int, x: Tensor, y: Tensor, residual_start: int, dropout: float, training: bool
+) -> Tensor:
     """The output of layer ``index`` whose LSTM read x and returned y: Dr(y), plus x where the layer
     has a residual connection."""
     y = F.dropout(y, p=dropout, training=training)
     return x + y if has_residual(index, residual_start) else y
 
 
-def run_stack(history: LayerHistory, first: Tensor, num_layers: int, run_layer: Callable[[int, Tensor], Tensor],
-              outputs: Optional[List[Tensor]] = None) -> HistoryState:
+def run_stack(
+    history: LayerHistory,
+    first: Tensor,
+    num_layers: int,
+    run_layer: Callable[[int, Tensor], Tensor],
+    outputs: Optional[List[Tensor]] = None,
+) -> HistoryState:
     """Layers 2..``num_layers`` over ``history``, from the first layer's output ``first``:
     ``run_layer(i, x)`` is layer i's output (:func:`layer_output`) on its input x.  Every layer's
     output, the first included, is appended to ``outputs`` when given.  Returns the state, whose

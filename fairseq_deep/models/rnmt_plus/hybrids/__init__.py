@@ -30,10 +30,27 @@ Files as fairseq's transformer package: ``config`` (options and how each part re
 """
 
 from . import model, presets  # noqa: F401  (register the model and its architectures)
-from .config import COLUMN_KINDS, HybridConfig, RNMTHybridConfig, component_dropout, rnmt_options, transformer_cfg
+from .config import (
+    COLUMN_KINDS,
+    HybridConfig,
+    RNMTHybridConfig,
+    component_dropout,
+    rnmt_options,
+    transformer_cfg,
+)
 from .encoders import CascadedEncoder, MultiColumnEncoder, TransformerLayers, load_encoder_weights
 from .model import RNMTHybridModel
 
-__all__ = ["COLUMN_KINDS", "CascadedEncoder", "HybridConfig", "MultiColumnEncoder", "RNMTHybridConfig",
-           "RNMTHybridModel", "TransformerLayers", "component_dropout", "load_encoder_weights", "rnmt_options",
-           "transformer_cfg"]
+__all__ = [
+    "COLUMN_KINDS",
+    "CascadedEncoder",
+    "HybridConfig",
+    "MultiColumnEncoder",
+    "RNMTHybridConfig",
+    "RNMTHybridModel",
+    "TransformerLayers",
+    "component_dropout",
+    "load_encoder_weights",
+    "rnmt_options",
+    "transformer_cfg",
+]

@@ -25,33 +25,49 @@ class HybridConfig(FairseqDataclass):
     )
     hybrid_columns: str = field(
         default="rnmt,transformer",
-        metadata={"help": "multicolumn: comma-separated encoder columns, each 'rnmt' or 'transformer'"},
+        metadata={
+            "help": "multicolumn: comma-separated encoder columns, each 'rnmt' or 'transformer'"
+        },
     )
     hybrid_pretrained: str = field(
         default="",
-        metadata={"architecture": False,
-                  "help": "checkpoints to load encoder parts from: cascaded, the RNMT+ part (an rnmt_plus "
-                  "checkpoint); multicolumn, one per column, comma-separated ('' = none)"},
+        metadata={
+            "architecture": False,
+            "help": "checkpoints to load encoder parts from: cascaded, the RNMT+ part (an rnmt_plus "
+            "checkpoint); multicolumn, one per column, comma-separated ('' = none)",
+        },
     )
     hybrid_freeze_pretrained: bool = field(
-        default=False, metadata={"architecture": False,
-                                 "help": "freeze the encoder parts loaded with --hybrid-pretrained"}
+        default=False,
+        metadata={
+            "architecture": False,
+            "help": "freeze the encoder parts loaded with --hybrid-pretrained",
+        },
     )
     hybrid_transformer_dropout: float = field(
-        default=-1.0, metadata={"architecture": False,
-                                "help": "--dropout of the Transformer parts (input and residual dropout; "
-                                "Chen et al. App. A.4-A.6 give each component its own model's rates, "
-                                "e.g. En-Fr 0.1); -1: --dropout"}
+        default=-1.0,
+        metadata={
+            "architecture": False,
+            "help": "--dropout of the Transformer parts (input and residual dropout; "
+            "Chen et al. App. A.4-A.6 give each component its own model's rates, "
+            "e.g. En-Fr 0.1); -1: --dropout",
+        },
     )
     hybrid_rnmt_dropout: float = field(
-        default=-1.0, metadata={"architecture": False,
-                                "help": "--dropout of the RNMT+ parts (embeddings and layer outputs; "
-                                "En-Fr 0.2, En-De 0.3 in Chen et al. App. A.3); -1: --dropout"}
+        default=-1.0,
+        metadata={
+            "architecture": False,
+            "help": "--dropout of the RNMT+ parts (embeddings and layer outputs; "
+            "En-Fr 0.2, En-De 0.3 in Chen et al. App. A.3); -1: --dropout",
+        },
     )
     hybrid_rnmt_attention_dropout: float = field(
-        default=-1.0, metadata={"architecture": False,
-                                "help": "--attention-dropout of the RNMT+ decoder's attention (App. A.3: "
-                                "as its other dropouts); -1: --attention-dropout"}
+        default=-1.0,
+        metadata={
+            "architecture": False,
+            "help": "--attention-dropout of the RNMT+ decoder's attention (App. A.3: "
+            "as its other dropouts); -1: --attention-dropout",
+        },
     )
 
 
@@ -65,7 +81,9 @@ def component_dropout(args, component: str, kind: str = "dropout") -> float:
     "rnmt"): --hybrid-<component>-<kind>, or --<kind> when that is negative (the default, and
     checkpoints made before the option)."""
     value = getattr(RNMTHybridConfig.from_namespace(args), f"hybrid_{component}_{kind}")
-    return float(value) if value is not None and value >= 0 else float(safe_getattr(args, kind, 0.0))
+    return (
+        float(value) if value is not None and value >= 0 else float(safe_getattr(args, kind, 0.0))
+    )
 
 
 def transformer_cfg(args) -> TransformerConfig:
@@ -95,5 +113,6 @@ def check_hybrid_schemes(args):
             raise UserError(
                 f"--{name} replaces the residual connection of post-norm Transformer layers, but a hybrid's "
                 f"Transformer parts are pre-norm (Chen et al. 2018, Sec. 2.3) and its RNMT+ parts are LSTMs: "
-                f"drop --{name} (--ds-init applies to a hybrid), or use a Transformer --arch (transformer_{name})")
+                f"drop --{name} (--ds-init applies to a hybrid), or use a Transformer --arch (transformer_{name})"
+            )
     check_schemes(transformer_cfg(args))

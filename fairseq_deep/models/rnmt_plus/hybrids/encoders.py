@@ -6,16 +6,15 @@ import logging
 from typing import List, Optional
 
 import torch
-from torch import Tensor, nn
-
 from fairseq import checkpoint_utils
 from fairseq.models import FairseqEncoder
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from torch import Tensor, nn
 
-from ....patches.better_transformer import without_better_transformer
 from ....modules.reorder import reorder_encoder_out
 from ....modules.residual_schemes import apply_schemes
+from ....patches.better_transformer import without_better_transformer
 from ...transformer_stack import FairseqTransformerEncoder, wrap_layer
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding
@@ -32,13 +31,24 @@ class TransformerLayers(nn.Module):
     def __init__(self, cfg: TransformerConfig, num_layers: int):
         super().__init__()
         self.layers = nn.ModuleList(
-            wrap_layer(apply_schemes(without_better_transformer(TransformerEncoderLayerBase(cfg)), cfg, "encoder", i,
-                                     num_layers), cfg)
-            for i in range(num_layers))
+            wrap_layer(
+                apply_schemes(
+                    without_better_transformer(TransformerEncoderLayerBase(cfg)),
+                    cfg,
+                    "encoder",
+                    i,
+                    num_layers,
+                ),
+                cfg,
+            )
+            for i in range(num_layers)
+        )
         dim = cfg.encoder.embed_dim
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder.normalize_before else None
 
-    def forward(self, x: Tensor, padding_mask: Optional[Tensor], states: Optional[List[Tensor]] = None):
+    def forward(
+        self, x: Tensor, padding_mask: Optional[Tensor], states: Optional[List[Tensor]] = None
+    ):
         mask = padding_mask if padding_mask is not None and padding_mask.any() else None
         for layer in self.layers:
             x = layer(x, encoder_padding_mask=mask)
@@ -54,7 +64,9 @@ class CascadedEncoder(FairseqEncoder):
         super().__init__(dictionary)
         cfg, rnmt = transformer_cfg(args), rnmt_options(args)
         dim = cfg.encoder.embed_dim
-        self.rnmt = RNMTPlusEncoder(rnmt, dictionary, embed_tokens, output_dim=dim, num_layers=rnmt.rnmt_encoder_layers)
+        self.rnmt = RNMTPlusEncoder(
+            rnmt, dictionary, embed_tokens, output_dim=dim, num_layers=rnmt.rnmt_encoder_layers
+        )
         self.rnmt_layer_norm = nn.LayerNorm(dim)
         self.transformer = TransformerLayers(cfg, cfg.encoder.layers)
         self.output_dim = dim
@@ -88,23 +100,39 @@ class MultiColumnEncoder(FairseqEncoder):
         for kind in kinds:
             if kind == "rnmt":
                 emb = build_embedding(dictionary, cfg.encoder.embed_dim)
-                columns.append(RNMTPlusEncoder(rnmt, dictionary, emb, output_dim=output_dim,
-                                               num_layers=rnmt.rnmt_encoder_layers))
+                columns.append(
+                    RNMTPlusEncoder(
+                        rnmt,
+                        dictionary,
+                        emb,
+                        output_dim=output_dim,
+                        num_layers=rnmt.rnmt_encoder_layers,
+                    )
+                )
             elif kind == "transformer":
                 emb = build_embedding(dictionary, cfg.encoder.embed_dim)
                 columns.append(FairseqTransformerEncoder(cfg, dictionary, emb))
             else:
-                raise ValueError(f"--hybrid-columns: unknown column {kind!r}; use a comma-separated list of {COLUMN_KINDS}")
+                raise ValueError(
+                    f"--hybrid-columns: unknown column {kind!r}; use a comma-separated list of {COLUMN_KINDS}"
+                )
         self.columns = nn.ModuleList(columns)
-        dims = [c.output_dim if isinstance(c, RNMTPlusEncoder) else cfg.encoder.embed_dim for c in columns]
+        dims = [
+            c.output_dim if isinstance(c, RNMTPlusEncoder) else cfg.encoder.embed_dim
+            for c in columns
+        ]
         self.column_norms = nn.ModuleList(nn.LayerNorm(d) for d in dims)
         self.merge = nn.Linear(sum(dims), output_dim)
         self.merge_norm = nn.LayerNorm(output_dim)
         self.output_dim = output_dim
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False):
-        outs = [c(src_tokens, src_lengths, return_all_hiddens=return_all_hiddens) for c in self.columns]
-        merged = torch.cat([norm(o["encoder_out"][0]) for norm, o in zip(self.column_norms, outs)], dim=-1)
+        outs = [
+            c(src_tokens, src_lengths, return_all_hiddens=return_all_hiddens) for c in self.columns
+        ]
+        merged = torch.cat(
+            [norm(o["encoder_out"][0]) for norm, o in zip(self.column_norms, outs)], dim=-1
+        )
         x = self.merge_norm(self.merge(merged))
         out = dict(outs[0])
         out["encoder_out"] = [x]
@@ -125,7 +153,7 @@ class MultiColumnEncoder(FairseqEncoder):
 def load_encoder_weights(module: nn.Module, path: str):
     """Load ``module`` from the encoder of the checkpoint ``path`` (keys ``encoder.*``)."""
     state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-    sub = {k[len("encoder."):]: v for k, v in state.items() if k.startswith("encoder.")}
+    sub = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
     missing, unexpected = module.load_state_dict(sub, strict=False)
     if missing:
         raise ValueError(
@@ -134,4 +162,9 @@ def load_encoder_weights(module: nn.Module, path: str):
             f"--encoder-hidden-size and the dimensions against the pre-trained model"
         )
     if unexpected:
-        logger.info("--hybrid-pretrained %s: ignored %d encoder entries (e.g. %s)", path, len(unexpected), unexpected[0])
+        logger.info(
+            "--hybrid-pretrained %s: ignored %d encoder entries (e.g. %s)",
+            path,
+            len(unexpected),
+            unexpected[0],
+        )

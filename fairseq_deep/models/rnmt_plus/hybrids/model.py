@@ -10,11 +10,11 @@ from fairseq.models.transformer import TransformerModel
 
 from ....modules.growth import GrowError, declare_family
 from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
+from ...reduction import declare_reduction, never
+from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
 from ..decoder import RNMTPlusDecoder
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding
-from ...reduction import declare_reduction, never
-from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
 from .config import RNMTHybridConfig, check_hybrid_schemes, rnmt_options, transformer_cfg
 from .encoders import CascadedEncoder, MultiColumnEncoder, load_encoder_weights
 
@@ -27,26 +27,41 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
     def add_args(cls, parser):
         TransformerModel.add_args(parser)
         gen_parser_from_dataclass(parser, RNMTHybridConfig(), delete_default=True, with_prefix="")
-        gen_parser_from_dataclass(parser, ResidualSchemesConfig(), delete_default=True, with_prefix="")
+        gen_parser_from_dataclass(
+            parser, ResidualSchemesConfig(), delete_default=True, with_prefix=""
+        )
 
     @classmethod
     def build_model(cls, args, task):
-        ARCH_CONFIG_REGISTRY["rnmt_hybrid"](args)  # the defaults of options added since a checkpoint
+        ARCH_CONFIG_REGISTRY["rnmt_hybrid"](
+            args
+        )  # the defaults of options added since a checkpoint
         check_hybrid_schemes(args)
         if scheme_names(args):
-            logger.info(f"initialisation scheme of the Transformer parts: {scheme_names(args)} (modules/residual_schemes.py)")
+            logger.info(
+                f"initialisation scheme of the Transformer parts: {scheme_names(args)} (modules/residual_schemes.py)"
+            )
         opts, cfg = RNMTHybridConfig.from_namespace(args), transformer_cfg(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         kind, rnmt_decoder = str(opts.hybrid_encoder), str(opts.hybrid_decoder) == "rnmt"
         decoder_width = opts.decoder_hidden_size if rnmt_decoder else cfg.decoder.embed_dim
         if kind == "transformer":
-            encoder = FairseqTransformerEncoder(cfg, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim))
+            encoder = FairseqTransformerEncoder(
+                cfg, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim)
+            )
             encoder.output_dim = cfg.encoder.embed_dim
         elif kind == "rnmt":
-            encoder = RNMTPlusEncoder(rnmt_options(args), src_dict, build_embedding(src_dict, cfg.encoder.embed_dim),
-                                      output_dim=decoder_width, num_layers=opts.rnmt_encoder_layers)
+            encoder = RNMTPlusEncoder(
+                rnmt_options(args),
+                src_dict,
+                build_embedding(src_dict, cfg.encoder.embed_dim),
+                output_dim=decoder_width,
+                num_layers=opts.rnmt_encoder_layers,
+            )
         elif kind == "cascaded":
-            encoder = CascadedEncoder(args, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim))
+            encoder = CascadedEncoder(
+                args, src_dict, build_embedding(src_dict, cfg.encoder.embed_dim)
+            )
         else:  # each column has its own embedding
             kinds = [k.strip() for k in opts.hybrid_columns.split(",") if k.strip()]
             encoder = MultiColumnEncoder(args, src_dict, kinds, output_dim=decoder_width)
@@ -54,10 +69,14 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
 
         dec_emb = build_embedding(tgt_dict, cfg.decoder.embed_dim)
         if rnmt_decoder:
-            decoder = RNMTPlusDecoder(rnmt_options(args), tgt_dict, dec_emb, encoder_output_dim=encoder.output_dim)
+            decoder = RNMTPlusDecoder(
+                rnmt_options(args), tgt_dict, dec_emb, encoder_output_dim=encoder.output_dim
+            )
         else:
             if encoder.output_dim != cfg.decoder.embed_dim:
-                raise ValueError(f"the encoder output ({encoder.output_dim}) must have --decoder-embed-dim ({cfg.decoder.embed_dim})")
+                raise ValueError(
+                    f"the encoder output ({encoder.output_dim}) must have --decoder-embed-dim ({cfg.decoder.embed_dim})"
+                )
             decoder = FairseqTransformerDecoder(cfg, tgt_dict, dec_emb)
         return cls(encoder, decoder)
 
@@ -68,28 +87,42 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
             return
         parts = encoder.pretrained_parts() if hasattr(encoder, "pretrained_parts") else [encoder]
         if len(paths) != len(parts):
-            raise ValueError(f"--hybrid-pretrained has {len(paths)} entries for {len(parts)} pre-trainable encoder "
-                             f"parts ({', '.join(type(p).__name__ for p in parts)}); use '' for a part to train from scratch")
+            raise ValueError(
+                f"--hybrid-pretrained has {len(paths)} entries for {len(parts)} pre-trainable encoder "
+                f"parts ({', '.join(type(p).__name__ for p in parts)}); use '' for a part to train from scratch"
+            )
         for path, part in zip(paths, parts):
             if not path:
                 continue
-            if args.hybrid_freeze_pretrained:  # also when only rebuilt for a checkpoint of this model
+            if (
+                args.hybrid_freeze_pretrained
+            ):  # also when only rebuilt for a checkpoint of this model
                 for p in part.parameters():
                     p.requires_grad_(False)
             if not os.path.exists(path):  # as fairseq's --load-pretrained-encoder-from
-                logger.warning("--hybrid-pretrained: %s does not exist, %s not loaded (expected when "
-                               "the model itself is loaded from a checkpoint)", path, type(part).__name__)
+                logger.warning(
+                    "--hybrid-pretrained: %s does not exist, %s not loaded (expected when "
+                    "the model itself is loaded from a checkpoint)",
+                    path,
+                    type(part).__name__,
+                )
                 continue
             load_encoder_weights(part, path)
-            logger.info("loaded %s from %s%s", type(part).__name__, path,
-                        " (frozen)" if args.hybrid_freeze_pretrained else "")
+            logger.info(
+                "loaded %s from %s%s",
+                type(part).__name__,
+                path,
+                " (frozen)" if args.hybrid_freeze_pretrained else "",
+            )
 
     def max_positions(self):
         return (self.encoder.max_positions(), self.decoder.max_positions())
 
 
-declare_reduction("rnmt_hybrid", never("the hybrids combine RNMT+ LSTM stacks with Transformer "
-                                       "stacks (Chen et al. 2018)"))
+declare_reduction(
+    "rnmt_hybrid",
+    never("the hybrids combine RNMT+ LSTM stacks with Transformer stacks (Chen et al. 2018)"),
+)
 
 
 def _depth_options(args):
@@ -99,9 +132,11 @@ def _depth_options(args):
     if kind == "rnmt":
         return "rnmt_encoder_layers", "decoder_layers"
     if kind != "transformer":
-        raise GrowError(f"--hybrid-encoder {kind}: fairseq-deep-grow does not grow a {kind} encoder (it has "
-                        "two encoder stacks); grow the decoder only (--encoder-layers unchanged) or train it "
-                        "from scratch")
+        raise GrowError(
+            f"--hybrid-encoder {kind}: fairseq-deep-grow does not grow a {kind} encoder (it has "
+            "two encoder stacks); grow the decoder only (--encoder-layers unchanged) or train it "
+            "from scratch"
+        )
     return "encoder_layers", "decoder_layers"
 
 

@@ -7,17 +7,25 @@ from ...presets import PRENORM, register_preset, same_as, set_default, transform
 from ..config import RNMTPlusConfig
 from .config import HybridConfig, RNMTHybridConfig
 
-
 hybrid_base_architecture = register_preset(
-    "rnmt_hybrid", "rnmt_hybrid", "A hybrid of --hybrid-encoder and --hybrid-decoder (Transformer Base sizes, pre-norm).",
-    fairseq_transformer_base, options=RNMTHybridConfig, defaults={
+    "rnmt_hybrid",
+    "rnmt_hybrid",
+    "A hybrid of --hybrid-encoder and --hybrid-decoder (Transformer Base sizes, pre-norm).",
+    fairseq_transformer_base,
+    options=RNMTHybridConfig,
+    defaults={
         "encoder_layers": 6,
-        "decoder_layers": lambda args: 8 if str(safe_getattr(args, "hybrid_decoder", HybridConfig.hybrid_decoder)) == "rnmt" else 6,
+        "decoder_layers": lambda args: (
+            8
+            if str(safe_getattr(args, "hybrid_decoder", HybridConfig.hybrid_decoder)) == "rnmt"
+            else 6
+        ),
         "attention_dropout": same_as("dropout", RNMTPlusConfig.dropout),
         **PRENORM,
         "max_source_positions": RNMTPlusConfig.max_source_positions,
         "max_target_positions": RNMTPlusConfig.max_target_positions,
-    })
+    },
+)
 
 
 def hybrid_big_architecture(args):
@@ -31,17 +39,38 @@ def hybrid_big_architecture(args):
 
 def _hybrid(name: str, doc: str, encoder: str, decoder: str, defaults=None):
     """A named hybrid owns its encoder and decoder kinds."""
-    return register_preset("rnmt_hybrid", name, doc, hybrid_big_architecture, defaults=defaults,
-                           fixed={"hybrid_encoder": encoder, "hybrid_decoder": decoder})
+    return register_preset(
+        "rnmt_hybrid",
+        name,
+        doc,
+        hybrid_big_architecture,
+        defaults=defaults,
+        fixed={"hybrid_encoder": encoder, "hybrid_decoder": decoder},
+    )
 
 
-hybrid_transformer_rnmt = _hybrid("hybrid_transformer_rnmt", "Table 5: Transformer Big encoder + RNMT+ decoder.",
-                                  "transformer", "rnmt")
-hybrid_rnmt_transformer = _hybrid("hybrid_rnmt_transformer", "Table 5: RNMT+ encoder + Transformer Big decoder.",
-                                  "rnmt", "transformer")
+hybrid_transformer_rnmt = _hybrid(
+    "hybrid_transformer_rnmt",
+    "Table 5: Transformer Big encoder + RNMT+ decoder.",
+    "transformer",
+    "rnmt",
+)
+hybrid_rnmt_transformer = _hybrid(
+    "hybrid_rnmt_transformer",
+    "Table 5: RNMT+ encoder + Transformer Big decoder.",
+    "rnmt",
+    "transformer",
+)
 hybrid_cascaded = _hybrid(
-    "hybrid_cascaded", "Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder.",
-    "cascaded", "rnmt", defaults={"encoder_layers": 4, "no_token_positional_embeddings": True})
-hybrid_multicolumn = _hybrid("hybrid_multicolumn",
-                             "Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder.",
-                             "multicolumn", "rnmt")
+    "hybrid_cascaded",
+    "Table 6: 6-layer RNMT+ encoder (pre-trained, frozen) + 4 Transformer layers, RNMT+ decoder.",
+    "cascaded",
+    "rnmt",
+    defaults={"encoder_layers": 4, "no_token_positional_embeddings": True},
+)
+hybrid_multicolumn = _hybrid(
+    "hybrid_multicolumn",
+    "Table 6: RNMT+ column + Transformer Big column, concatenated, RNMT+ decoder.",
+    "multicolumn",
+    "rnmt",
+)
