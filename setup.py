@@ -70,6 +70,8 @@ setup(
             _TRITON,
             "fairscale>=0.4.13",
         ],
+        # the linter and formatter (pyproject.toml); pinned: another version may format differently
+        "lint": ["ruff==0.17.6"],
         "plot": ["matplotlib"],
         # --rnmt-lstm-impl triton, --deep-att-cell-impl triton (a CUDA GPU; CUDA builds of torch already bring it)
         "triton": [_TRITON],
