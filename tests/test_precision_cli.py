@@ -178,7 +178,7 @@ def test_admin_profile_survives_the_master_copies(synthetic_bin, tmp_path, preci
             *extra,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        state = torch.load(tmp_path / name / "checkpoint_last.pt", weights_only=False)["model"]
+        state = torch.load(tmp_path / name / "checkpoint_last.pt", weights_only=True)["model"]
         learned = {k: state.get(k + "_learned", 0) for k in state if k.endswith("admin_omega")}
         omegas[name] = torch.cat(
             [(state[k] + learned[k]).float().flatten() for k in sorted(learned)]

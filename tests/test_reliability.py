@@ -448,11 +448,19 @@ def test_allow_list_is_exactly_what_a_fairseq_checkpoint_holds(trained):
 
 
 def test_no_code_of_ours_turns_the_check_off():
-    pattern = re.compile(
-        r"weights_only\s*=\s*False\s*[,)]|environ[^\n]*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    """Neither the package nor its tests, benchmarks and examples load a checkpoint with the check
+    switched off: what fairseq checkpoints hold is allow-listed (patches/safe_loading.py)."""
+    pattern = re.compile(  # the argument, or the variable set in an environment or a shell script
+        r"weights_only\s*=\s*False\s*[,)]"
+        r"|environ[^\n]*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD[\"']?\]?\s*(=[^=]|,)"
+        r"|^\s*(export\s+)?TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=",
+        re.M,
     )
-    for root, _, files in os.walk(PLUGIN_DIR):
-        for name in files:
-            if name.endswith(".py"):
-                text = open(os.path.join(root, name), encoding="utf-8").read()
-                assert not pattern.search(text), os.path.join(root, name)
+    repository = os.path.dirname(PLUGIN_DIR)
+    for folder in ("fairseq_deep", "tests", "benchmarks", "examples"):
+        for root, _, files in os.walk(os.path.join(repository, folder)):
+            for name in files:
+                path = os.path.join(root, name)
+                if name.endswith((".py", ".sh")) and path != os.path.abspath(__file__):
+                    text = open(path, encoding="utf-8").read()
+                    assert not pattern.search(text), path
