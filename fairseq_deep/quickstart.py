@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -95,11 +94,10 @@ def optimization_args(args):
 
 
 class TrainingWatch:
-    """Reads fairseq-train's output as it comes and logs a progress line after the first of its
-    ``train_inner`` lines (every ``--log-interval`` updates) and then at most every ``interval``
+    """Reads fairseq-train's output as it comes (``--log-format json``, read by
+    :func:`fairseq_deep.runs.parse_record`) and logs a progress line after the first of its
+    ``train_inner`` records (every ``--log-interval`` updates) and then at most every ``interval``
     seconds: ``training: update 400/2,000 (20%) | loss 4.31 | elapsed 0:01:10 | ETA 0:04:40``."""
-
-    UPDATES = re.compile(r"\| train_inner \|.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
 
     def __init__(self, max_update: int, interval: float = 30.0, clock=time.monotonic):
         self.max_update, self.interval, self.clock = max_update, interval, clock
@@ -107,21 +105,25 @@ class TrainingWatch:
         self.last = None
 
     def __call__(self, line: str):
-        m = self.UPDATES.search(line)
+        from fairseq_deep.runs import parse_record
+
+        record = parse_record(line)
         now = self.clock()
-        if m is None or (self.last is not None and now - self.last < self.interval):
+        if record is None or record["kind"] != "train_inner" or "num_updates" not in record:
+            return
+        if self.last is not None and now - self.last < self.interval:
             return
         self.last = now
         from fairseq_deep.progress import hms
 
-        updates, elapsed = int(m.group(2)), now - self.start
+        updates, elapsed = int(record["num_updates"]), now - self.start
         eta = elapsed * (self.max_update - updates) / updates if updates else None
         logger.info(
             "training: update %s/%s (%.0f%%) | loss %s | elapsed %s | ETA %s",
             f"{updates:,}",
             f"{self.max_update:,}",
             100.0 * updates / self.max_update,
-            m.group(1),
+            record.get("loss", "-"),
             hms(elapsed),
             hms(eta),
         )
@@ -231,7 +233,7 @@ def train(args, data_bin, save_dir, env, untrained=False):
         "--log-interval",
         "50",
         "--log-format",
-        "simple",
+        "json",
     ]
     if untrained:
         # One update at a learning rate of 1e-12: the parameters of the (seeded) initialisation.
