@@ -229,6 +229,10 @@ def test_mhc_mixing_in_a_forward_is_doubly_stochastic():
 # -- incremental decoding ------------------------------------------------------------------------
 
 DECODING = [
+    # under transparent attention: it reads each layer's hidden state (the streams' sum; ResiDual's
+    # post-LN stream)
+    ("transformer_ta_prenorm", ["--hyper-connections", "mhc"]),
+    ("transformer_ta", ["--resi-dual"]),
     ("transformer_denseformer", ["--denseformer-dilation", "2", "--denseformer-period", "2"]),
     ("transformer_hc", []),
     ("transformer_mhc", []),
@@ -376,3 +380,73 @@ def test_layer_weight_kinds_read_dwa_and_hyper_connection_matrices():
         else:  # mhc: the constrained matrices, H_res doubly stochastic
             torch.testing.assert_close(m[1:, 1:].sum(0), torch.ones(4), rtol=0, atol=1e-6)
             torch.testing.assert_close(m[1:, 1:].sum(1), torch.ones(4), rtol=0, atol=1e-3)
+
+
+# -- each layer against its paper's equations, written out -----------------------------------------
+
+
+def test_resi_dual_layers_are_the_authors_forward():
+    """microsoft/ResiDual's layer, per sublayer f: res = res + f(x) (after dropout), x = LN(x +
+    f(x)); here with fairseq's modules of our layer, encoder and decoder."""
+    model, task = build_model("transformer_resi_dual", DEPTH)
+    src, lengths, prev = random_batch(task.source_dictionary)
+    pad = src.eq(task.source_dictionary.pad())
+    torch.manual_seed(0)
+    T, B, C = src.size(1), src.size(0), model.encoder.layers[0].embed_dim
+    x, d = torch.randn(T, B, C), torch.randn(T, B, C)
+    enc = model.encoder.layers[0]
+    with torch.no_grad():
+        out = enc(torch.stack([x, d]), encoder_padding_mask=pad)
+        f = enc.self_attn(query=x, key=x, value=x, key_padding_mask=pad, need_weights=False)[0]
+        d1, x1 = d + f, enc.self_attn_layer_norm(x + f)
+        f = enc.fc2(enc.activation_fn(enc.fc1(x1)))
+        d2, x2 = d1 + f, enc.final_layer_norm(x1 + f)
+    torch.testing.assert_close(out, torch.stack([x2, d2]), rtol=1e-5, atol=1e-6)
+
+    dec = model.decoder.layers[1]
+    memory = torch.randn(T, B, C)
+    t = prev.size(1)
+    y, e = torch.randn(t, B, C), torch.randn(t, B, C)
+    mask = model.decoder.buffered_future_mask(y)
+    with torch.no_grad():
+        out, _, _ = dec(torch.stack([y, e]), memory, pad, None, self_attn_mask=mask)
+        f = dec.self_attn(query=y, key=y, value=y, attn_mask=mask, need_weights=False)[0]
+        e, y = e + f, dec.self_attn_layer_norm(y + f)
+        f = dec.encoder_attn(
+            query=y, key=memory, value=memory, key_padding_mask=pad, static_kv=True
+        )[0]
+        e, y = e + f, dec.encoder_attn_layer_norm(y + f)
+        f = dec.fc2(dec.activation_fn(dec.fc1(y)))
+        e, y = e + f, dec.final_layer_norm(y + f)
+    torch.testing.assert_close(out, torch.stack([y, e]), rtol=1e-5, atol=1e-6)
+    # the readout: x_N + LN(d_N)
+    history = model.encoder.history
+    torch.testing.assert_close(history.start(x).readout(), x + history.dual_norm(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["rk4", "rk2"])
+def test_an_rk_block_is_the_runge_kutta_step_of_the_plain_layer(method):
+    coefficients = "fixed" if method == "rk4" else "gated"
+    flags = [*DEPTH, "--ode-method", method, "--ode-coefficients", coefficients]
+    model, task = build_model("transformer_prenorm", flags)
+    layer = model.encoder.layers[1]
+    src, _, _ = random_batch(task.source_dictionary)
+    pad = src.eq(task.source_dictionary.pad())
+    y = torch.randn(src.size(1), src.size(0), layer.embed_dim)
+
+    def F(v):  # fairseq's own layer, less its identity
+        return type(layer).scheme_base.forward(layer, v, pad) - v
+
+    with torch.no_grad():
+        out = layer(y, pad)
+        f1 = F(y)
+        if method == "rk4":
+            f2 = F(y + f1 / 2)
+            f3 = F(y + f2 / 2)
+            f4 = F(y + f3)
+            expected = y + (f1 + 2 * f2 + 2 * f3 + f4) / 6
+        else:
+            f2 = F(y + f1)
+            g = torch.sigmoid(layer.ode_gate(torch.cat([f1, f2], -1)))
+            expected = y + g * f1 + (1 - g) * f2
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -30,13 +30,13 @@ STREAMS = {  # preset: (what, the options it owns, parent, the preset a changed 
         "transformer_prenorm",
     ),
     "transformer_hc": (
-        "dynamic hyper-connections, 4 streams (Zhu et al. 2025)",
+        "dynamic hyper-connections x4 (Zhu et al. 2025)",
         {"hyper_connections": "dynamic"},
         prenorm_architecture,
         "transformer_prenorm",
     ),
     "transformer_mhc": (
-        "manifold-constrained hyper-connections, 4 streams (Xie et al. 2025)",
+        "mHC x4 (Xie et al. 2025)",
         {"hyper_connections": "mhc"},
         prenorm_architecture,
         "transformer_prenorm",
@@ -48,13 +48,13 @@ STREAMS = {  # preset: (what, the options it owns, parent, the preset a changed 
         "transformer_postnorm",
     ),
     "transformer_ode_rk2": (
-        "gated RK2 blocks in the encoder (ODE Transformer, Li et al. 2022)",
+        "gated RK2 encoder blocks (Li et al. 2022)",
         {"ode_method": "rk2"},
         prenorm_architecture,
         "transformer_prenorm",
     ),
     "transformer_ode_rk4": (
-        "RK4 blocks in the encoder (ODE Transformer, Li et al. 2022)",
+        "RK4 encoder blocks (Li et al. 2022)",
         {"ode_method": "rk4"},
         prenorm_architecture,
         "transformer_prenorm",
@@ -69,7 +69,7 @@ for _name, (_what, _options, _parent, _instead) in STREAMS.items():
     _base = register_preset(
         "transformer_dlcl",
         _name,
-        f"{_norm}-norm Transformer-Base with {_what}, 6 + 6 layers.",
+        f"{_norm}-norm Transformer-Base, 6 + 6 layers, with {_what}.",
         _parent,
         fixed=_options,
         defaults={"encoder_layers": 6, "decoder_layers": 6, **DEFAULTS.get(_name, {})},
@@ -81,7 +81,7 @@ for _name, (_what, _options, _parent, _instead) in STREAMS.items():
         register_preset(
             "transformer_dlcl",
             f"{_name}_{_depth}l",
-            f"{_norm}-norm Transformer-Base with {_what}, {_layers[0]} + {_layers[1]} layers.",
+            f"{_norm}-norm Transformer-Base, {_layers[0]} + {_layers[1]} layers, with {_what}.",
             _base,
             depth=_layers,
         )
