@@ -11,10 +11,10 @@ transformer_ta_baseline --resi-dual`` works too).  Depths, for deep translation 
   models are 48- and 72-block language models);
 * ``transformer_hc[_{18,48}l]``: dynamic hyper-connections with 4 streams (DHCx4, Zhu et al.
   2025, their best); ``transformer_mhc[_{18,48}l]``: mHC with 4 streams (Xie et al. 2025);
-* ``transformer_resi_dual[_{18,48}l]``: ResiDual (Xie et al. 2023: 6 to 18 layers per side on
-  WMT and OPUS);
+* ``transformer_resi_dual[_{18,48}l]``: ResiDual (Xie et al. 2023; the authors' scripts train 6
+  and 12 layers per side on IWSLT, WMT and OPUS);
 * ``transformer_ode_rk2[_{18,48}l]``: RK2 blocks with the gated coefficients in the encoder (Li et
-  al. 2022, the authors' presets, 6 to 24 layers); ``transformer_ode_rk4``: fixed RK4 blocks.
+  al. 2022; the authors' presets: 6 encoder layers); ``transformer_ode_rk4``: fixed RK4 blocks.
 """
 
 from .presets import register_preset
