@@ -81,6 +81,13 @@ setup(
         "scale": ["fairscale>=0.4.13"],
         # fairseq-deep-export --format ctranslate2 (CTranslate2's own fairseq converter and engine)
         "export": ["ctranslate2"],
+        # the authors' own code that the tests check against (tests/test_reference_*.py skip
+        # without it; CI installs it)
+        "reference": [
+            # hyper-connections and mHC (docs/deep_schemes.md); needs einops, torch-einops-utils
+            # and torch>=2.5 (Python >= 3.9), no other torch where one is installed
+            'hyper-connections==0.4.11; python_version >= "3.9"',
+        ],
     },
     entry_points={
         "console_scripts": [

@@ -213,6 +213,30 @@ FAMILIES = {
         [],
         [],
     ),
+    # issue 41: the stream-level schemes (tiny: 3 + 2 layers; the ODE blocks in both stacks)
+    "transformer_denseformer": (
+        "transformer_denseformer_48l",
+        "transformer_denseformer",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
+    "transformer_hc": ("transformer_hc_48l", "transformer_hc", _TRANSFORMER_TINY, [], []),
+    "transformer_mhc": ("transformer_mhc_48l", "transformer_mhc", _TRANSFORMER_TINY, [], []),
+    "transformer_resi_dual": (
+        "transformer_resi_dual_48l",
+        "transformer_resi_dual",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
+    "transformer_ode_rk2": (
+        "transformer_ode_rk2_48l",
+        "transformer_ode_rk2",
+        _TRANSFORMER_TINY,
+        ["--ode-stacks", "both"],
+        [],
+    ),
 }
 
 

@@ -19,6 +19,7 @@ from .models import (  # noqa: F401
     transformer_agg,
     transformer_dlcl,
     transformer_schemes,
+    transformer_streams,
     transformer_ta,
 )
 from .optim import deep_att_optimizer, noam, rnmt_lr_scheduler  # noqa: F401

@@ -123,6 +123,11 @@ REFUSED = [
     ("transformer_hier_agg", layers(3, 2), "hierarchical layer aggregation"),
     ("transformer_mla2", layers(2, 2), "multi-layer attention"),
     ("transformer_rezero", layers(2, 2), "ReZero"),
+    ("transformer_denseformer", layers(2, 2), "DenseFormer: every block reads"),
+    ("transformer_hc", layers(2, 2), "hyper-connections: n residual streams"),
+    ("transformer_mhc", layers(2, 2), "hyper-connections: n residual streams"),
+    ("transformer_resi_dual", layers(2, 2), "ResiDual: a post-LN stream and a dual stream"),
+    ("transformer_ode_rk2", layers(2, 2), "ODE Transformer blocks evaluate each layer"),
     ("rnmt_plus", layers(2, 2), "RNMT+ is a recurrent model"),
     ("deep_att", layers(2, 2), "Deep-Att is a recurrent model"),
     (

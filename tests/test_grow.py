@@ -107,6 +107,11 @@ SAME = [
     ("transformer_dsinit", layers(2)),
     ("transformer_dense", layers(2)),
     ("transformer_mla3", layers(3, 2)),
+    # issue 41: the stream-level schemes
+    ("transformer_denseformer", layers(2)),
+    ("transformer_mhc", layers(2)),  # the connections of static and dynamic ones travel alike
+    ("transformer_resi_dual", layers(2)),
+    ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)]),
 ]
 
 
@@ -147,6 +152,8 @@ IDENTITY = [  # (arch, flags, grown encoder, decoder, tolerance): where the fami
         1e-6,
     ),  # the top entry's logit split among its copies
     ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)], 6, 5, 0.0),
+    ("transformer_denseformer", layers(2), 4, 3, 0.0),  # the readout row ignores the new layers
+    ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)], 4, 3, 0.0),  # every F_i = 0
 ]
 
 
@@ -181,6 +188,10 @@ def test_identity_method_keeps_the_outputs(arch, extra, n, m, tol, tmp_path):
             ["--encoder-normalize-before", "--decoder-normalize-before", *layers(2)],
             "multi-layer attention",
         ),  # pre-norm, but each layer also reads the layers below
+        ("transformer_hc", layers(2), "hyper-connected"),
+        ("transformer_mhc", layers(2), "hyper-connected"),
+        ("transformer_resi_dual", layers(2), "ResiDual's post-LN layers"),
+        ("transformer_denseformer", ["--denseformer-period", "2", *layers(2)], "period 2"),
     ],
 )
 def test_identity_method_refused_where_it_cannot_hold(arch, extra, fragment, tmp_path):

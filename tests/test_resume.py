@@ -70,6 +70,13 @@ FAMILIES = [
         "transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"
     ),
     pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
+    # issue 41: DWA weights; mHC's connections (static, dynamic and mhc have the same parameter
+    # kinds); ResiDual's dual norm; RK2 blocks in both stacks, two evaluations per layer (dropout
+    # draws twice), their gates
+    pytest.param("transformer_denseformer", [], id="transformer_denseformer"),
+    pytest.param("transformer_mhc", [], id="transformer_mhc"),
+    pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
+    pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
 ]
 
 MAX_UPDATE = 7

@@ -29,7 +29,8 @@ from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, 
 from benchmarks.precision_matrix import FAMILIES  # one tiny model of every family
 from fairseq_deep.patches.better_transformer import BETTER_TRANSFORMER_PARAMS
 
-# post-norm encoders: the ones 0.12.2's fast path would take (plus a pre-norm one for contrast)
+# post-norm encoders: the ones 0.12.2's fast path would take (plus a pre-norm one for contrast),
+# and the stream-level schemes (issue 41), whose layers carry several streams or run twice
 POST_NORM = [
     "transformer_ta",
     "transformer_dlcl_postnorm",
@@ -38,6 +39,11 @@ POST_NORM = [
     "transformer_admin",
     "hybrid_transformer_rnmt",
     "transformer_dlcl",
+    "transformer_denseformer",
+    "transformer_hc",
+    "transformer_mhc",
+    "transformer_resi_dual",
+    "transformer_ode_rk2",
 ]
 
 

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentParser, UserError, import_optional, report_user_errors
+from ..modules.denseformer import dwa_structure
+from ..modules.hyper_connections import sinkhorn
 
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
@@ -153,6 +155,79 @@ register_kind(
         effective=_ta_effective,
         labels=_ta_labels,
         mask_small=False,
+    )
+)
+
+
+# (c) DenseFormer, Pagliardini et al. 2024 Eq. 1-2: `<stack>.history.dwa_weight`, (L+1) x (L+1):
+# row r the DWA after block r (row 0 the embedding, row L the readout), as DLCL's rows; the rows
+# without a DWA (--denseformer-period) are the identity, the entries outside the dilation absent.
+
+
+def _dwa_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("history.dwa_weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
+
+
+def _dwa_effective(w: Tensor, cfg):
+    learned, fixed = dwa_structure(
+        w.shape[0] - 1,
+        int(cfg_value(cfg, "denseformer_dilation", 1)),
+        int(cfg_value(cfg, "denseformer_period", 1)),
+    )
+    return w.detach().float().cpu() * learned + fixed, (learned + fixed) > 0
+
+
+register_kind(
+    LayerWeightKind(
+        name="denseformer",
+        suffix="history.dwa_weight",
+        description="DenseFormer's depth-weighted averages (Pagliardini et al. 2024, Eq. 1-2); rows "
+        "without a DWA (--denseformer-period) are the identity",
+        matches=_dwa_matches,
+        effective=_dwa_effective,
+        labels=_dlcl_labels,
+    )
+)
+
+
+# (d) Hyper-connections, Zhu et al. 2025 Eq. 1-5: `<stack>.layers.<l>.hyper_connections.<k>.static`,
+# the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of sublayer k, shown transposed: each row a reader
+# (the sublayer's input h_0, the new stream t), each column what it reads (the sublayer's output,
+# the old stream s).  Dynamic hyper-connections add an input-dependent part to it; for mHC the
+# constrained matrices are shown (sigmoid, 2 sigmoid, Sinkhorn-Knopp), at that part's 0.
+
+
+def _hc_matches(key: str, w: Tensor) -> bool:
+    return ".hyper_connections." in key and key.endswith(".static") and w.dim() == 2
+
+
+def _hc_effective(w: Tensor, cfg):
+    m = w.detach().float().cpu().clone()
+    if cfg_value(cfg, "hyper_connections", "static") == "mhc":
+        m[1:, :1] = m[1:, :1].sigmoid()
+        m[:1, 1:] = 2 * m[:1, 1:].sigmoid()
+        m[1:, 1:] = sinkhorn(m[1:, 1:], int(cfg_value(cfg, "hc_sinkhorn_iters", 20)))
+    m[0, 0] = 0.0
+    valid = torch.ones_like(m, dtype=torch.bool)
+    valid[0, 0] = False
+    return m.t().contiguous(), valid.t().contiguous()
+
+
+def _hc_labels(m: Tensor):
+    streams = [f"stream {s}" for s in range(1, m.shape[0])]
+    return ["input h0"] + [f"new {s}" for s in streams], ["output T(h0)"] + streams
+
+
+register_kind(
+    LayerWeightKind(
+        name="hyper_connections",
+        suffix="hyper_connections.<k>.static",
+        description="hyper-connections of one sublayer (Zhu et al. 2025, Eq. 1-5; mHC: Xie et al. "
+        "2025), shown transposed: rows the sublayer's input and the new streams, columns the "
+        "sublayer's output and the old streams",
+        matches=_hc_matches,
+        effective=_hc_effective,
+        labels=_hc_labels,
     )
 )
 

@@ -45,6 +45,12 @@ from ..modules.residual_schemes import (
     apply_schemes,
     scheme_names,
 )
+from ..modules.stream_schemes import (
+    StreamSchemesConfig,
+    apply_streams,
+    stream_history,
+    stream_scheme_names,
+)
 from ..patches.better_transformer import without_better_transformer
 from .flags import add_new_flag_names
 
@@ -72,6 +78,9 @@ class TechniqueTransformerModel(TransformerModel):
         gen_parser_from_dataclass(
             parser, ResidualSchemesConfig(), delete_default=True, with_prefix=""
         )
+        gen_parser_from_dataclass(
+            parser, StreamSchemesConfig(), delete_default=True, with_prefix=""
+        )
         add_new_flag_names(parser, cls.renamed_flags)
 
     @classmethod
@@ -82,6 +91,8 @@ class TechniqueTransformerModel(TransformerModel):
             logger.info(
                 f"residual/initialisation schemes: {scheme_names(args)} (modules/residual_schemes.py)"
             )
+        if stream_scheme_names(args):
+            logger.info(f"stream scheme: {stream_scheme_names(args)} (modules/stream_schemes.py)")
         return model
 
 
@@ -190,6 +201,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory):
         self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
+        history = stream_history(cfg, "encoder", history)  # DenseFormer, hyper-connections, ...
         self._history_norms = _takes_over_post_norm(history, cfg.encoder.normalize_before)
         super().__init__(cfg, dictionary, embed_tokens)
         _check_history(history, self.encoder_layerdrop, "encoder")
@@ -204,9 +216,8 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
         layer = without_better_transformer(self.build_layer(cfg, index, cfg.encoder.layers))
         _give_norm_to_history(layer, self._history_norms)
-        return wrap_layer(
-            apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile), cfg
-        )
+        layer = apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile)
+        return wrap_layer(apply_streams(layer, cfg, "encoder", index), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
         """Layer ``index`` (0-based, bottom first) of a stack of ``num_layers``, unwrapped:
@@ -247,7 +258,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
                 lower = (lower + [x_in])[-self.lower_window :]
             states.push(x)
             if return_all_hiddens:
-                encoder_states.append(x)
+                encoder_states.append(self.history.hidden(x))
         x = states.readout()
         if self.layer_norm is not None:
             x = self.layer_norm(x)
@@ -274,6 +285,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, history: LayerHistory, no_encoder_attn=False):
         self._layers_built = 0  # fairseq's constructor builds the layers in order, bottom first
+        history = stream_history(cfg, "decoder", history)
         self._history_norms = _takes_over_post_norm(history, cfg.decoder.normalize_before)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _check_history(history, self.decoder_layerdrop, "decoder")
@@ -309,9 +321,8 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
             self.admin_profile = AdminProfile()
         layer = self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn)
         _give_norm_to_history(layer, self._history_norms)
-        return wrap_layer(
-            apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile), cfg
-        )
+        layer = apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile)
+        return wrap_layer(apply_streams(layer, cfg, "decoder", index), cfg)
 
     def build_layer(
         self, cfg, index: int, num_layers: int, no_encoder_attn: bool = False
@@ -382,7 +393,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
             if self.lower_window > 0:
                 lower = (lower + [x_in])[-self.lower_window :]
             states.push(x)
-            inner_states.append(x)
+            inner_states.append(self.history.hidden(x))
             if layer_attn is not None and idx == alignment_layer:
                 attn = layer_attn.float().to(x)
         if attn is not None:

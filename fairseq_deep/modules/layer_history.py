@@ -113,6 +113,12 @@ class LayerHistory(nn.Module):
         """Row `row` (0..L) combines y_0..y_row into the input of layer row+1 (row L: readout)."""
         return entries[-1]
 
+    def hidden(self, y: Tensor) -> Tensor:
+        """What a layer's output y is to the rest of the model (the encoder states transparent
+        attention reads, the decoder's inner states): y itself, but for a history whose layers
+        carry several streams (modules/residual_streams.py)."""
+        return y
+
 
 INITS = ("avg", "one", "residual")
 
@@ -231,11 +237,16 @@ class DynamicLinearCombination(LayerHistory):
             return torch.softmax(self.weight.masked_fill(self.mask == 0, float("-inf")), dim=1)
         return self.weight * self.mask
 
+    def row_weights(self) -> Tensor:
+        """The weights a forward pass reads its rows from (entries above the diagonal are never
+        read): the softmax rows, or the parameter itself."""
+        return self.weights() if self.softmax else self.weight
+
     def entry(self, k: int, y: Tensor) -> Tensor:
         return self.norms[k](y) if self.normalize_before else y
 
     def combine(self, row: int, entries: List[Tensor]) -> Tensor:
-        w = (self.weights() if self.softmax else self.weight)[row, : len(entries)]
+        w = self.row_weights()[row, : len(entries)]
         out = weighted_sum(w, entries)
         return out if self.normalize_before else self.norms[row](out)
 
@@ -268,7 +279,7 @@ class _TrainingState(EntryState):
     is :func:`weighted_sum`'s (the same values); the gradients, up to the order of float additions."""
 
     def __init__(self, history: "DynamicLinearCombination", embedding: Tensor):
-        self.weight = history.weights() if history.softmax else history.weight
+        self.weight = history.row_weights()
         self.carry: Optional[Tensor] = None  # the last row's carry (see _DeferredRow)
         self.memo: Optional[Tuple[int, Tensor]] = None  # (row, input): each row is formed once
         super().__init__(history, embedding)
@@ -491,25 +502,29 @@ def dlcl_rows(stack: StackGrowth) -> Dict[int, Tuple[int, Dict[int, int]]]:
     return rows
 
 
+def grow_rows(key: str, stack: StackGrowth, grown: GrownState, zero_unread: bool = True):
+    """The (U+1) x (U+1) weights ``key`` of a linear combination of units: the rows of kept
+    layers keep their old weights (:func:`dlcl_rows`), the others the grown model's initial ones;
+    ``zero_unread``: a kept row's entries that read no old unit are 0 (not for softmax logits)."""
+    w = grown.new[key].clone()  # the model's own initialisation for rows without a source
+    old_w = grown.old[key]
+    rows = dlcl_rows(stack)
+    for r, (old_r, cols) in rows.items():
+        if stack.method != "stack" or r >= stack.old_units:  # rows that may read new units
+            if zero_unread:
+                w[r, : r + 1] = 0.0  # a kept row reads exactly what the old row read
+        for c_new, c_old in cols.items():
+            w[r, c_new] = old_w[old_r, c_old]
+    grown.set(key, w, f"rows {sorted(rows)} from the old weights, the others initialised")
+
+
 def _grow_dlcl(
     history: DynamicLinearCombination, prefix: str, stack: StackGrowth, grown: GrownState
 ):
     """W, (U+1) x (U+1) over units: the rows of kept layers keep their old weights (:func:`dlcl_rows`),
     new rows take the model's ``--dlcl-init``; the layer norms, one per unit, follow the unit map
     (``--method identity``: the readout's norm is the old top's)."""
-    key = prefix + "weight"
-    w = grown.new[key].clone()  # the model's own --dlcl-init for rows without a source
-    old_w = grown.old[key]
-    rows = dlcl_rows(stack)
-    for r, (old_r, cols) in rows.items():
-        if stack.method != "stack" or r >= stack.old_units:  # rows that may read new units
-            if not history.softmax:
-                w[r, : r + 1] = 0.0  # a kept row reads exactly what the old row read
-        for c_new, c_old in cols.items():
-            w[r, c_new] = old_w[old_r, c_old]
-    grown.set(
-        key, w, f"rows {sorted(rows)} from the old weights, the others the model's --dlcl-init"
-    )
+    grow_rows(prefix + "weight", stack, grown, zero_unread=not history.softmax)
     for key, u, rest in grown.indexed(prefix + "norms."):
         src = stack.unit_source(u)
         if stack.method == "identity" and u == stack.new_units:
