@@ -222,14 +222,37 @@ class Run:
             return [spec.ours, *self.arguments(user_dir=False)]
         return [spec.console, *self.arguments()]
 
-    def shell(self, ours: bool = True) -> str:
-        """:meth:`console` quoted for a shell, one line."""
-        return shell(self.console(ours))
+    def shell(self, ours: bool = True, width: Optional[int] = None, indent: str = "    ") -> str:
+        """:meth:`console` quoted for a shell: one line, or lines of at most ``width`` characters
+        continued with `` \\`` (the later ones after ``indent``)."""
+        return shell(self.console(ours), width, indent)
 
 
-def shell(words: Sequence[str]) -> str:
-    """Words as one shell line (each quoted where it must be)."""
-    return " ".join(shlex.quote(str(w)) for w in words)
+def shell(words: Sequence[str], width: Optional[int] = None, indent: str = "    ") -> str:
+    """Words as a shell command (each quoted where it must be): one line, or lines of at most
+    ``width`` characters continued with `` \\``, an option kept on the line of its value."""
+    quoted = [shlex.quote(str(w)) for w in words]
+    if width is None:
+        return " ".join(quoted)
+    units = []  # an option and its value stay together
+    for word in quoted:
+        if (
+            units
+            and units[-1].startswith("-")
+            and " " not in units[-1]
+            and not word.startswith("-")
+        ):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines, line = [], ""
+    for unit in units:
+        if line and len(line) + 1 + len(unit) + 2 > width:
+            lines.append(line)
+            line = indent + unit
+        else:
+            line = f"{line} {unit}" if line else unit
+    return " \\\n".join(lines + [line])
 
 
 def run_of(argv: Sequence[str]) -> Run:

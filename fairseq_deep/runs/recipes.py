@@ -150,6 +150,26 @@ def json_log(interval) -> Part:
 
 
 # ---------------------------------------------------------------------------------------------
+# data and text
+# ---------------------------------------------------------------------------------------------
+
+
+def languages(source: str, target: str) -> Part:
+    return Part("languages", ["--source-lang", source, "--target-lang", target])
+
+
+def sentencepiece(model: str) -> Part:
+    """Raw text in and out of fairseq-interactive (and the hub): the sentencepiece ``model``
+    applied to the input and removed from the output."""
+    return Part("bpe", ["--bpe", "sentencepiece", "--sentencepiece-model", model])
+
+
+def post_process(kind: str = "sentencepiece") -> Part:
+    """fairseq-generate's ``--post-process KIND``: the ``D-`` lines detokenized."""
+    return Part("post_process", ["--post-process", kind])
+
+
+# ---------------------------------------------------------------------------------------------
 # model sizes
 # ---------------------------------------------------------------------------------------------
 
@@ -219,10 +239,3 @@ def dropout(p, attention=None, activation=None) -> Part:
     if activation is not None:
         words += ["--activation-dropout", activation]
     return Part("dropout", words)
-
-
-#: the tests' tiny sizes (dropout off) of the Transformer families, of RNMT+ (and the hybrids'
-#: RNMT+ parts) and of Deep-Att; also the benchmarks' that build the tests' models
-TINY = Part("size", [*transformer_size(16, 32, 2), *dropout(0, 0, 0)])
-TINY_RNMT = Part("size", [*rnn_size(16, 16, 32), *dropout(0, 0)])
-TINY_DEEP_ATT = Part("size", [*rnn_size(16, 16, 16), *dropout(0)])
