@@ -377,3 +377,35 @@ def test_last_error_names_what_was_raised():
     assert runs.parse_loaded_update("Loaded checkpoint c.pt (epoch 2 @ 40 updates)") == 40
     assert runs.count_overflows("gradient overflow detected, ...\ngradient overflow detected") == 2
     assert runs.parse_params("nothing") is None and runs.parse_loaded_update("") is None
+
+
+def test_documents_print_the_commands_the_code_builds():
+    """docs/grow.md's command that continues training a grown model is what fairseq-deep-grow
+    prints (grow_report's run, console form); the benchmarks' --precision names are the recipes'."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from benchmarks import harness
+    from fairseq_deep.grow_report import next_runs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "grow.md").read_text()
+    shown = re.search(
+        r"^(fairseq-deep-train DATA --model-from grown\.pt .*?) <the shallow", doc, re.M | re.S
+    )
+    summary = {"data": None, "model_options": argparse.Namespace(arch="transformer_dlcl")}
+    from_checkpoint, _ = next_runs(summary, "grown.pt", [])
+    assert " ".join(shown.group(1).replace("\\\n", " ").split()) == from_checkpoint.shell()
+    assert harness.PRECISION_NAMES == tuple(recipes.PRECISIONS)
+
+
+def test_records_timed_from_the_start_of_training():
+    started = "2026-01-01 09:59:58 | INFO | fairseq.trainer | begin training epoch 1\n"
+    started += "2026-01-01 09:59:59 | INFO | fairseq_cli.train | Start iterating over samples\n"
+    timed = runs.timed_records((started + LOG).splitlines())
+    assert [(s, r["kind"]) for s, r in timed] == [
+        (2.0, "train_inner"),
+        (3.0, "valid"),
+        (4.0, "train"),
+    ]
+    assert [s for s, _ in runs.timed_records(LOG.splitlines())] == [0.0, 1.0, 2.0]  # no start line

@@ -6,6 +6,7 @@ count, the update a checkpoint was loaded at, the overflowed fp16 steps), and th
 failed run's error (:func:`last_error`).  (Text logs one does not control, e.g. ``--log-format
 simple``, are read by :mod:`fairseq_deep.diagnostics.plot_training`.)"""
 
+import datetime
 import json
 import os
 import re
@@ -63,6 +64,31 @@ def parse_record(line: str) -> Optional[Record]:
     for key, value in raw.items():
         record[key[len(prefix) :] if prefix and key.startswith(prefix) else key] = _number(value)
     return record
+
+
+#: fairseq's console lines begin with their time, "2026-01-01 12:00:00 | ..."
+_STAMP = "%Y-%m-%d %H:%M:%S"
+#: the trainer's line as the first epoch starts
+_STARTS = "Start iterating over samples"
+
+
+def timed_records(lines: Iterable[str]) -> List[Tuple[float, Record]]:
+    """The json records of a fairseq-train console log, each with the seconds since training
+    started (its time stamp less that of fairseq's "Start iterating over samples" line; the first
+    record's own stamp where the log has none)."""
+    out, start = [], None
+    for line in lines:
+        try:
+            stamp = datetime.datetime.strptime(line[:19], _STAMP)
+        except ValueError:
+            continue
+        if _STARTS in line and start is None:
+            start = stamp
+        record = parse_record(line)
+        if record is not None:
+            start = start or stamp
+            out.append(((stamp - start).total_seconds(), record))
+    return out
 
 
 def parse_log_lines(lines: Iterable[str]) -> List[Record]:

@@ -1,12 +1,12 @@
 """Named settings of fairseq runs, each written once: the optimisers and schedules of the papers
 and of the study, the criterion, model sizes (a family's ``--width`` rule, explicit sizes, the
 tests' tiny ones), device and precision, and json logging.  Each returns a
-:class:`~fairseq_deep.runs.command.Part` (or a pair: optimiser, schedule) to compose into a
-:class:`~fairseq_deep.runs.command.Run`."""
+:class:`~fairseq_deep.runs.run.Part` (or a pair: optimiser, schedule) to compose into a
+:class:`~fairseq_deep.runs.run.Run`."""
 
 from typing import Dict, Optional, Sequence, Tuple
 
-from .command import Part
+from .run import Part
 from .sizes import width_flags
 
 #: the warm-up's first learning rate of the inverse_sqrt schedule the study and the recipes use

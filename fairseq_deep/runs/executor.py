@@ -1,4 +1,4 @@
-"""Where fairseq runs: :func:`execute` starts one :class:`~.command.Run` (or any command) as a
+"""Where fairseq runs: :func:`execute` starts one :class:`~.run.Run` (or any command) as a
 process, its output into a log (or kept), with a timeout, an environment and a watcher of its lines,
 and gives back one :class:`Result`: the command, exit status, wall time, the log, and what it
 printed read as training records, generated translations and the error that stopped it.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from .command import Run
 from .logs import Record, last_error, parse_log_lines
+from .run import Run
 from .translations import Generated, parse_generate
 
 #: the line :func:`execute_together`'s driver prints after each program, then its figures as json
@@ -143,7 +143,7 @@ def execute(
     cwd: Optional[str] = None,
     launcher: Optional[Sequence[str]] = None,
 ) -> Result:
-    """Run ``run`` (a :class:`~.command.Run`, started as :meth:`~.command.Run.argv` with
+    """Run ``run`` (a :class:`~.run.Run`, started as :meth:`~.run.Run.argv` with
     ``launcher``, or a command) with stdout and stderr together into ``log`` (``append``: after
     what it holds; ``header``: a first line ``# COMMAND``), or kept in the result when there is no
     log; each line also to ``watch``.  ``timeout``: seconds until the process is killed (the result
@@ -270,7 +270,8 @@ def execute_together(runs: Sequence[Run], log: Optional[str] = None, **kwargs) -
     """The runs one after the other in one Python process (:data:`DRIVER`), as :func:`execute`
     runs one (its keyword arguments; ``timeout`` caps them all together): a :class:`Result` for each
     run that started (a run after a failed one does not), each with its own part of the output, its
-    status, seconds and ``peaks`` (``peak_gpu_gb``, ``peak_rss_gb``: the process's so far)."""
+    status, seconds (the first's with the process's start-up) and ``peaks`` (``peak_gpu_gb``,
+    ``peak_rss_gb``: the process's so far)."""
     whole = execute(together_command(runs), log, **kwargs)
     results, rest = [], whole.output
     for run in runs:
@@ -296,4 +297,7 @@ def execute_together(runs: Sequence[Run], log: Optional[str] = None, **kwargs) -
         )
         if status:
             break
+    if results and not results[-1].timed_out and results[-1].returncode is not None:
+        # the first run's time includes the process's start-up, as a run of its own would
+        results[0].seconds = whole.seconds - sum(r.seconds for r in results[1:])
     return results
