@@ -34,7 +34,6 @@ from fairseq_deep.runs import Part, recipes
 
 logger = logging.getLogger("fairseq_deep.quickstart")
 
-PLUGIN_DIR = runs.PLUGIN_DIR
 SPLITS = ("train", "valid", "test")
 LANGS = ("src", "tgt")
 
@@ -56,20 +55,10 @@ def model_args(args) -> Part:
 
 def optimization_args(args):
     """Adam (beta2 0.997, no clipping) with inverse_sqrt warm-up, label smoothing 0.1, the budget."""
-    optimizer = recipes.adam(betas=(0.9, 0.997)) + ("--clip-norm", "0.0", "--lr", str(args.lr))
     return [
-        Part("optimizer", optimizer),
-        Part(
-            "schedule",
-            [
-                "--lr-scheduler",
-                "inverse_sqrt",
-                "--warmup-init-lr",
-                recipes.WARMUP_INIT_LR,
-                "--warmup-updates",
-                args.warmup,
-            ],
-        ),
+        recipes.adam(args.lr, betas=(0.9, 0.997)),
+        ["--clip-norm", "0.0"],
+        recipes.inverse_sqrt(args.warmup, recipes.WARMUP_INIT_LR),
         recipes.label_smoothed(0.1),
         Part("budget", ["--max-tokens", args.max_tokens, "--max-update", args.max_update]),
     ]
