@@ -409,3 +409,12 @@ def test_records_timed_from_the_start_of_training():
         (4.0, "train"),
     ]
     assert [s for s, _ in runs.timed_records(LOG.splitlines())] == [0.0, 1.0, 2.0]  # no start line
+
+
+def test_runs_together_stop_at_the_first_failure_and_at_the_timeout(tmp_path):
+    bad = runs.Run.of("preprocess", None, ["--no-such-option"])
+    never = runs.Run.of("preprocess", None, ["--help"])
+    (failed,) = runs.execute_together([bad, never], str(tmp_path / "both.log"))
+    assert failed.returncode == 2 and "--no-such-option" in failed.error()
+    (cut,) = runs.execute_together([bad, never], timeout=0.5)
+    assert cut.timed_out and cut.returncode is None and cut.error().startswith("stopped by")
