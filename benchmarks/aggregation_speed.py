@@ -35,6 +35,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
+from fairseq_deep.runs import recipes
 
 from . import harness
 from .harness import add_device_argument, clock, describe, device_from_args
@@ -55,24 +56,9 @@ def build(arch, a, dictionary):
         [
             "--arch",
             arch,
-            "--encoder-layers",
-            str(a.layers),
-            "--decoder-layers",
-            str(a.layers),
-            "--encoder-embed-dim",
-            str(a.embed_dim),
-            "--decoder-embed-dim",
-            str(a.embed_dim),
-            "--encoder-ffn-embed-dim",
-            str(a.ffn_dim),
-            "--decoder-ffn-embed-dim",
-            str(a.ffn_dim),
-            "--encoder-attention-heads",
-            str(a.heads),
-            "--decoder-attention-heads",
-            str(a.heads),
-            "--dropout",
-            "0.1",
+            *recipes.layers(a.layers, a.layers),
+            *recipes.transformer_size(a.embed_dim, a.ffn_dim, a.heads),
+            *recipes.dropout("0.1"),
             "--share-all-embeddings",
             *a.extra,
         ],

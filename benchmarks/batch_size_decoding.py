@@ -24,13 +24,14 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 
 import json
 import os
-import re
-import subprocess
 import sys
 import time
 
+from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
+
 from . import harness
-from .harness import add_device_argument, device_from_args, generate_flags, train_flags
+from .harness import add_device_argument, device_from_args
 
 SYSTEMS = {  # name: (arch, flags); all post-norm: the layers 0.12.2's fused path would take
     "fairseq transformer (reference)": ("transformer", []),
@@ -40,29 +41,51 @@ SYSTEMS = {  # name: (arch, flags); all post-norm: the layers 0.12.2's fused pat
 }
 
 
-def hypotheses(log):
-    return {
-        int(i): (float(score), text)
-        for i, score, text in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", log, re.M)
-    }
+def hypotheses(generated: runs.Generated):
+    """{sentence id: (score, hypothesis)} of fairseq-generate's H- lines."""
+    return {i: (generated.scores[i], text) for i, text in generated.tokens.items()}
 
 
-def run(argv, log_path):
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
-        )
-    if proc.returncode != 0:
-        with open(log_path) as log:
-            errors = [line.strip() for line in log if re.match(r"\w*(Error|Exception)\b", line)]
-        raise RuntimeError(
-            errors[-1] if errors else f"exit status {proc.returncode}; see {log_path}"
-        )
-    return proc.stdout
+def run(run: runs.Run, log_path):
+    """The result of ``run`` (its output also in ``log_path``); RuntimeError with its error line
+    where it failed."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    result = runs.execute(run, log_path, env=env)
+    if not result.ok:
+        raise RuntimeError(result.error() or f"exit status {result.returncode}; see {log_path}")
+    return result
+
+
+def train_run(args, arch, flags, save) -> runs.Run:
+    """fairseq-train of a system for --minutes: width W (FFN 2W, 4 heads), --layers on both sides,
+    Adam (0.9, 0.98) with inverse_sqrt warm-up over 400 updates to 2e-3."""
+    return runs.Run.of(
+        "train",
+        args.data,
+        Part("model", ["--arch", arch, *flags]),
+        recipes.layers(args.layers, args.layers),
+        recipes.transformer_size(args.width, 2 * args.width, 4),
+        ["--share-all-embeddings", *recipes.dropout("0.1")],
+        recipes.adam("2e-3"),
+        recipes.inverse_sqrt(400),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", "4096", "--max-update", "100000"],
+        ["--stop-time-hours", str(args.minutes / 60)],
+        ["--disable-validation", "--no-epoch-checkpoints", "--save-dir", save, "--seed", "1"],
+        recipes.device(args.device),
+        ["--num-workers", "0", "--no-progress-bar"],
+    )
+
+
+def generate_run(args, save, batch_size) -> runs.Run:
+    return runs.Run.of(
+        "generate",
+        args.data,
+        ["--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test"],
+        ["--beam", str(args.beam), "--batch-size", str(batch_size)],
+        recipes.device(args.device, program="generate"),
+        ["--num-workers", "0"],
+    )
 
 
 def get_parser():
@@ -89,99 +112,23 @@ def main(argv=None):
     import fairseq
     import torch
 
-    from fairseq_deep import runs
-
     rows = []
     for name in args.systems.split(","):
         arch, flags = SYSTEMS[name]
         save = os.path.join(args.out, arch)
-        w = str(args.width)
         t0 = time.time()
         if not os.path.exists(os.path.join(save, "checkpoint_last.pt")):
-            run(
-                runs.command(
-                    runs.TRAIN,
-                    args.data,
-                    "--arch",
-                    arch,
-                    *flags,
-                    "--encoder-layers",
-                    str(args.layers),
-                    "--decoder-layers",
-                    str(args.layers),
-                    "--encoder-embed-dim",
-                    w,
-                    "--decoder-embed-dim",
-                    w,
-                    "--encoder-ffn-embed-dim",
-                    str(2 * args.width),
-                    "--decoder-ffn-embed-dim",
-                    str(2 * args.width),
-                    "--encoder-attention-heads",
-                    "4",
-                    "--decoder-attention-heads",
-                    "4",
-                    "--share-all-embeddings",
-                    "--dropout",
-                    "0.1",
-                    "--optimizer",
-                    "adam",
-                    "--adam-betas",
-                    "(0.9, 0.98)",
-                    "--lr",
-                    "2e-3",
-                    "--lr-scheduler",
-                    "inverse_sqrt",
-                    "--warmup-updates",
-                    "400",
-                    "--criterion",
-                    "label_smoothed_cross_entropy",
-                    "--label-smoothing",
-                    "0.1",
-                    "--max-tokens",
-                    "4096",
-                    "--max-update",
-                    "100000",
-                    "--stop-time-hours",
-                    str(args.minutes / 60),
-                    "--disable-validation",
-                    "--no-epoch-checkpoints",
-                    "--save-dir",
-                    save,
-                    "--seed",
-                    "1",
-                    *train_flags(args.device),
-                    "--num-workers",
-                    "0",
-                    "--no-progress-bar",
-                ),
-                os.path.join(args.out, f"{arch}.train.log"),
-            )
+            run(train_run(args, arch, flags, save), os.path.join(args.out, f"{arch}.train.log"))
         train_s = time.time() - t0
         hyps, seconds, failed = {}, {}, {}
         for bsz in (1, 64):
             t0 = time.time()
             try:
-                hyps[bsz] = hypotheses(
-                    run(
-                        runs.command(
-                            runs.GENERATE,
-                            args.data,
-                            "--path",
-                            os.path.join(save, "checkpoint_last.pt"),
-                            "--gen-subset",
-                            "test",
-                            "--beam",
-                            str(args.beam),
-                            "--batch-size",
-                            str(bsz),
-                            *generate_flags(args.device),
-                            "--num-workers",
-                            "0",
-                        ),
-                        os.path.join(args.out, f"{arch}.generate{bsz}.log"),
-                    )
+                decoded = run(
+                    generate_run(args, save, bsz),
+                    os.path.join(args.out, f"{arch}.generate{bsz}.log"),
                 )
+                hyps[bsz] = hypotheses(decoded.generated)
             except (
                 RuntimeError
             ) as e:  # fairseq's own transformer on 0.12.2 + torch 2.x: "Mask Type ..."

@@ -32,6 +32,7 @@ from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_deep  # noqa: F401  (registers deep_att)
+from fairseq_deep.runs import recipes
 
 from . import harness
 from .harness import add_device_argument, build_model, clock, describe, device_from_args
@@ -43,25 +44,14 @@ def dictionary(n):
 
 
 def models(a, d):
-    E, H, n = str(a.embed), str(a.hidden), str(a.layers)
+    E, n = str(a.embed), a.layers
     deep = build_model(
         [
             "--arch",
             "deep_att_ff",
-            "--encoder-layers",
-            n,
-            "--decoder-layers",
-            n,
-            "--encoder-embed-dim",
-            E,
-            "--decoder-embed-dim",
-            E,
-            "--encoder-hidden-size",
-            H,
-            "--decoder-hidden-size",
-            H,
-            "--dropout",
-            "0.1",
+            *recipes.layers(n, n),
+            *recipes.rnn_size(a.embed, a.hidden),
+            *recipes.dropout("0.1"),
             "--deep-att-cell-impl",
             a.cell_impl,
         ],
@@ -72,23 +62,12 @@ def models(a, d):
         [
             "--arch",
             "lstm",
-            "--encoder-layers",
-            n,
-            "--decoder-layers",
-            n,
+            *recipes.layers(n, n),
             "--encoder-bidirectional",
-            "--encoder-embed-dim",
-            E,
-            "--decoder-embed-dim",
-            E,
-            "--encoder-hidden-size",
-            H,
-            "--decoder-hidden-size",
-            H,
+            *recipes.rnn_size(a.embed, a.hidden),
             "--decoder-out-embed-dim",
             E,
-            "--dropout",
-            "0.1",
+            *recipes.dropout("0.1"),
         ],
         d,
         a.device,

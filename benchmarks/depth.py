@@ -49,8 +49,6 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from typing import Dict, List
 
@@ -58,43 +56,20 @@ import torch
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
 from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
 from .dlcl_speed import machine, saved_bytes  # (autograd's saved bytes, as measured there)
-from .harness import (
-    PeakMemory,
-    add_device_argument,
-    clock,
-    describe,
-    device_from_args,
-    generate_flags,
-    train_flags,
-)
+from .harness import PeakMemory, add_device_argument, clock, describe, device_from_args
 
 log = harness.logger("depth")
 
 
 def model_flags(a, encoder_layers: int, checkpoint: bool) -> List[str]:
-    w, ffn, heads = str(a.width), str(a.ffn), str(a.heads)
     return [
-        "--encoder-layers",
-        str(encoder_layers),
-        "--decoder-layers",
-        str(a.decoder_layers),
-        "--encoder-embed-dim",
-        w,
-        "--decoder-embed-dim",
-        w,
-        "--encoder-ffn-embed-dim",
-        ffn,
-        "--decoder-ffn-embed-dim",
-        ffn,
-        "--encoder-attention-heads",
-        heads,
-        "--decoder-attention-heads",
-        heads,
-        "--dropout",
-        "0.1",
+        *recipes.layers(encoder_layers, a.decoder_layers),
+        *recipes.transformer_size(a.width, a.ffn, a.heads),
+        *recipes.dropout("0.1"),
         "--share-all-embeddings",
         *(["--checkpoint-activations"] if checkpoint else []),
     ]
@@ -256,15 +231,8 @@ def table(a, rows) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _run(cmd: List[str], log_path: str, env) -> "tuple[str, float]":
-    t0 = time.perf_counter()
-    with open(log_path, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    seconds = time.perf_counter() - t0
-    out = open(log_path).read()
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-4000:]}")
-    return out, seconds
+def _run(run: runs.Run, log_path: str, env) -> runs.Result:
+    return runs.execute(run, log_path, env=env).check()
 
 
 def cli(a, env) -> Dict[str, float]:
@@ -276,27 +244,8 @@ def cli(a, env) -> Dict[str, float]:
         os.path.join(work, "raw"), train=a.cli_train, valid=20, test=a.cli_test, seed=1
     )
     data = os.path.join(work, "bin")
-    python = [sys.executable, "-m"]
     _run(
-        python
-        + [
-            "fairseq_cli.preprocess",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--trainpref",
-            prefixes["train"],
-            "--validpref",
-            prefixes["valid"],
-            "--testpref",
-            prefixes["test"],
-            "--destdir",
-            data,
-            "--joined-dictionary",
-            "--workers",
-            "1",
-        ],
+        runs.preprocess("src", "tgt", data, prefixes["train"], prefixes["valid"], prefixes["test"]),
         os.path.join(work, "preprocess.log"),
         env,
     )
@@ -304,93 +253,54 @@ def cli(a, env) -> Dict[str, float]:
     log(
         f"fairseq-train: transformer_deepnorm, {a.cli_layers}+1 layers, width 8, {a.cli_updates} updates"
     )
-    train_out, train_s = _run(
-        runs.command(
-            runs.TRAIN,
+    trained = _run(
+        runs.Run.of(
+            "train",
             data,
-            "--arch",
-            "transformer_deepnorm",
-            "--encoder-layers",
-            str(a.cli_layers),
-            "--decoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            "8",
-            "--decoder-embed-dim",
-            "8",
-            "--encoder-ffn-embed-dim",
-            "16",
-            "--decoder-ffn-embed-dim",
-            "16",
-            "--encoder-attention-heads",
-            "2",
-            "--decoder-attention-heads",
-            "2",
-            "--share-all-embeddings",
-            "--checkpoint-activations",
-            *train_flags(a.device),
-            "--num-workers",
-            "0",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "400",
-            "--max-update",
-            str(a.cli_updates),
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            "--disable-validation",
-            "--save-dir",
-            save,
-            "--no-epoch-checkpoints",
-            "--log-format",
-            "json",
-            "--log-interval",
-            "1",
+            Part("model", ["--arch", "transformer_deepnorm"]),
+            recipes.layers(a.cli_layers, 1),
+            recipes.transformer_size(8, 16, 2),
+            ["--share-all-embeddings", "--checkpoint-activations"],
+            recipes.device(a.device),
+            ["--num-workers", "0"],
+            Part("optimizer", ["--optimizer", "adam", "--lr", "1e-3"]),
+            ["--max-tokens", "400", "--max-update", str(a.cli_updates)],
+            recipes.label_smoothed(0.1),
+            ["--disable-validation", "--save-dir", save, "--no-epoch-checkpoints"],
+            recipes.json_log(1),
         ),
         os.path.join(work, "train.log"),
         env,
     )
-    losses = [
-        float(r["loss"])
-        for r in runs.parse_log_lines(train_out.splitlines())
-        if r["kind"] == "train_inner"
-    ]
+    losses = [float(r["loss"]) for r in trained.records if r["kind"] == "train_inner"]
     log("fairseq-generate, beam 2")
-    gen_out, gen_s = _run(
-        runs.command(
-            runs.GENERATE,
+    decoded = _run(
+        runs.Run.of(
+            "generate",
             data,
-            "--path",
-            os.path.join(save, "checkpoint_last.pt"),
-            "--gen-subset",
-            "test",
-            "--beam",
-            "2",
-            "--batch-size",
-            "32",
-            *generate_flags(a.device),
-            "--num-workers",
-            "0",
-            "--max-len-a",
-            "0",
-            "--max-len-b",
-            "10",
+            [
+                "--path",
+                os.path.join(save, "checkpoint_last.pt"),
+                "--gen-subset",
+                "test",
+                "--beam",
+                "2",
+                "--batch-size",
+                "32",
+            ],
+            recipes.device(a.device, program="generate"),
+            ["--num-workers", "0", "--max-len-a", "0", "--max-len-b", "10"],
         ),
         os.path.join(work, "generate.log"),
         env,
     )
-    translated = runs.parse_translated(gen_out)
+    translated = decoded.generated.translated
     return {
         "encoder_layers": a.cli_layers,
         "updates": a.cli_updates,
-        "train_wall_s": train_s,
+        "train_wall_s": trained.seconds,
         "train_losses": losses,
-        "generate_wall_s": gen_s,
+        "generate_wall_s": decoded.seconds,
         "sentences": translated.sentences if translated else 0,
         "test_size": a.cli_test,
     }

@@ -20,25 +20,12 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 
 import torch
 
+from fairseq_deep.runs import recipes
+
 from . import harness
 from .harness import add_device_argument, describe, device_from_args
 
-WIDTH = [
-    "--encoder-embed-dim",
-    "128",
-    "--decoder-embed-dim",
-    "128",
-    "--encoder-ffn-embed-dim",
-    "256",
-    "--decoder-ffn-embed-dim",
-    "256",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-    "--decoder-layers",
-    "3",
-]
+WIDTH = [*recipes.transformer_size(128, 256, 4), "--decoder-layers", "3"]
 
 
 def decode(model, src, lengths, prev):
@@ -63,11 +50,10 @@ def main(argv=None):
     a = get_parser().parse_args(argv)
     device_from_args(a)
     torch.set_num_threads(a.threads)
-    helpers = harness.tests_helpers()
-    plain, task = helpers.build_model("transformer_prenorm_12l", WIDTH)
-    dlcl, _ = helpers.build_model("transformer_dlcl_12l", WIDTH)
+    plain, task = harness.tiny_model("transformer_prenorm_12l", WIDTH)
+    dlcl, _ = harness.tiny_model("transformer_dlcl_12l", WIDTH)
     plain, dlcl = plain.to(a.device), dlcl.to(a.device)
-    batch = helpers.random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
+    batch = harness.random_batch(task.source_dictionary, bsz=a.batch, src_len=20, tgt_len=a.steps)
     batch = [t.to(a.device) for t in batch]
 
     def seconds(model):

@@ -24,12 +24,14 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 import json
 import math
 import os
-import subprocess
+
+from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
-from .harness import add_device_argument, device_from_args, train_flags
+from .harness import add_device_argument, device_from_args
 
-PLUGIN = os.path.join(harness.ROOT, "fairseq_deep")
+PLUGIN = runs.PLUGIN_DIR
 
 CASES = [  # (name, arch, extra flags)
     ("pre-norm", "transformer_prenorm", []),
@@ -41,21 +43,8 @@ CASES = [  # (name, arch, extra flags)
 
 
 def width_flags(width: int):
-    heads = str(max(1, width // 64))
-    return [
-        "--encoder-embed-dim",
-        str(width),
-        "--decoder-embed-dim",
-        str(width),
-        "--encoder-ffn-embed-dim",
-        str(4 * width),
-        "--decoder-ffn-embed-dim",
-        str(4 * width),
-        "--encoder-attention-heads",
-        heads,
-        "--decoder-attention-heads",
-        heads,
-    ]
+    """Embeddings ``width``, FFN 4x, one head per 64 (at least one)."""
+    return list(recipes.transformer_size(width, 4 * width, max(1, width // 64)))
 
 
 def at_initialisation(args, device):
@@ -112,56 +101,33 @@ def at_initialisation(args, device):
     return rows
 
 
-def train_losses(args, arch, save_dir):
-    from fairseq_deep import runs
-
-    cmd = runs.command(
-        runs.TRAIN,
+def train_run(args, arch, save_dir) -> runs.Run:
+    """fairseq-train of ``arch``: tied embeddings unless --untied, the study's optimiser (Adam
+    (0.9, 0.98), inverse_sqrt warm-up), no validation, no checkpoints, json records."""
+    return runs.Run.of(
+        "train",
         args.data,
-        "--arch",
-        arch,
-        *width_flags(args.width),
-        *([] if args.untied else ["--share-all-embeddings"]),
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--lr",
-        str(args.lr),
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        str(args.warmup),
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(args.max_tokens),
-        "--max-update",
-        str(args.updates),
-        "--seed",
-        "1",
-        "--log-format",
-        "json",
-        "--log-interval",
-        str(args.log_interval),
-        "--disable-validation",
-        "--no-save",
-        "--save-dir",
-        save_dir,
-        "--num-workers",
-        "0",
-        *train_flags(args.device),
+        Part("model", ["--arch", arch, *width_flags(args.width)]),
+        [] if args.untied else ["--share-all-embeddings"],
+        recipes.adam(args.lr),
+        recipes.inverse_sqrt(args.warmup),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", "1"],
+        recipes.json_log(args.log_interval),
+        ["--disable-validation", "--no-save", "--save-dir", save_dir, "--num-workers", "0"],
+        recipes.device(args.device),
     )
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
+
+
+def train_losses(args, arch, save_dir):
+    trained = runs.execute(train_run(args, arch, save_dir))
+    if not trained.ok:
         raise SystemExit(
-            f"fairseq-train {arch} failed (exit {proc.returncode}): {proc.stdout.strip().splitlines()[-1]}"
+            f"fairseq-train {arch} failed (exit {trained.returncode}): {trained.error()}"
         )
     return {
         int(r["num_updates"]): float(r["loss"])
-        for r in runs.parse_log_lines(proc.stdout.splitlines())
+        for r in trained.records
         if r["kind"] == "train_inner"
     }
 

@@ -57,8 +57,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from typing import Dict, List
 
@@ -67,17 +65,10 @@ import torch
 import fairseq_deep  # noqa: F401  (registers transformer_dlcl for the in-process parts)
 from fairseq_deep import runs
 from fairseq_deep.data.synthetic import write_corpus
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
-from .harness import (
-    PeakMemory,
-    add_device_argument,
-    describe,
-    device_from_args,
-    generate_flags,
-    median_seconds,
-)
-from .harness import train_flags as device_train_flags
+from .harness import PeakMemory, add_device_argument, describe, device_from_args, median_seconds
 
 # label, --arch.  Everything else on the command line is shared.
 SYSTEMS = [
@@ -89,21 +80,10 @@ SYSTEMS = [
 log = harness.logger("dlcl_speed")
 
 
-def run(cmd: List[str], log_path: str, env=None) -> "tuple[str, int]":
-    """Run ``cmd`` with stdout+stderr into ``log_path``; returns (output, max RSS in KiB) of that
-    process (``os.wait4`` gives the usage of this child alone, not of all children so far)."""
-    with open(log_path, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    out = open(log_path).read()
-    if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-4000:]}")
-    return out, usage.ru_maxrss
-
-
-def fairseq_cmd(tool: str) -> List[str]:
-    return [sys.executable, "-m", f"fairseq_cli.{tool}"]
+def run(run: runs.Run, log_path: str, env=None) -> runs.Result:
+    """Run ``run`` with stdout+stderr into ``log_path``; its result (``max_rss_kib``: the peak
+    memory of that process alone), or SystemExit with the end of its log where it failed."""
+    return runs.execute(run, log_path, env=env).check()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,24 +98,9 @@ def _prepared(dest: str, stamp: Dict) -> bool:
 
 def _preprocess(prefix_dir: str, src: str, tgt: str, dest: str, stamp: Dict):
     run(
-        fairseq_cmd("preprocess")
-        + [
-            "--source-lang",
-            src,
-            "--target-lang",
-            tgt,
-            "--trainpref",
-            f"{prefix_dir}/train",
-            "--validpref",
-            f"{prefix_dir}/valid",
-            "--testpref",
-            f"{prefix_dir}/test",
-            "--destdir",
-            dest,
-            "--joined-dictionary",
-            "--workers",
-            "1",
-        ],
+        runs.preprocess(
+            src, tgt, dest, f"{prefix_dir}/train", f"{prefix_dir}/valid", f"{prefix_dir}/test"
+        ),
         os.path.join(os.path.dirname(dest), "preprocess.log"),
     )
     harness.write_json(os.path.join(dest, "prepared.json"), stamp, indent=None)
@@ -220,79 +185,40 @@ def prepare_multi30k(work: str, a) -> "tuple[str, str, str]":
 def model_flags(a) -> List[str]:
     """Everything but --arch: identical for both systems."""
     return [
-        "--encoder-layers",
-        str(a.encoder_layers),
-        "--decoder-layers",
-        str(a.decoder_layers),
-        "--encoder-embed-dim",
-        str(a.embed_dim),
-        "--decoder-embed-dim",
-        str(a.embed_dim),
-        "--encoder-ffn-embed-dim",
-        str(a.ffn_dim),
-        "--decoder-ffn-embed-dim",
-        str(a.ffn_dim),
-        "--encoder-attention-heads",
-        str(a.heads),
-        "--decoder-attention-heads",
-        str(a.heads),
+        *recipes.layers(a.encoder_layers, a.decoder_layers),
+        *recipes.transformer_size(a.embed_dim, a.ffn_dim, a.heads),
         "--encoder-normalize-before",
         "--decoder-normalize-before",
         "--share-all-embeddings",
-        "--dropout",
-        "0.1",
-        "--attention-dropout",
-        "0.1",
-        "--activation-dropout",
-        "0.1",
+        *recipes.dropout("0.1", "0.1", "0.1"),
     ]
 
 
-def train_flags(a, save_dir: str) -> List[str]:
-    return [
-        "--task",
-        "translation",
-        *device_train_flags(a.device, a.precision),
-        "--seed",
-        str(a.seed),
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        str(a.warmup_updates),
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(a.max_tokens),
-        "--max-update",
-        str(a.max_update),
-        "--log-format",
-        "json",
-        "--log-interval",
-        str(a.log_interval),
-        "--num-workers",
-        "0",
-        "--disable-validation",
-        "--no-epoch-checkpoints",
-        "--save-dir",
-        save_dir,
-    ]
+def train_run(a, data: str, arch: str, save_dir: str) -> runs.Run:
+    return runs.Run.of(
+        "train",
+        data,
+        Part("model", ["--arch", arch, *model_flags(a)]),
+        ["--task", "translation"],
+        recipes.device(a.device, a.precision),
+        ["--seed", str(a.seed)],
+        recipes.adam("1e-3"),
+        recipes.inverse_sqrt(a.warmup_updates),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update)],
+        recipes.json_log(a.log_interval),
+        ["--num-workers", "0", "--disable-validation", "--no-epoch-checkpoints"],
+        ["--save-dir", save_dir],
+    )
 
 
-def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
+def parse_train_wps(records: List[runs.Record], skip_updates: int) -> "tuple[float, int]":
     """Target words/s over the ``train_inner`` intervals that start at or after ``skip_updates``:
     sum of words / sum of times (each interval's time = its words / its wps)."""
     words = seconds = 0.0
     updates = 0
     prev = 0
-    for stats in runs.parse_log_lines(out.splitlines()):
+    for stats in records:
         if stats["kind"] != "train_inner":
             continue
         n = int(stats["num_updates"])
@@ -310,48 +236,30 @@ def parse_train_wps(out: str, skip_updates: int) -> "tuple[float, int]":
     return words / seconds, updates
 
 
-def parse_gpu_peak_gib(out: str, total_gib: float) -> float:
+def parse_gpu_peak_gib(records: List[runs.Record], total_gib: float) -> float:
     """Peak GPU memory of a fairseq-train run (GiB) from its ``train_inner`` lines: fairseq logs
     ``gb_free`` = device total - ``torch.cuda.max_memory_allocated()`` of the last update of each
     log interval (rounded to 0.1 GiB); nan when no line has it (a CPU run)."""
-    free = [
-        float(r["gb_free"])
-        for r in runs.parse_log_lines(out.splitlines())
-        if r["kind"] == "train_inner" and "gb_free" in r
-    ]
+    free = [float(r["gb_free"]) for r in records if r["kind"] == "train_inner" and "gb_free" in r]
     return total_gib - min(free) if free else float("nan")
 
 
 def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, float]:
-    out, rss = run(
-        runs.command(
-            runs.GENERATE,
+    decoded = run(
+        runs.Run.of(
+            "generate",
             data,
-            "--path",
-            checkpoint,
-            "--gen-subset",
-            "test",
-            *generate_flags(a.device, a.precision),
+            ["--path", checkpoint, "--gen-subset", "test"],
+            recipes.device(a.device, a.precision, "generate"),
             # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
             # whatever their (barely trained) models would emit
-            "--beam",
-            "5",
-            "--batch-size",
-            str(a.gen_batch_size),
-            "--min-len",
-            str(a.gen_len),
-            "--max-len-a",
-            "0",
-            "--max-len-b",
-            str(a.gen_len),
-            "--num-workers",
-            "0",
-            "--quiet",
+            ["--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len)],
+            ["--max-len-a", "0", "--max-len-b", str(a.gen_len), "--num-workers", "0", "--quiet"],
         ),
         log_path,
         env,
     )
-    generated = runs.parse_generate(out)
+    generated = decoded.generated
     m = generated.translated
     if not m:
         raise SystemExit(f"no 'Translated ... tokens/s' line in {log_path}")
@@ -374,23 +282,19 @@ def benchmark_training(a, data: str, env) -> Dict[str, List[Dict[str, float]]]:
             os.makedirs(run_dir)
             log(f"repeat {rep + 1}/{a.repeats}: training {label} for {a.max_update} updates")
             t0 = time.time()
-            out, rss_kib = run(
-                runs.command(
-                    runs.TRAIN, data, "--arch", arch, *model_flags(a), *train_flags(a, run_dir)
-                ),
-                os.path.join(run_dir, "train.log"),
-                env,
+            trained = run(
+                train_run(a, data, arch, run_dir), os.path.join(run_dir, "train.log"), env
             )
-            wps, updates = parse_train_wps(out, a.skip_updates)
+            wps, updates = parse_train_wps(trained.records, a.skip_updates)
             r = {
                 "train_wps": wps,
                 "timed_updates": updates,
-                "train_max_rss_mib": rss_kib / 1024,
+                "train_max_rss_mib": trained.max_rss_kib / 1024,
                 "train_wall_s": time.time() - t0,
             }
             if a.device == "cuda":
                 total = torch.cuda.get_device_properties(0).total_memory / 2**30  # as fairseq's
-                r["train_gpu_peak_gib"] = parse_gpu_peak_gib(out, total)
+                r["train_gpu_peak_gib"] = parse_gpu_peak_gib(trained.records, total)
             if not a.no_generate:
                 log(f"repeat {rep + 1}/{a.repeats}: fairseq-generate with {label}")
                 r.update(

@@ -41,29 +41,21 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 
 from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
-from .harness import add_device_argument, device_from_args, generate_flags, train_flags
+from .harness import add_device_argument, device_from_args
 
 TEST = "test_2016_flickr"
 
 log = harness.logger("export_speed")
 
 
-def run(cmd, log_path: str, threads: int) -> str:
-    with open(log_path, "w") as f:
-        code = subprocess.call(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=harness.thread_env(threads)
-        )
-    out = open(log_path, encoding="utf-8").read()
-    if code != 0:
-        raise SystemExit(f"command failed ({code}): {' '.join(cmd)}\n{out[-4000:]}")
-    return out
+def run(run: runs.Run, log_path: str, threads: int) -> runs.Result:
+    return runs.execute(run, log_path, env=harness.thread_env(threads)).check()
 
 
 def stamped(path: str, stamp: dict) -> bool:
@@ -81,28 +73,13 @@ def prepare(a, work: str) -> str:
     dest = os.path.join(work, "prep")
     m = a.multi30k
     run(
-        [
-            sys.executable,
-            "-m",
-            "fairseq_deep.prepare",
-            "-s",
-            "de",
-            "-t",
-            "en",
-            "--trainpref",
-            f"{m}/train",
-            "--validpref",
-            f"{m}/val",
-            "--testpref",
-            f"{m}/{TEST}",
-            "--destdir",
-            dest,
-            "--vocab-size",
-            "8000",
-            "--workers",
-            str(a.threads),
-            "--quiet",
-        ],
+        runs.Run.of(
+            "prepare",
+            None,
+            ["-s", "de", "-t", "en", "--trainpref", f"{m}/train", "--validpref", f"{m}/val"],
+            ["--testpref", f"{m}/{TEST}", "--destdir", dest, "--vocab-size", "8000"],
+            ["--workers", str(a.threads), "--quiet"],
+        ),
         os.path.join(work, "prepare.log"),
         a.threads,
     )
@@ -122,25 +99,14 @@ def test_subset(a, work: str, prep: str) -> str:
                 f.writelines(line + "\n" for line in lines)
         data = os.path.join(prep, "data-bin")
         run(
-            [
-                sys.executable,
-                "-m",
-                "fairseq_cli.preprocess",
-                "--source-lang",
+            runs.preprocess(
                 "de",
-                "--target-lang",
                 "en",
-                "--testpref",
-                os.path.join(raw, "test"),
-                "--destdir",
                 dest,
-                "--srcdict",
-                f"{data}/dict.de.txt",
-                "--tgtdict",
-                f"{data}/dict.en.txt",
-                "--workers",
-                "1",
-            ],
+                testpref=os.path.join(raw, "test"),
+                srcdict=f"{data}/dict.de.txt",
+                tgtdict=f"{data}/dict.en.txt",
+            ),
             os.path.join(work, "preprocess_test.log"),
             1,
         )
@@ -148,29 +114,13 @@ def test_subset(a, work: str, prep: str) -> str:
 
 
 def model_flags(a):
-    width, ffn = str(a.embed_dim), str(4 * a.embed_dim)
     return [
         "--arch",
         a.arch,
-        "--encoder-layers",
-        str(a.encoder_layers),
-        "--decoder-layers",
-        str(a.decoder_layers),
-        "--encoder-embed-dim",
-        width,
-        "--decoder-embed-dim",
-        width,
-        "--encoder-ffn-embed-dim",
-        ffn,
-        "--decoder-ffn-embed-dim",
-        ffn,
-        "--encoder-attention-heads",
-        str(a.heads),
-        "--decoder-attention-heads",
-        str(a.heads),
+        *recipes.layers(a.encoder_layers, a.decoder_layers),
+        *recipes.transformer_size(a.embed_dim, 4 * a.embed_dim, a.heads),
         "--share-all-embeddings",
-        "--dropout",
-        "0.1",
+        *recipes.dropout("0.1"),
     ]
 
 
@@ -178,34 +128,12 @@ def train(a, work: str, data: str) -> str:
     save = os.path.join(work, "train")
     flags = [
         *model_flags(a),
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--lr",
-        str(a.lr),
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        str(a.warmup),
-        "--warmup-init-lr",
-        "1e-07",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(a.max_tokens),
-        "--stop-time-hours",
-        str(a.minutes / 60),
-        "--max-update",
-        "1000000",
-        "--seed",
-        "1",
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-        "--log-interval",
-        "10",
+        *recipes.adam(a.lr),
+        *recipes.inverse_sqrt(a.warmup, recipes.WARMUP_INIT_LR),
+        *recipes.label_smoothed(0.1),
+        *["--max-tokens", str(a.max_tokens), "--stop-time-hours", str(a.minutes / 60)],
+        *["--max-update", "1000000", "--seed", "1", "--no-epoch-checkpoints"],
+        *["--disable-validation", "--log-interval", "10"],
     ]
     stamp_path = os.path.join(save, "trained.json")
     stamp = {"data": os.path.abspath(data), "flags": flags, "device": a.device}
@@ -219,23 +147,19 @@ def train(a, work: str, data: str) -> str:
         f"training {a.arch} {a.encoder_layers}+{a.decoder_layers}, width {a.embed_dim}, "
         f"for {a.minutes} minutes"
     )
-    out = run(
-        runs.command(
-            runs.TRAIN,
+    trained = run(
+        runs.Run.of(
+            "train",
             data,
-            "--save-dir",
-            save,
-            *train_flags(a.device),
-            *flags,
-            "--log-format",
-            "json",
+            ["--save-dir", save],
+            recipes.device(a.device),
+            Part("recipe", flags),
+            ["--log-format", "json"],
         ),
         os.path.join(work, "train.log"),
         a.threads,
     )
-    updates = [
-        r["num_updates"] for r in runs.parse_log_lines(out.splitlines()) if "num_updates" in r
-    ]
+    updates = [r["num_updates"] for r in trained.records if "num_updates" in r]
     harness.write_json(stamp_path, stamp, indent=None)
     harness.write_json(
         os.path.join(save, "updates.json"),
@@ -249,19 +173,12 @@ def export(a, work: str, data: str, checkpoint: str, quantization: str) -> str:
     out = os.path.join(work, f"ct2_{quantization}")
     shutil.rmtree(out, ignore_errors=True)
     run(
-        [
-            sys.executable,
-            "-m",
-            "fairseq_deep.export",
-            "--checkpoint",
-            checkpoint,
-            "--data",
-            data,
-            "--out",
-            out,
-            "--quantization",
-            quantization,
-        ],
+        runs.Run.of(
+            "export",
+            None,
+            ["--checkpoint", checkpoint, "--data", data, "--out", out],
+            ["--quantization", quantization],
+        ),
         os.path.join(work, f"export_{quantization}.log"),
         a.threads,
     )
@@ -274,30 +191,20 @@ def detokenize(pieces) -> str:
 
 
 def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
-    out = run(
-        runs.command(
-            runs.GENERATE,
+    decoded = run(
+        runs.Run.of(
+            "generate",
             data,
-            "--path",
-            checkpoint,
-            "--gen-subset",
-            "test",
-            "--beam",
-            str(a.beam),
-            "--batch-size",
-            str(a.batch),
-            "--max-len-a",
-            "0",
-            "--max-len-b",
-            str(a.max_len),
-            "--post-process",
-            "sentencepiece",
-            *generate_flags(a.device),
+            ["--path", checkpoint, "--gen-subset", "test"],
+            ["--beam", str(a.beam), "--batch-size", str(a.batch)],
+            ["--max-len-a", "0", "--max-len-b", str(a.max_len)],
+            recipes.post_process("sentencepiece"),
+            recipes.device(a.device, program="generate"),
         ),
         os.path.join(work, "generate.log"),
         a.threads,
     )
-    generated = runs.parse_generate(out)
+    generated = decoded.generated
     found, hyps = generated.translated, generated.detok
     assert found and len(hyps) == n == found.sentences, (len(hyps), n, found)
     return found.seconds, [hyps[k] for k in range(n)]

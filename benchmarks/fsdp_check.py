@@ -15,9 +15,9 @@ largest depth that fits is extrapolated (linear in N; the measured points are in
     python3 -m benchmarks.fsdp_check --data .gpu/m30k/data-bin --work /tmp/fsdp --json fsdp.json
     python3 -m benchmarks.fsdp_check ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
 
-Each run is ``python3 -m benchmarks.fsdp_check train -- <fairseq-train arguments>``, fairseq's own
-``cli_main`` in a process that prints its peak memory at the end (fairseq resets the peak after
-every update: the largest is kept).  FSDP needs CUDA (fairscale creates CUDA streams): with
+Each run is fairseq-train's own ``cli_main`` in a process of its own that measures its peak memory
+(:func:`fairseq_deep.runs.execute_together`: fairseq resets the peak after every update, the
+largest is kept).  FSDP needs CUDA (fairscale creates CUDA streams): with
 ``--device cpu`` only the c10d runs train (a check of the script itself);
 ``tests/test_fully_sharded.py`` checks on CPU what would be wrapped.
 """
@@ -30,36 +30,21 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 
 import argparse
 import glob
-import json
 import os
-import re
-import resource
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
 
+from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
+
 from . import harness
 
 ROOT = harness.ROOT
-PLUGIN = os.path.join(ROOT, "fairseq_deep")
 
-_NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
-_W256 = [
-    "--encoder-embed-dim",
-    "256",
-    "--decoder-embed-dim",
-    "256",
-    "--encoder-ffn-embed-dim",
-    "1024",
-    "--decoder-ffn-embed-dim",
-    "1024",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-]
+_NO_DROPOUT = list(recipes.dropout("0", "0", "0"))
+_W256 = list(recipes.transformer_size(256, 1024, 4))
 
 #: the issue's models: DLCL 30+6 and TA 16+6 at their presets' width (512), DeepNorm 100+100 at
 #: width 256, Admin (its profile is written in the first forward), and one recurrent family
@@ -69,24 +54,12 @@ MODELS: Dict[str, List[str]] = {
     "deepnorm_100_100": [
         "--arch",
         "transformer_deepnorm",
-        "--encoder-layers",
-        "100",
-        "--decoder-layers",
-        "100",
+        *recipes.layers(100, 100),
         *_W256,
         *_NO_DROPOUT,
     ],
     "admin_18_18": ["--arch", "transformer_admin_18l", *_W256, *_NO_DROPOUT],
-    "rnmt_plus": [
-        "--arch",
-        "rnmt_plus",
-        "--encoder-layers",
-        "4",
-        "--decoder-layers",
-        "4",
-        "--dropout",
-        "0",
-    ],
+    "rnmt_plus": ["--arch", "rnmt_plus", *recipes.layers(4, 4), *recipes.dropout("0")],
 }
 
 #: mode -> (flags, the mode whose losses it must equal)
@@ -140,56 +113,12 @@ PLAN = [
 _DEEPNORM_512 = [
     "--arch",
     "transformer_deepnorm",
-    "--encoder-embed-dim",
-    "512",
-    "--decoder-embed-dim",
-    "512",
-    "--encoder-ffn-embed-dim",
-    "2048",
-    "--decoder-ffn-embed-dim",
-    "2048",
-    "--encoder-attention-heads",
-    "8",
-    "--decoder-attention-heads",
-    "8",
+    *recipes.transformer_size(512, 2048, 8),
     *_NO_DROPOUT,
 ]
 
-PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
-LOADED = re.compile(r"[Ll]oaded checkpoint .*\(epoch \d+ @ (\d+) updates\)")
-RESULT = "fsdp_check result: "
 _DEVICE_FLAGS: List[str] = []
 _EXTRA_MODEL_FLAGS: List[str] = []
-
-
-def train_main(argv: List[str]) -> int:
-    """fairseq-train's ``cli_main`` on ``argv``, then one line with the peak memories."""
-    import torch
-    from fairseq_cli import train as fairseq_train
-
-    sys.argv = ["fairseq-train", *argv]
-    status = 0
-    # fairseq resets the peak after every update (for its gb_free): keep the largest seen first
-    peaks, reset = [0], torch.cuda.reset_peak_memory_stats
-
-    def keep_peak(*args, **kwargs):
-        peaks.append(torch.cuda.max_memory_allocated())
-        return reset(*args, **kwargs)
-
-    torch.cuda.reset_peak_memory_stats = keep_peak
-    try:
-        fairseq_train.cli_main()
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else 1
-    finally:
-        cuda = torch.cuda.is_available()
-        peak = max(peaks + [torch.cuda.max_memory_allocated() if cuda else 0]) / 2**30
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        print(
-            RESULT + json.dumps({"peak_gpu_gb": round(peak, 3), "peak_rss_gb": round(rss, 3)}),
-            flush=True,
-        )
-    return status
 
 
 def train_command(
@@ -199,124 +128,71 @@ def train_command(
     mode_flags: List[str],
     updates: int,
     max_tokens: int,
-) -> List[str]:
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.fsdp_check",
+) -> runs.Run:
+    """fairseq-train of a model in a mode: Adam (0.9, 0.98) with inverse_sqrt warm-up over 100
+    updates to 5e-4, a loss logged every update, no validation."""
+    return runs.Run.of(
         "train",
-        "--",
         data,
-        "--user-dir",
-        PLUGIN,
-        *model_flags,
-        *mode_flags,
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--lr",
-        "5e-4",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        "100",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(max_tokens),
-        "--max-update",
-        str(updates),
-        "--seed",
-        "1",
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--num-workers",
-        "0",
-        *_DEVICE_FLAGS,
-        *_EXTRA_MODEL_FLAGS,
-    ]
+        Part("model", model_flags),
+        Part("mode", mode_flags),
+        recipes.adam("5e-4"),
+        recipes.inverse_sqrt(100),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", max_tokens, "--max-update", updates, "--seed", "1"],
+        ["--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation"],
+        recipes.json_log(1),
+        ["--num-workers", "0"],
+        Part("device", _DEVICE_FLAGS),
+        Part("model_flags", _EXTRA_MODEL_FLAGS),
+    )
 
 
-def parse_log(text: str) -> Dict:
+def parse_log(result: runs.Result) -> Dict:
     """Losses by update, the logged parameter count, the update a resumed run started from, peaks."""
-    from fairseq_deep.runs import (
-        parse_record,
-    )  # (here: the `train` subcommand leaves the plugin to --user-dir)
-
-    losses, out = {}, {}
-    for line in text.splitlines():
-        rec = parse_record(line)
-        if rec is not None and rec["kind"] == "train_inner":
+    losses, out = {}, dict(result.peaks)
+    for rec in result.records:
+        if rec["kind"] == "train_inner":
             losses[int(rec["num_updates"])] = float(rec["loss"])
             if "loss_scale" in rec:
                 out["loss_scale"] = float(rec["loss_scale"])
-        elif RESULT in line:
-            out.update(json.loads(line.split(RESULT, 1)[1]))
-        m = PARAMS.search(line) or None
-        if m:
-            out["params"] = int(m.group(1).replace(",", ""))
-        m = LOADED.search(line)
-        if m:
-            out["resumed_from"] = int(m.group(1))
+    params, resumed = runs.parse_params(result.output), runs.parse_loaded_update(result.output)
+    if params is not None:
+        out["params"] = params
+    if resumed is not None:
+        out["resumed_from"] = resumed
     out["losses"] = losses
     return out
 
 
-def run(cmd: List[str], log_path: str, timeout: float, env=None) -> Dict:
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        try:
-            proc = subprocess.run(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=max(timeout, 1),
-                env=env,
-                cwd=ROOT,
-            )
-            status = proc.returncode
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-    text = open(log_path, errors="replace").read()
-    out = parse_log(text)
-    out.update(status=status, seconds=round(time.monotonic() - start, 1))
-    if status != 0:
-        out["tail"] = "\n".join(text.splitlines()[-6:])[-1200:]
+def _summary(result: runs.Result, out: Dict) -> Dict:
+    out.update(
+        status="timeout" if result.timed_out else result.returncode,
+        seconds=round(result.seconds, 1),
+    )
+    if not result.ok:
+        out["tail"] = "\n".join(result.output.splitlines()[-6:])[-1200:]
     return out
 
 
-def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
-    from fairseq_deep import runs
+def run(train: runs.Run, log_path: str, timeout: float, env=None) -> Dict:
+    """fairseq-train in a process of its own that measures its peak memories
+    (:func:`fairseq_deep.runs.execute_together`)."""
+    (result,) = runs.execute_together([train], log_path, timeout=max(timeout, 1), env=env)
+    return _summary(result, parse_log(result))
 
-    cmd = runs.command(
-        runs.GENERATE,
+
+def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
+    decode = runs.Run.of(
+        "generate",
         data,
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        "test",
-        "--beam",
-        "4",
-        "--max-tokens",
-        "8192",
-        "--distributed-world-size",
-        "10",
-        "--distributed-rank",
-        "0",
-        "--remove-bpe",
-        "sentencepiece",
+        ["--path", checkpoint, "--gen-subset", "test", "--beam", "4", "--max-tokens", "8192"],
+        ["--distributed-world-size", "10", "--distributed-rank", "0"],
+        ["--remove-bpe", "sentencepiece"],
     )
-    out = run(cmd, log_path, timeout)
-    generated = runs.read_generate(log_path)
+    result = runs.execute(decode, log_path, timeout=max(timeout, 1))
+    out = _summary(result, {})
+    generated = result.generated
     hyps, bleu = len(generated.tokens), generated.bleu4
     return {
         "status": out["status"],
@@ -377,14 +253,7 @@ def compare(rows: Dict[str, Dict]):
 def depth_one(a, depth: int, mode: str, deadline: float) -> Dict:
     save = os.path.join(a.work, "depth", f"{depth}_{mode}")
     os.makedirs(save, exist_ok=True)
-    flags = [
-        *_DEEPNORM_512,
-        "--encoder-layers",
-        str(depth),
-        "--decoder-layers",
-        str(depth),
-        "--no-save",
-    ]
+    flags = [*_DEEPNORM_512, *recipes.layers(depth, depth), "--no-save"]
     cmd = train_command(a.data, save, flags, MODES[mode][0], a.depth_updates, 4096)
     out = run(
         cmd,
@@ -481,9 +350,6 @@ def get_parser():
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:
-        return train_main(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     a = get_parser().parse_args(argv)
     harness.device_from_args(a)
     _DEVICE_FLAGS[:] = harness.train_flags(a.device)
@@ -524,14 +390,14 @@ def main(argv=None):
             harness.write_json(a.json, {"runs": rows, "depths": depth_rows})
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        runs = {
+        trainings = {
             (model, mode): pool.submit(train_one, a, model, mode, deadline)
             for model, modes in plan
             for mode in modes
         }
         followups = []
         for model, modes in plan:
-            by_mode = {mode: runs[(model, mode)].result() for mode in modes}
+            by_mode = {mode: trainings[(model, mode)].result() for mode in modes}
             compare(by_mode)
             rows += by_mode.values()
             first_fsdp = next(

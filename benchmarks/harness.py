@@ -21,7 +21,8 @@ Device:
 * ``device_from_args(args)``: checks the choice (``--device cuda`` without a CUDA device, or
   ``--precision amp`` on CPU, stop with a one-line error) and returns the ``torch.device``;
 * ``train_flags`` / ``generate_flags`` / ``parse_flags``: what the device and precision add to a
-  fairseq command line (``--cpu`` on CPU, exactly as the scripts passed before; on CUDA one GPU);
+  fairseq command line (``--cpu`` on CPU, exactly as the scripts passed before; on CUDA one GPU:
+  :func:`fairseq_deep.runs.recipes.device`);
 * ``describe(device)``: the device in words, for a report.
 
 Timing:
@@ -35,12 +36,16 @@ Timing:
   allocated when it started); ``None`` on CPU.
 
 Output: ``markdown_table`` (and ``markdown_row``), ``write_json``, ``logger(name)`` (progress lines
-on stderr).  Models in process: ``dictionary``, ``build_model``, and ``tests_helpers()`` (the
-tests' tiny models and batches, ``tests/helpers.py``).
+on stderr).  Models in process: ``dictionary``, ``build_model``, ``tiny_model`` (the tests' tiny
+sizes: ``TINY``, ``TINY_RNMT``, ``TINY_DEEP_ATT``) and ``random_batch`` (the tests' batches):
+``tests/helpers.py`` takes them from here; no benchmark imports the tests.
+
+fairseq's runs (their command lines, settings, execution and output) are
+:mod:`fairseq_deep.runs`'s: :class:`~fairseq_deep.runs.Run`, its :mod:`~fairseq_deep.runs.recipes`
+and :func:`~fairseq_deep.runs.execute`.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -50,19 +55,65 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
+# (fairseq_deep is imported inside the functions that need it: refactor_fingerprint.py imports this
+# module before it imports the package, from --package-dir where it is told to)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEVICES = ("cuda", "cpu")
 
-# --precision: (fairseq-train flags, fairseq-generate flags); fairseq-generate has no --amp, so
-# AMP-trained models decode in --fp16 (precision_matrix.py uses the same table)
-PRECISIONS = {
-    "fp32": ([], []),
-    "fp16": (["--fp16"], ["--fp16"]),
-    "memory_efficient_fp16": (["--memory-efficient-fp16"], ["--fp16"]),
-    "amp": (["--amp"], ["--fp16"]),
-    "bf16": (["--bf16"], ["--bf16"]),
-}
+#: the precisions of --precision (fairseq_deep.runs.recipes.PRECISIONS: their flags)
+PRECISION_NAMES = ("fp32", "fp16", "memory_efficient_fp16", "amp", "bf16")
+
+#: the tests' tiny sizes (dropout off): the Transformer families', RNMT+'s (and the hybrids' RNMT+
+#: parts'), Deep-Att's; tests/helpers.py and the benchmarks that build the tests' models take them
+#: from here
+TINY = [
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--activation-dropout",
+    "0",
+]
+TINY_RNMT = [
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "32",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+]
+TINY_DEEP_ATT = [
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "16",
+    "--dropout",
+    "0",
+]
 
 CUDA_ONLY_PRECISIONS = {"amp": "fairseq's --amp is CUDA autocast; on CPU it trains in float32"}
 
@@ -114,7 +165,7 @@ def add_device_argument(parser, precision: bool = False, note: str = ""):
     if precision:
         parser.add_argument(
             "--precision",
-            choices=list(PRECISIONS),
+            choices=list(PRECISION_NAMES),
             default="fp32",
             help="fairseq's precision flag for the fairseq-train and fairseq-generate runs "
             "(fp16: --fp16, amp: --amp, bf16: --bf16; amp is CUDA only, and decodes with "
@@ -186,18 +237,20 @@ def device_from_args(args) -> torch.device:
     return torch.device(args.device)
 
 
-def train_flags(device: str, precision: str = "fp32"):
+def train_flags(device: str, precision: str = "fp32") -> List[str]:
     """Device and precision flags of a fairseq-train run: ``--cpu`` on CPU; on CUDA
     ``--distributed-world-size 1`` (one GPU, as the in-process measurements use; fairseq would
-    otherwise train data-parallel on every visible GPU)."""
-    return (["--cpu"] if device == "cpu" else ["--distributed-world-size", "1"]) + PRECISIONS[
-        precision
-    ][0]
+    otherwise train data-parallel on every visible GPU) (:func:`fairseq_deep.runs.recipes.device`)."""
+    from fairseq_deep.runs import recipes
+
+    return list(recipes.device(device, precision, "train"))
 
 
-def generate_flags(device: str, precision: str = "fp32"):
+def generate_flags(device: str, precision: str = "fp32") -> List[str]:
     """Device and precision flags of a fairseq-generate run."""
-    return (["--cpu"] if device == "cpu" else []) + PRECISIONS[precision][1]
+    from fairseq_deep.runs import recipes
+
+    return list(recipes.device(device, precision, "generate"))
 
 
 def parse_flags(device: str):
@@ -361,14 +414,55 @@ def build_model(argv: Sequence[str], dictionary, device="cpu", seed: int = 1):
     return task.build_model(args).to(device)
 
 
-def tests_helpers():
-    """``tests/helpers.py`` (tiny models and batches as the tests build them), loaded from its file:
-    tests/ is no package.  Under pytest, the module the tests import."""
-    path = os.path.join(ROOT, "tests", "helpers.py")
-    loaded = sys.modules.get("helpers")
-    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") == path:
-        return loaded
-    spec = importlib.util.spec_from_file_location("helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tiny_model(arch: str, extra: Sequence[str] = (), dictionary=None, seed: int = 1):
+    """A tiny model of ``arch`` (the tests' sizes of its family, :func:`tiny_flags`; ``extra``
+    after them), in eval mode, and its translation task (a dictionary of 20 words unless given),
+    torch's seed ``seed`` before the build.  fairseq's own architectures come without fairseq
+    0.12.2's fused encoder fast path, as ours do (once a state dict is loaded, 0.12.2's own
+    Transformer takes it and, with torch 2.x, fails on a padded batch)."""
+    from fairseq import options, tasks
+
+    from fairseq_deep.patches.better_transformer import without_better_transformer
+
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["dummy-data", "--task", "translation", "--arch", arch, "--cpu", *tiny_flags(arch), *extra],
+    )
+    d = dictionary or tiny_dictionary()
+    task = tasks.translation.TranslationTask(args, d, d)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    if not type(model).__module__.startswith("fairseq_deep"):
+        for layer in getattr(model.encoder, "layers", []):
+            without_better_transformer(layer)
+    return model.eval(), task
+
+
+def tiny_flags(arch: str) -> List[str]:
+    """The tests' tiny sizes for a model family, by its ``--arch``."""
+    if arch.startswith("rnmt_plus"):
+        return TINY_RNMT
+    if arch.startswith(("deep_att", "deep_ed")):
+        return TINY_DEEP_ATT
+    return TINY
+
+
+def tiny_dictionary(n_symbols: int = 20):
+    """The tests' dictionary: fairseq's specials and ``w0`` ... ``w{n-1}``."""
+    return dictionary(n_symbols)
+
+
+def random_batch(dictionary, bsz=3, src_len=7, tgt_len=5, seed=0, pad_last=True):
+    """Token batches with real symbols and, when pad_last, padding on the left of one source
+    (fairseq's left-padded source) and on the right of one target."""
+    g = torch.Generator().manual_seed(seed)
+    lo = dictionary.nspecial
+    src = torch.randint(lo, len(dictionary), (bsz, src_len), generator=g)
+    src[:, -1] = dictionary.eos()
+    prev = torch.randint(lo, len(dictionary), (bsz, tgt_len), generator=g)
+    prev[:, 0] = dictionary.eos()
+    lengths = torch.full((bsz,), src_len)
+    if pad_last and bsz > 1:
+        src[-1, :2] = dictionary.pad()
+        lengths[-1] = src_len - 2
+    return src, lengths, prev

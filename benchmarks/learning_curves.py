@@ -32,88 +32,32 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
         "repository root as python -m benchmarks.learning_curves"
     )
 
-import datetime
+import concurrent.futures
 import os
-import subprocess
-import time
 
 from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
-from .harness import add_device_argument, device_from_args, train_flags
+from .harness import add_device_argument, device_from_args
 
-DEEP_ATT_PAPER = [
-    "--optimizer",
-    "deep_att",
-    "--deep-att-update-rule",
-    "adam",
-    "--lr",
-    "4e-5",
-    "--deep-att-lr-recurrent",
-    "5e-4",
-    "--l2-strength",
-    "2",
-    "--lr-scheduler",
-    "fixed",
-]
+DEEP_ATT_PAPER = list(recipes.deep_att())
 
 
 def transformer(w):
-    heads = str(max(2, w // 64))
-    return [
-        "--encoder-embed-dim",
-        str(w),
-        "--decoder-embed-dim",
-        str(w),
-        "--encoder-ffn-embed-dim",
-        str(4 * w),
-        "--decoder-ffn-embed-dim",
-        str(4 * w),
-        "--encoder-attention-heads",
-        heads,
-        "--decoder-attention-heads",
-        heads,
-        "--dropout",
-        "0.1",
-    ]
+    """fairseq-deep-study's --width W of a Transformer (FFN 4W, W/64 heads, at least 2)."""
+    return [*recipes.transformer_size(w, 4 * w, max(2, w // 64)), *recipes.dropout("0.1")]
 
 
 def rnn(w, embed=None):
-    e = str(embed or w)
-    return [
-        "--encoder-embed-dim",
-        e,
-        "--decoder-embed-dim",
-        e,
-        "--encoder-hidden-size",
-        str(w),
-        "--decoder-hidden-size",
-        str(w),
-    ]
+    return list(recipes.rnn_size(embed or w, w))
 
 
 def families(w, lr, warmup=100):
     """{family: [(name, arch, flags, lr or None = --lr)]}"""
     two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
     # what fairseq-deep-study --recipe paper passes RNMT+ (issue 25): Chen et al.'s Adam, Eq. 1 to 3.2 x lr
-    eq1 = [
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.999)",
-        "--adam-eps",
-        "1e-6",
-        "--lr",
-        f"{3.2 * lr:.6g}",
-        "--lr-scheduler",
-        "rnmt_plus",
-        "--rnmt-replicas",
-        "32",
-        "--rnmt-base-lr",
-        f"{3.2 * lr / 32:.6g}",
-        "--warmup-updates",
-        str(max(1, round(warmup / 32))),
-    ]
+    eq1 = [word for part in recipes.rnmt_plus(3.2 * lr, warmup) for word in part]
     return {
         "rnmt": [
             (
@@ -161,75 +105,42 @@ def families(w, lr, warmup=100):
     }
 
 
-def command(args, name, arch, flags, lr):
+def train_run(args, name, arch, flags, lr) -> runs.Run:
+    """fairseq-train of a row: its flags, the study's optimiser unless it names its own (Adam
+    (0.9, 0.98), inverse_sqrt warm-up from 1e-7 to ``lr`` or --lr), the shared settings."""
     shared = (
         []
         if "--optimizer" in flags
         else [
-            "--optimizer",
-            "adam",
-            "--adam-betas",
-            "(0.9, 0.98)",
-            "--lr",
-            str(lr or args.lr),
-            "--lr-scheduler",
-            "inverse_sqrt",
-            "--warmup-updates",
-            str(args.warmup),
-            "--warmup-init-lr",
-            "1e-07",
+            recipes.adam(lr or args.lr),
+            recipes.inverse_sqrt(args.warmup, recipes.WARMUP_INIT_LR),
         ]
     )
-    out = os.path.join(args.out, name)
-    return runs.command(
-        runs.TRAIN,
+    return runs.Run.of(
+        "train",
         args.data,
-        "--arch",
-        arch,
-        *flags,
+        Part("model", ["--arch", arch, *flags]),
         *shared,
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(args.max_tokens),
-        "--max-update",
-        str(args.updates),
-        "--seed",
-        str(args.seed),
-        "--validate-interval-updates",
-        str(args.valid_interval),
-        "--validate-interval",
-        "100000",
-        "--save-dir",
-        out,
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "25",
-        "--skip-invalid-size-inputs-valid-test",
-        *train_flags(args.device),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", args.seed],
+        ["--validate-interval-updates", args.valid_interval, "--validate-interval", "100000"],
+        ["--save-dir", os.path.join(args.out, name), "--no-epoch-checkpoints"],
+        recipes.json_log(25),
+        ["--skip-invalid-size-inputs-valid-test"],
+        recipes.device(args.device),
     )
 
 
 def curve(log_path):
     """[(updates, valid loss, seconds since training started)] from a fairseq json log."""
-    points, start = [], None
     if not os.path.exists(log_path):
-        return points
-    for line in open(log_path, errors="replace"):
-        stamp = line[:19]
-        if "Start iterating" in line and start is None:
-            start = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-        record = runs.parse_record(line)
-        if record is not None and record["kind"] == "valid":
-            t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
-            points.append(
-                (int(record["num_updates"]), float(record["loss"]), (t - start).total_seconds())
-            )
-    return points
+        return []
+    with open(log_path, errors="replace") as f:
+        return [
+            (int(r["num_updates"]), float(r["loss"]), seconds)
+            for seconds, r in runs.timed_records(f)
+            if r["kind"] == "valid"
+        ]
 
 
 def get_parser():
@@ -260,28 +171,27 @@ def main(argv=None):
     rows = [
         (f, *s) for f in (args.family or ["rnmt"]) for s in table[f] if not keep or s[0] in keep
     ]
-    pending, running = list(rows), []
-    while pending or running:
-        running = [(r, p) for r, p in running if p.poll() is None]
-        while pending and len(running) < args.jobs:
-            fam, name, arch, flags, lr = pending.pop(0)
-            log = os.path.join(args.out, name, "log")
-            done = curve(log)
-            if done and done[-1][0] >= args.updates:
-                continue
+    todo = []
+    for _, name, arch, flags, lr in rows:
+        log = os.path.join(args.out, name, "log")
+        done = curve(log)
+        if not (done and done[-1][0] >= args.updates):
             os.makedirs(os.path.dirname(log), exist_ok=True)
+            todo.append((name, train_run(args, name, arch, flags, lr), log))
+    group = runs.Processes()  # Ctrl-C ends the running ones and starts no more
+
+    def train(name, run, log):
+        if not group.stopping.is_set():
             print("running", name, flush=True)
-            running.append(
-                (
-                    name,
-                    subprocess.Popen(
-                        command(args, name, arch, flags, lr),
-                        stdout=open(log, "w"),
-                        stderr=subprocess.STDOUT,
-                    ),
-                )
-            )
-        time.sleep(2)
+            runs.execute(run, log, processes=group)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        try:
+            for future in [pool.submit(train, *job) for job in todo]:
+                future.result()
+        except KeyboardInterrupt:
+            group.stop()
+            raise
     for fam in args.family or ["rnmt"]:
         print(f"\n{fam}: valid loss (bits) at updates (seconds)\n")
         for _, name, *_ in [r for r in rows if r[0] == fam]:

@@ -36,89 +36,28 @@ import argparse
 import concurrent.futures
 import contextlib
 import glob
-import json
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
 
 from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
+from fairseq_deep.runs.recipes import PRECISIONS
 
 from . import harness
-from .harness import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags
+from .harness import add_device_argument, device_from_args
 
-_TRANSFORMER_TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--encoder-layers",
-    "3",
-    "--decoder-layers",
-    "2",
-]
-_RNMT_TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-hidden-size",
-    "16",
-    "--decoder-hidden-size",
-    "32",
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-]
+_TRANSFORMER_TINY = [*recipes.transformer_size(16, 32, 2), *recipes.layers(3, 2)]
+_RNMT_TINY = [*recipes.rnn_size(16, 16, 32), *recipes.layers(2, 2)]
 _HYBRID_TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--encoder-hidden-size",
-    "8",
-    "--decoder-hidden-size",
-    "16",
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
+    *recipes.transformer_size(16, 32, 2),
+    *recipes.hidden_size(8, 16),
+    *recipes.layers(2, 2),
     "--rnmt-encoder-layers",
     "2",
 ]
-_DEEP_ATT_TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-hidden-size",
-    "16",
-    "--decoder-hidden-size",
-    "16",
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-]
+_DEEP_ATT_TINY = [*recipes.rnn_size(16, 16, 16), *recipes.layers(2, 2)]
 _DIVERSITY = [
     "--criterion",
     "label_smoothed_cross_entropy_with_diversity",
@@ -305,64 +244,42 @@ def data_languages(data):
     )
 
 
-def train_command(args, family, precision, save_dir):
+def train_run(args, family, precision, save_dir) -> runs.Run:
+    """fairseq-train of a family in a precision: Adam (0.9, 0.98) with inverse_sqrt warm-up unless
+    the family names its optimiser, label-smoothed cross-entropy unless it names its criterion, its
+    model and training flags, then ``--train-args``."""
     paper_arch, tiny_arch, tiny_flags, model_flags, flags = FAMILIES[family]
     arch, sizes = (paper_arch, []) if args.scale == "paper" else (tiny_arch, tiny_flags)
-    cmd = runs.command(
-        runs.TRAIN,
+    return runs.Run.of(
+        "train",
         args.data,
-        "--arch",
-        arch,
-        *sizes,
-        "--max-tokens",
-        str(args.max_tokens),
-        "--max-update",
-        str(args.updates),
-        "--lr",
-        str(args.lr),
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        str(args.warmup),
-        "--dropout",
-        "0.1",
-        "--seed",
-        "1",
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "json",
-        "--log-interval",
-        str(args.log_interval),
-        "--disable-validation",
-        *train_flags(args.device, precision),
+        Part("model", ["--arch", arch, *sizes]),
+        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--lr", args.lr],
+        recipes.inverse_sqrt(args.warmup),
+        recipes.dropout("0.1"),
+        ["--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints"],
+        recipes.json_log(args.log_interval),
+        ["--disable-validation"],
+        recipes.device(args.device, precision),
+        None if "--optimizer" in flags else recipes.adam(),
+        None if "--criterion" in flags else recipes.label_smoothed(0.1),
+        Part("family", model_flags + flags),
+        Part("train_args", args.train_args),
     )
-    if "--optimizer" not in flags:
-        cmd += ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)"]
-    if "--criterion" not in flags:
-        cmd += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
-    return cmd + model_flags + flags + args.train_args
 
 
-def generate_command(args, precision, checkpoint):
-    cmd = runs.command(
-        runs.GENERATE,
+def generate_run(args, precision, checkpoint) -> runs.Run:
+    """fairseq-generate of the test set in the precision (with ``--decode-shards N``, fairseq's
+    first of N shards of the batches: the distributed world's rank 0)."""
+    shards = args.decode_shards
+    return runs.Run.of(
+        "generate",
         args.data,
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        "test",
-        "--beam",
-        str(args.beam),
-        "--batch-size",
-        str(args.batch_size),
+        ["--path", checkpoint, "--gen-subset", "test"],
+        ["--beam", args.beam, "--batch-size", args.batch_size],
+        ["--distributed-world-size", shards, "--distributed-rank", "0"] if shards > 1 else [],
+        recipes.device(args.device, precision, "generate"),
     )
-    if (
-        args.decode_shards > 1
-    ):  # fairseq-generate shards the batches by the distributed world: shard 0 of N
-        cmd += ["--distributed-world-size", str(args.decode_shards), "--distributed-rank", "0"]
-    return cmd + generate_flags(args.device, precision)
 
 
 def expected_decoded(args, n_test: int) -> int:
@@ -377,88 +294,13 @@ def remove_checkpoints(out: str):
         os.remove(path)
 
 
-def last_error(text):
-    lines = [
-        ln for ln in text.splitlines() if re.match(r"^\w*(Error|Exception)\b|^\w+\.\w*Error", ln)
-    ]
-    return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "")[:200]
-
-
 def _scale_stats(row, stats, text):
     """Loss-scale figures of a run: the last and the smallest logged scale and fairseq's count of
     overflowed (skipped) steps, from its ``train_inner`` logs and "gradient overflow" notes."""
     scales = [float(s["loss_scale"]) for s in stats if "loss_scale" in s]
     if scales:
         row["loss_scale"], row["min_scale"] = scales[-1], min(scales)
-    row["overflows"] = len(re.findall(r"gradient overflow detected", text))
-
-
-def _run_logged(cmd, log_path, env, timeout, interleaved=False):
-    """Run ``cmd``; its output goes to ``log_path`` too.  (returncode or None on timeout, output:
-    stdout then stderr, or ``interleaved``, the two as one stream in the order they were written)."""
-    streams = (
-        {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
-        if interleaved
-        else {"capture_output": True}
-    )
-    try:
-        proc = subprocess.run(cmd, text=True, env=env, timeout=timeout, **streams)
-        code, text = proc.returncode, proc.stdout + (proc.stderr or "")
-    except subprocess.TimeoutExpired as stop:
-        code = None
-        text = "".join(
-            b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-            for b in (stop.stdout, stop.stderr)
-        )
-    with open(log_path, "w") as f:
-        f.write(text)
-    return code, text
-
-
-#: --one-process: fairseq-train's and then fairseq-generate's ``cli_main`` in one Python (the
-#: second only once the first returned), this line printed between their outputs
-_GENERATE_STARTS = "=== precision_matrix: fairseq-generate ==="
-_DRIVER = "\n".join(
-    [
-        "import json, logging, sys",
-        # fairseq_cli.train's own logging set-up (its module's would come too late: importing fairseq logs)
-        "logging.basicConfig(format='%(asctime)s | %(levelname)s | %(name)s | %(message)s',"
-        " datefmt='%Y-%m-%d %H:%M:%S', level=logging.INFO, stream=sys.stdout)",
-        "from fairseq_cli import generate, train",
-        "train_argv, generate_argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])",
-        "sys.argv = ['fairseq-train'] + train_argv",
-        "train.cli_main()",
-        f"print({_GENERATE_STARTS!r}, flush=True)",
-        "sys.argv = ['fairseq-generate'] + generate_argv",
-        "generate.cli_main()",
-    ]
-)
-
-
-def _arguments(cmd):
-    """fairseq's arguments of ``python -m fairseq_cli.X ARGS``."""
-    assert cmd[1] == "-m" and cmd[2].startswith("fairseq_cli."), cmd[:3]
-    return cmd[3:]
-
-
-def _train_and_generate(train_cmd, generate_cmd, out, env, timeout):
-    """Both commands in one process (about 5 s of start-up saved per run: what a CPU test of 20
-    families spends most of its time on); ((code, text) of training, (code, text) of decoding or
-    None where training failed), each also in its log as separate runs write them."""
-    cmd = [
-        sys.executable,
-        "-c",
-        _DRIVER,
-        json.dumps(_arguments(train_cmd)),
-        json.dumps(_arguments(generate_cmd)),
-    ]
-    code, text = _run_logged(
-        cmd, os.path.join(out, "train_and_generate.log"), env, timeout, interleaved=True
-    )
-    trained, marker, decoded = text.partition(_GENERATE_STARTS + "\n")
-    if not marker:  # training stopped (or timed out) before decoding began
-        return (code, trained), None
-    return (0, trained), (code, decoded)
+    row["overflows"] = runs.count_overflows(text)
 
 
 def run_one(args, family, precision, n_test):
@@ -473,65 +315,52 @@ def run_one(args, family, precision, n_test):
         env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.time()
     checkpoint = os.path.join(out, "checkpoint_last.pt")
+    train, decode = (
+        train_run(args, family, precision, out),
+        generate_run(args, precision, checkpoint),
+    )
+    timeout = args.run_timeout or None
     decoding = None
-    if args.one_process:
-        (code, text), decoding = _train_and_generate(
-            train_command(args, family, precision, out),
-            generate_command(args, precision, checkpoint),
-            out,
-            env,
-            args.run_timeout or None,
+    if args.one_process:  # both in one Python (a start-up of fairseq saved per run)
+        results = runs.execute_together(
+            [train, decode], os.path.join(out, "train_and_generate.log"), env=env, timeout=timeout
         )
+        trained, decoding = results[0], (results[1] if len(results) > 1 else None)
     else:
-        code, text = _run_logged(
-            train_command(args, family, precision, out),
-            os.path.join(out, "train.log"),
-            env,
-            args.run_timeout or None,
-        )
+        trained = runs.execute(train, os.path.join(out, "train.log"), env=env, timeout=timeout)
         row["train_s"] = round(time.time() - t0, 1)
-    stats = [r for r in runs.parse_log_lines(text.splitlines()) if r["kind"] == "train_inner"]
-    row["trained"] = code == 0
+    stats = [r for r in trained.records if r["kind"] == "train_inner"]
+    row["trained"] = trained.ok
     if stats:
         row["last_loss"] = float(stats[-1]["loss"])
         row["updates"] = int(stats[-1]["num_updates"])
-    _scale_stats(row, stats, text)
+    _scale_stats(row, stats, trained.output)
     gb_free = [float(s["gb_free"]) for s in stats if "gb_free" in s]
     if gb_free:
         row["gb_free_min"] = min(gb_free)  # fairseq's own reading of the free GPU memory
-    if code is None:
+    if not trained.ok:
         row["error"] = (
             f"stopped by --run-timeout {args.run_timeout:g} s at update {row.get('updates', 0)}"
+            if trained.timed_out
+            else trained.error(200)
         )
-        if not args.keep_checkpoints:
-            remove_checkpoints(out)
-        return row
-    if code != 0:
-        row["error"] = last_error(text)
         if not args.keep_checkpoints:
             remove_checkpoints(out)
         return row
     if decoding is None:
-        code, text = _run_logged(
-            generate_command(args, precision, checkpoint),
-            os.path.join(out, "generate.log"),
-            env,
-            args.run_timeout or None,
-        )
-    else:
-        code, text = decoding
+        decoding = runs.execute(decode, os.path.join(out, "generate.log"), env=env, timeout=timeout)
     if not args.keep_checkpoints:
         remove_checkpoints(out)
-    generated = runs.parse_generate(text)
+    generated = decoding.generated
     row["decoded"] = len(generated.tokens)
     shard = generated.translated
     expected = expected_decoded(args, n_test)
     row["test_size"] = expected if expected >= 0 else (shard.sentences if shard else n_test)
     if args.decode_shards > 1:
         row["note"] = f"shard 0 of {args.decode_shards} of the {n_test} test sentences"
-    if code != 0:
+    if not decoding.ok:
         row["error"] = "generate: " + (
-            "stopped by --run-timeout" if code is None else last_error(text)
+            "stopped by --run-timeout" if decoding.timed_out else decoding.error(200)
         )
     return row
 

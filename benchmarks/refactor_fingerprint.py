@@ -79,13 +79,8 @@ def presets():
 def models(device):
     import torch
 
-    helpers = harness.tests_helpers()
-    TINY, TINY_RNMT, build_model, random_batch = (
-        helpers.TINY,
-        helpers.TINY_RNMT,
-        helpers.build_model,
-        helpers.random_batch,
-    )
+    TINY, TINY_RNMT = harness.TINY, harness.TINY_RNMT
+    build_model, random_batch = harness.tiny_model, harness.random_batch
 
     hybrid = TINY + [
         "--encoder-hidden-size",

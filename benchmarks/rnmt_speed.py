@@ -26,6 +26,8 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 
 import torch
 
+from fairseq_deep.runs import recipes
+
 from . import harness
 from .harness import add_device_argument, describe, device_from_args
 
@@ -58,41 +60,15 @@ def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="c
 
 
 def model_flags(hidden, enc_layers, dec_layers):
-    h = str(hidden)
-    rnmt = [
-        "--encoder-embed-dim",
-        h,
-        "--decoder-embed-dim",
-        h,
-        "--encoder-hidden-size",
-        h,
-        "--decoder-hidden-size",
-        h,
-        "--encoder-layers",
-        str(enc_layers),
-        "--decoder-layers",
-        str(dec_layers),
-        "--dropout",
-        "0.1",
-    ]
+    size, depth = recipes.rnn_size(hidden, hidden), recipes.layers(enc_layers, dec_layers)
+    rnmt = [*size, *depth, *recipes.dropout("0.1")]
     lstm = [
-        "--encoder-embed-dim",
-        h,
-        "--decoder-embed-dim",
-        h,
-        "--encoder-hidden-size",
-        h,
-        "--decoder-hidden-size",
-        h,
+        *size,
         "--decoder-out-embed-dim",
-        h,
-        "--encoder-layers",
-        str(enc_layers),
-        "--decoder-layers",
-        str(dec_layers),
+        str(hidden),
+        *depth,
         "--encoder-bidirectional",
-        "--dropout",
-        "0.1",
+        *recipes.dropout("0.1"),
         "--adaptive-softmax-cutoff",
         "0",
     ]
@@ -104,7 +80,6 @@ def bench_models(
 ):
     from fairseq.sequence_generator import SequenceGenerator
 
-    helpers = harness.tests_helpers()
     d = harness.dictionary(vocab)
     rnmt_flags, lstm_flags = model_flags(hidden, enc_layers, dec_layers)
     models = {
@@ -114,7 +89,7 @@ def bench_models(
             ("lstm", "lstm", lstm_flags),
         )
     }
-    src, lengths, prev = helpers.random_batch(
+    src, lengths, prev = harness.random_batch(
         d, bsz=batch, src_len=length, tgt_len=length, pad_last=False
     )
     target = torch.cat([prev[:, 1:], torch.full((batch, 1), d.eos())], 1)

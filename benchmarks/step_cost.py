@@ -53,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
+from fairseq_deep.runs import recipes
 
 from . import harness
 from .aggregation_speed import VARIANTS as AGGREGATION_VARIANTS
@@ -235,57 +236,29 @@ class DecodeSections:
 
 
 def transformer_argv(arch: str, a) -> List[str]:
-    L, E, F, H = (str(v) for v in (a.layers, a.embed_dim, a.ffn_dim, a.heads))
     return [
         "--arch",
         arch,
-        "--dropout",
-        "0.1",
-        "--encoder-layers",
-        L,
-        "--decoder-layers",
-        L,
-        "--encoder-embed-dim",
-        E,
-        "--decoder-embed-dim",
-        E,
-        "--encoder-ffn-embed-dim",
-        F,
-        "--decoder-ffn-embed-dim",
-        F,
-        "--encoder-attention-heads",
-        H,
-        "--decoder-attention-heads",
-        H,
+        *recipes.dropout("0.1"),
+        *recipes.layers(a.layers, a.layers),
+        *recipes.transformer_size(a.embed_dim, a.ffn_dim, a.heads),
         "--share-all-embeddings",
     ]
 
 
 def recurrent_argv(arch: str, a) -> List[str]:
-    L, E, H = str(a.layers), str(a.embed_dim), str(a.hidden)
     argv = [
         "--arch",
         arch,
-        "--dropout",
-        "0.1",
-        "--encoder-layers",
-        L,
-        "--decoder-layers",
-        L,
-        "--encoder-embed-dim",
-        E,
-        "--decoder-embed-dim",
-        E,
-        "--encoder-hidden-size",
-        H,
-        "--decoder-hidden-size",
-        H,
+        *recipes.dropout("0.1"),
+        *recipes.layers(a.layers, a.layers),
+        *recipes.rnn_size(a.embed_dim, a.hidden),
     ]
     if arch == "lstm":  # fairseq's: bidirectional encoder, attention, output width E
         argv += [
             "--encoder-bidirectional",
             "--decoder-out-embed-dim",
-            E,
+            str(a.embed_dim),
             "--adaptive-softmax-cutoff",
             "0",
         ]

@@ -50,11 +50,11 @@ import time
 from typing import Dict, List
 
 from fairseq_deep import runs
+from fairseq_deep.runs import Part, recipes
 
 from . import harness
 from .dlcl_speed import prepare_multi30k, prepare_synthetic, run
-from .harness import add_device_argument, describe, device_from_args, generate_flags, parse_flags
-from .harness import train_flags as device_train_flags
+from .harness import add_device_argument, describe, device_from_args, parse_flags
 
 SYSTEMS = {
     "postnorm": ("post-norm Transformer (baseline)", "transformer_ta_baseline", []),
@@ -71,103 +71,54 @@ log = harness.logger("ta_depth")
 def model_flags(a, system: str) -> List[str]:
     layers = 6 if system == "postnorm_6l" else a.encoder_layers
     return [
-        "--encoder-layers",
-        str(layers),
-        "--decoder-layers",
-        str(a.decoder_layers),
-        "--encoder-embed-dim",
-        str(a.embed_dim),
-        "--decoder-embed-dim",
-        str(a.embed_dim),
-        "--encoder-ffn-embed-dim",
-        str(a.ffn_dim),
-        "--decoder-ffn-embed-dim",
-        str(a.ffn_dim),
-        "--encoder-attention-heads",
-        str(a.heads),
-        "--decoder-attention-heads",
-        str(a.heads),
-        "--dropout",
-        str(a.dropout),
-        "--attention-dropout",
-        str(a.dropout),
-        "--activation-dropout",
-        str(a.dropout),
+        *recipes.layers(layers, a.decoder_layers),
+        *recipes.transformer_size(a.embed_dim, a.ffn_dim, a.heads),
+        *recipes.dropout(a.dropout, a.dropout, a.dropout),
         "--share-all-embeddings",
     ]
 
 
-def train_flags(a, save_dir: str) -> List[str]:
+def train_run(a, data: str, system: str, save_dir: str) -> runs.Run:
+    """fairseq-train of a system: Adam (0.9, 0.98, eps 1e-9) with Chen et al.'s Eq. 2 (noam),
+    ``--peak-lr`` its peak (r0 = peak * sqrt(d_model * warmup))."""
+    _, arch, extra = SYSTEMS[system]
     r0 = a.peak_lr * math.sqrt(a.embed_dim * a.warmup)
-    return [
-        "--task",
-        "translation_deep",
-        "--log-grad-norm-ratio",
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--adam-eps",
-        "1e-9",
-        "--lr-scheduler",
-        "noam",
-        "--noam-r0",
-        f"{r0:.6g}",
-        "--noam-d-model",
-        str(a.embed_dim),
-        "--warmup-updates",
-        str(a.warmup),
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(a.max_tokens),
-        "--max-update",
-        str(a.max_update),
-        "--log-interval",
-        str(a.log_interval),
-        "--log-format",
-        "json",
-        "--seed",
-        str(a.seed),
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--no-last-checkpoints",
-        "--validate-interval-updates",
-        str(max(a.max_update // 4, 1)),
-        "--save-interval-updates",
-        str(a.max_update),
-        "--keep-best-checkpoints",
-        "0",
-        *device_train_flags(a.device, a.precision),
-        "--num-workers",
-        "0",
-    ]
+    return runs.Run.of(
+        "train",
+        data,
+        Part("model", ["--arch", arch, *model_flags(a, system)]),
+        ["--task", "translation_deep", "--log-grad-norm-ratio"],
+        recipes.adam(eps="1e-9"),
+        recipes.noam(r0, a.embed_dim, a.warmup),
+        recipes.label_smoothed(0.1),
+        ["--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update)],
+        Part("logging", ["--log-interval", str(a.log_interval), "--log-format", "json"]),
+        ["--seed", str(a.seed), "--save-dir", save_dir],
+        ["--no-epoch-checkpoints", "--no-last-checkpoints"],
+        ["--validate-interval-updates", str(max(a.max_update // 4, 1))],
+        ["--save-interval-updates", str(a.max_update), "--keep-best-checkpoints", "0"],
+        recipes.device(a.device, a.precision),
+        ["--num-workers", "0"],
+        Part("system", extra),
+    )
 
 
 def generate(a, data: str, checkpoint: str, log_path: str) -> Dict[str, float]:
-    out, _ = run(
-        runs.command(
-            runs.GENERATE,
+    decoded = run(
+        runs.Run.of(
+            "generate",
             data,
-            "--task",
-            "translation_deep",
-            "--path",
-            checkpoint,
-            "--beam",
-            "4",
-            "--max-tokens",
-            "4000",
-            *generate_flags(a.device, a.precision),
-            "--gen-subset",
-            "test",
-            *(["--post-process", "sentencepiece", "--scoring", "sacrebleu"] if a.multi30k else []),
+            ["--task", "translation_deep", "--path", checkpoint, "--beam", "4"],
+            ["--max-tokens", "4000"],
+            recipes.device(a.device, a.precision, "generate"),
+            ["--gen-subset", "test"],
+            [*recipes.post_process("sentencepiece"), "--scoring", "sacrebleu"]
+            if a.multi30k
+            else [],
         ),
         log_path,
     )
-    bleu = runs.parse_generate(out).bleu4
+    bleu = decoded.generated.bleu4
     return {"bleu": float(bleu) if bleu else float("nan")}
 
 
@@ -209,21 +160,12 @@ def benchmark_training(a, data: str) -> Dict[str, Dict]:
         os.makedirs(run_dir, exist_ok=True)
         log(f"training {system}: --arch {arch} ({a.max_update} updates)")
         t0 = time.time()
-        cmd = runs.command(
-            runs.TRAIN,
-            data,
-            "--arch",
-            arch,
-            *model_flags(a, system),
-            *train_flags(a, run_dir),
-            *extra,
+        # a run that dies (e.g. a nan loss) is a result, not a crash
+        trained = runs.execute(
+            train_run(a, data, system, run_dir), os.path.join(run_dir, "train.log")
         )
-        try:
-            out, _ = run(cmd, os.path.join(run_dir, "train.log"))
-            failed = None
-        except SystemExit as e:  # a run that dies (e.g. a nan loss) is a result, not a crash
-            out, failed = open(os.path.join(run_dir, "train.log")).read(), str(e)[:300]
-        records = runs.parse_log_lines(out.splitlines())
+        failed = None if trained.ok else trained.error()
+        records = trained.records
         series = runs.series(records)
         by_system[system] = series
         res = {

@@ -5,11 +5,11 @@ out (:func:`fairseq_deep.model_options.model_command`); both with the shallow ru
 options (:func:`training_options`), so that they run as printed."""
 
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from .model_options import model_command, options_of, shell
+from .model_options import model_command, options_of
 from .progress import hms
-from .runs import restore_flags
+from .runs import Part, Run, restore_flags
 
 #: the groups of a fairseq configuration, in the order an option's value is looked up
 GROUPS = (
@@ -139,21 +139,33 @@ def report(summary: Dict, out: str) -> str:
     ]
     lines += [f"  note: {note}" for note in summary["notes"]]
     lines.append(training_time_line(summary))
-    data = shell([summary.get("data") or "DATA"])
-    restore = shell([*restore_flags(out), "--save-dir", os.path.splitext(out)[0] + "_checkpoints"])
     shallow = training_options(summary.get("cfg"))  # so that it runs as printed
-    training = (
-        "<training options: --optimizer, --lr, --max-tokens, ...>"
-        if shallow is None
-        else shell(shallow)
+    from_checkpoint, written_out = next_runs(summary, out, shallow)
+    # no configuration to read them from: the reader fills them in
+    missing = (
+        "" if shallow is not None else " <training options: --optimizer, --lr, --max-tokens, ...>"
     )
     lines.append(
         "continue training (the model's options taken from the grown checkpoint, the shallow run's "
         "training options):"
     )
-    lines.append(f"  fairseq-deep-train {data} {shell(['--model-from', out])} {restore} {training}")
+    lines.append(f"  {from_checkpoint.shell()}{missing}")
     lines.append("the same with every model option written out:")
-    lines.append(
-        f"  fairseq-deep-train {data} {shell(model_command(summary['model_options']))} {restore} {training}"
-    )
+    lines.append(f"  {written_out.shell()}{missing}")
     return "\n".join(lines)
+
+
+def next_runs(summary: Dict, out: str, shallow: Optional[List[str]]) -> Tuple[Run, Run]:
+    """The two runs that continue training the grown model ``out``: its model options taken from
+    the checkpoint (``--model-from``), or written out; both restore it with a fresh optimizer,
+    schedule and data and train with the shallow run's options ``shallow``."""
+    rest = (
+        restore_flags(out),
+        ["--save-dir", os.path.splitext(out)[0] + "_checkpoints"],
+        Part("training", shallow or []),
+    )
+    data = summary.get("data") or "DATA"
+    return (
+        Run.of("train", data, Part("model", ["--model-from", out]), *rest),
+        Run.of("train", data, Part("model", model_command(summary["model_options"])), *rest),
+    )

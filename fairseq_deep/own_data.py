@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ArgumentParser, UserError, report_user_errors
 from .prepare import check_aligned, check_inputs
-from .runs import flags, read_generate, width_flags
+from .runs import Part, Run, read_generate, recipes
 
 PROG = "run.sh"
 
@@ -187,58 +187,73 @@ def decode_fraction(decode_s: float, budget_s: float, share: float = DECODE_SHAR
     return share * budget_s / decode_s
 
 
+def train_run(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> Run:
+    """fairseq-train of the recipe but --stop-time-hours, which run.sh adds after preparation;
+    ``extra`` comes last and so overrides."""
+    return Run.of(
+        "train",
+        data_bin,
+        Part("model", ["--arch", arch]),
+        recipes.width(arch, s.width),
+        ["--share-all-embeddings"],
+        recipes.adam(f"{float(s.lr):g}"),
+        recipes.inverse_sqrt(s.warmup),
+        recipes.label_smoothed(0.1),
+        {
+            "max_tokens": s.max_tokens,
+            "save_dir": save_dir,
+            "keep_last_epochs": max(1, s.average),
+            "log_format": "simple",
+            "log_interval": s.log_interval,
+            "max_update": s.max_update or None,
+            "cpu": s.device == "cpu",
+        },
+        Part("precision", shlex.split(s.precision)),
+        Part("extra", extra),
+    )
+
+
 def train_command(
     s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]
 ) -> List[str]:
-    """fairseq-train's arguments (the program not included) but --stop-time-hours, which run.sh adds
-    after preparation; ``extra`` comes last and so overrides."""
-    return [
+    """fairseq-train's arguments of :func:`train_run` (run.sh's ``TRAIN``; the program not
+    included)."""
+    return train_run(s, arch, data_bin, save_dir, extra).arguments(user_dir=False)
+
+
+def generate_run(s: Settings, data_bin: str) -> Run:
+    """fairseq-generate of the test set but --path.  Output at most 1.2 x the source + 10 tokens
+    long, so that an undertrained model that repeats itself cannot stretch the decoding time."""
+    return Run.of(
+        "generate",
         data_bin,
-        "--arch",
-        arch,
-        *width_flags(arch, s.width),
-        *flags(
-            {
-                "share_all_embeddings": True,
-                "optimizer": "adam",
-                "adam_betas": "(0.9, 0.98)",
-                "lr": float(s.lr),
-                "lr_scheduler": "inverse_sqrt",
-                "warmup_updates": s.warmup,
-                "criterion": "label_smoothed_cross_entropy",
-                "label_smoothing": 0.1,
-                "max_tokens": s.max_tokens,
-                "save_dir": save_dir,
-                "keep_last_epochs": max(1, s.average),
-                "log_format": "simple",
-                "log_interval": s.log_interval,
-                "max_update": s.max_update or None,
-                "cpu": s.device == "cpu",
-            }
-        ),
-        *shlex.split(s.precision),
-        *extra,
-    ]
+        {
+            "gen_subset": "test",
+            "beam": s.beam,
+            "batch_size": DECODE_BATCH,
+            "max_len_a": 1.2,
+            "max_len_b": 10,
+        },
+        recipes.post_process("sentencepiece"),
+        {"cpu": s.device == "cpu"},
+        Part("precision", shlex.split(s.precision)),
+    )
 
 
 def generate_command(s: Settings, data_bin: str) -> List[str]:
-    """fairseq-generate's arguments but --path.  Output at most 1.2 x the source + 10 tokens long,
-    so that an undertrained model that repeats itself cannot stretch the decoding time."""
-    return [
+    """fairseq-generate's arguments of :func:`generate_run` but --path (run.sh's ``GENERATE``)."""
+    return generate_run(s, data_bin).arguments(user_dir=False)
+
+
+def interactive_run(data_bin: str, src: str, tgt: str, spm_model: str, device: str) -> Run:
+    """fairseq-interactive of raw text (sentencepiece applied and removed) but --path."""
+    return Run.of(
+        "interactive",
         data_bin,
-        *flags(
-            {
-                "gen_subset": "test",
-                "beam": s.beam,
-                "batch_size": DECODE_BATCH,
-                "max_len_a": 1.2,
-                "max_len_b": 10,
-                "post_process": "sentencepiece",
-                "cpu": s.device == "cpu",
-            }
-        ),
-        *shlex.split(s.precision),
-    ]
+        recipes.languages(src, tgt),
+        recipes.sentencepiece(spm_model),
+        ["--cpu"] if device == "cpu" else [],
+    )
 
 
 def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
@@ -362,18 +377,9 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])),
         "DECODE_ALL_S": int(math.ceil(decode_all)),
         "DECODE_SHARE": DECODE_SHARE,
-        "INTERACTIVE": [
-            data_bin,
-            "--source-lang",
-            src,
-            "--target-lang",
-            tgt,
-            "--bpe",
-            "sentencepiece",
-            "--sentencepiece-model",
-            os.path.join(work, "spm.model"),
-        ]
-        + (["--cpu"] if device == "cpu" else []),
+        "INTERACTIVE": interactive_run(
+            data_bin, src, tgt, os.path.join(work, "spm.model"), device
+        ).arguments(user_dir=False),
     }
     for name, value in values.items():
         print(_shell(name, value), file=out)

@@ -27,11 +27,12 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 from typing import Dict, List, Sequence
 
+from . import runs
 from .errors import ArgumentParser, UserError, report_user_errors
+from .runs import Part, recipes
 
 logger = logging.getLogger("fairseq_deep.prepare")
 
@@ -244,49 +245,65 @@ def prepare(
             encode_lines(sp, lines, os.path.join(spm_dir, f"{split}.{lang}"))
         logger.info("encoded %s: %d sentence pairs", split, sizes[split])
     data_bin = os.path.join(destdir, "data-bin")
-    cmd = [
-        sys.executable,
-        "-m",
-        "fairseq_cli.preprocess",
-        "--source-lang",
+    binarize = runs.preprocess(
         src,
-        "--target-lang",
         tgt,
-        "--destdir",
         data_bin,
-        "--joined-dictionary",
-        "--workers",
-        str(workers),
-    ]
-    for split in prefixes:
-        cmd += [f"--{split}pref", os.path.join(spm_dir, split)]
-    logger.info("$ %s", " ".join(cmd))
-    env = dict(os.environ, PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore"))
-    proc = subprocess.run(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        *(os.path.join(spm_dir, split) if split in prefixes else None for split in SPLITS),
+        workers=workers,
     )
-    if proc.returncode != 0:  # its log only when it fails
-        sys.stderr.write(proc.stderr)
+    logger.info("$ %s", binarize.shell())
+    env = dict(os.environ, PYTHONWARNINGS=os.environ.get("PYTHONWARNINGS", "ignore"))
+    result = runs.execute(binarize, env=env)
+    if not result.ok:  # its log only when it fails
+        sys.stderr.write(result.output)
         raise RuntimeError(
-            f"fairseq-preprocess failed (exit status {proc.returncode}): {' '.join(cmd)}"
+            f"fairseq-preprocess failed (exit status {result.returncode}): {binarize.shell()}"
         )
     logger.info("binarized every split into %s", data_bin)
     return data_bin
 
 
-def next_steps(destdir: str, src: str, tgt: str, test_ref: str) -> str:
+def next_runs(destdir: str, src: str, tgt: str) -> Dict[str, runs.Run]:
+    """The runs :func:`next_steps` prints: train a DLCL Transformer with the usual recipe (Adam
+    (0.9, 0.98), inverse_sqrt warm-up over 4,000 updates to 1e-3, label smoothing 0.1), translate
+    the test set detokenized, translate raw text interactively."""
     data_bin = os.path.join(destdir, "data-bin")
-    spm_model = os.path.join(destdir, "spm.model")
+    best = Part("checkpoint", ["--path", "checkpoints/checkpoint_best.pt"])
+    return {
+        "train": runs.Run.of(
+            "train",
+            data_bin,
+            Part("model", ["--arch", "transformer_dlcl", "--share-all-embeddings"]),
+            recipes.adam("1e-3"),
+            recipes.inverse_sqrt(4000),
+            recipes.label_smoothed(0.1),
+            ["--max-tokens", "4096", "--save-dir", "checkpoints"],
+        ),
+        "generate": runs.Run.of(
+            "generate", data_bin, best, ["--beam", "5"], recipes.post_process("sentencepiece")
+        ),
+        "interactive": runs.Run.of(
+            "interactive",
+            data_bin,
+            best,
+            recipes.languages(src, tgt),
+            recipes.sentencepiece(os.path.join(destdir, "spm.model")),
+        ),
+    }
+
+
+def next_steps(destdir: str, src: str, tgt: str, test_ref: str) -> str:
     ref = f"<(zcat {test_ref})" if test_ref.endswith(".gz") else test_ref
+    shown = {
+        name: run.shell(width=110, indent="      ")
+        for name, run in next_runs(destdir, src, tgt).items()
+    }
     return f"""Next:
-  fairseq-deep-train {data_bin} --arch transformer_dlcl --share-all-embeddings \\
-      --optimizer adam --adam-betas '(0.9, 0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 4000 \\
-      --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --save-dir checkpoints
-  fairseq-deep-generate {data_bin} --path checkpoints/checkpoint_best.pt --beam 5 \\
-      --post-process sentencepiece > gen.out
+  {shown["train"]}
+  {shown["generate"]} > gen.out
   grep ^D- gen.out | sed 's/^D-//' | sort -n | cut -f3 | sacrebleu {ref}
-  fairseq-deep-interactive {data_bin} --path checkpoints/checkpoint_best.pt --source-lang {src} \\
-      --target-lang {tgt} --bpe sentencepiece --sentencepiece-model {spm_model}
+  {shown["interactive"]}
 (or all of it, with a time budget: SRC={src} TGT={tgt} RAW=... bash examples/own_data/run.sh)
 """
 

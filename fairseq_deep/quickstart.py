@@ -13,8 +13,10 @@
    order) against the raw references with sacreBLEU;
 6. (unless ``--no-untrained``) does the same for the untrained model, as the floor to compare with.
 
-Every step runs the real console scripts in a subprocess, as a user would.  The same seed gives
-the same corpus, the same sentencepiece model, the same training run and the same BLEU.
+Every step runs fairseq's real programs in a subprocess (``python -m fairseq_cli.train ...``: what
+the console scripts run; :func:`fairseq_deep.runs.execute`), and logs each as the console command
+a user would type.  The same seed gives the same corpus, the same sentencepiece model, the same
+training run and the same BLEU.
 """
 
 import argparse
@@ -22,74 +24,43 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 
+from fairseq_deep import runs
 from fairseq_deep.errors import ArgumentParser
+from fairseq_deep.progress import hms
+from fairseq_deep.runs import Part, recipes
 
 logger = logging.getLogger("fairseq_deep.quickstart")
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 SPLITS = ("train", "valid", "test")
 LANGS = ("src", "tgt")
 
 
-def model_args(args):
+def model_args(args) -> Part:
     """The small model: 6-layer pre-norm DLCL encoder, shallow decoder, shared embeddings."""
-    return [
-        "--arch",
-        "transformer_dlcl",
-        "--encoder-layers",
-        str(args.encoder_layers),
-        "--decoder-layers",
-        str(args.decoder_layers),
-        "--encoder-embed-dim",
-        str(args.dim),
-        "--decoder-embed-dim",
-        str(args.dim),
-        "--encoder-ffn-embed-dim",
-        str(4 * args.dim),
-        "--decoder-ffn-embed-dim",
-        str(4 * args.dim),
-        "--encoder-attention-heads",
-        "4",
-        "--decoder-attention-heads",
-        "4",
-        "--share-all-embeddings",
-        "--dropout",
-        str(args.dropout),
-        "--attention-dropout",
-        "0.0",
-        "--activation-dropout",
-        "0.0",
-    ]
+    return Part(
+        "model",
+        [
+            "--arch",
+            "transformer_dlcl",
+            *recipes.layers(args.encoder_layers, args.decoder_layers),
+            *recipes.transformer_size(args.dim, 4 * args.dim, 4),
+            "--share-all-embeddings",
+            *recipes.dropout(args.dropout, "0.0", "0.0"),
+        ],
+    )
 
 
 def optimization_args(args):
+    """Adam (beta2 0.997, no clipping) with inverse_sqrt warm-up, label smoothing 0.1, the budget."""
     return [
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.997)",
-        "--clip-norm",
-        "0.0",
-        "--lr",
-        str(args.lr),
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-init-lr",
-        "1e-07",
-        "--warmup-updates",
-        str(args.warmup),
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(args.max_tokens),
-        "--max-update",
-        str(args.max_update),
+        recipes.adam(args.lr, betas=(0.9, 0.997)),
+        ["--clip-norm", "0.0"],
+        recipes.inverse_sqrt(args.warmup, recipes.WARMUP_INIT_LR),
+        recipes.label_smoothed(0.1),
+        Part("budget", ["--max-tokens", args.max_tokens, "--max-update", args.max_update]),
     ]
 
 
@@ -105,17 +76,13 @@ class TrainingWatch:
         self.last = None
 
     def __call__(self, line: str):
-        from fairseq_deep.runs import parse_record
-
-        record = parse_record(line)
+        record = runs.parse_record(line)
         now = self.clock()
         if record is None or record["kind"] != "train_inner" or "num_updates" not in record:
             return
         if self.last is not None and now - self.last < self.interval:
             return
         self.last = now
-        from fairseq_deep.progress import hms
-
         updates, elapsed = int(record["num_updates"]), now - self.start
         eta = elapsed * (self.max_update - updates) / updates if updates else None
         logger.info(
@@ -129,26 +96,18 @@ class TrainingWatch:
         )
 
 
-def run(cmd, log_path, env, watch=None):
-    """Run a console script, its output to log_path (and each line to ``watch``); fail loudly with
-    the log's tail."""
-    logger.info("$ %s", " ".join(cmd))
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
-        )
-        for line in proc.stdout:
-            log.write(line)
-            if watch is not None:
-                watch(line)
-        proc.wait()
-    if proc.returncode != 0:
-        with open(log_path, encoding="utf-8") as log:
-            tail = log.read()[-4000:]
+def run(run: runs.Run, log_path, env, watch=None) -> runs.Result:
+    """Run a fairseq program, logged as its console command, its output to log_path (and each line
+    to ``watch``); fail loudly with the log's tail."""
+    console = run.console(ours=False)
+    logger.info("$ %s", runs.shell(console))
+    result = runs.execute(run, log_path, env=env, watch=watch)
+    if not result.ok:
         raise SystemExit(
-            f"quickstart: `{cmd[0]}` failed with exit code {proc.returncode} "
-            f"(full log: {log_path}):\n{tail}"
+            f"quickstart: `{console[0]}` failed with exit code {result.returncode} "
+            f"(full log: {log_path}):\n{result.tail(4000)}"
         )
+    return result
 
 
 def prepare(args, env):
@@ -182,83 +141,53 @@ def prepare(args, env):
     if os.path.exists(data_bin):
         shutil.rmtree(data_bin)
     run(
-        [
-            "fairseq-preprocess",
-            "--source-lang",
+        runs.preprocess(
             "src",
-            "--target-lang",
             "tgt",
-            "--trainpref",
-            os.path.join(spm_dir, "train"),
-            "--validpref",
-            os.path.join(spm_dir, "valid"),
-            "--testpref",
-            os.path.join(spm_dir, "test"),
-            "--destdir",
             data_bin,
-            "--joined-dictionary",
-            "--workers",
-            "1",
-        ],
+            *(os.path.join(spm_dir, split) for split in SPLITS),
+        ),
         os.path.join(args.workdir, "preprocess.log"),
         env,
     )
     return prefixes, data_bin
 
 
+def train_run(args, data_bin, save_dir, untrained=False) -> runs.Run:
+    """fairseq-train of the small model (``untrained``: one update at a learning rate of 1e-12,
+    which keeps the parameters of the seeded initialisation)."""
+    common = runs.Run.of(
+        "train",
+        data_bin,
+        ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"],
+        model_args(args),
+        [
+            "--seed",
+            str(args.seed),
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--save-dir",
+            save_dir,
+            "--no-epoch-checkpoints",
+            "--no-progress-bar",
+        ],
+        recipes.json_log(50),
+    )
+    if untrained:
+        return common.plus(
+            Part("optimizer", ["--optimizer", "adam", "--lr", "1e-12", "--lr-scheduler", "fixed"]),
+            recipes.label_smoothed(0.1),
+            ["--max-tokens", str(args.max_tokens), "--max-update", "1", "--disable-validation"],
+        )
+    return common.plus(*optimization_args(args))
+
+
 def train(args, data_bin, save_dir, env, untrained=False):
     if os.path.exists(save_dir):
         shutil.rmtree(save_dir)
-    common = [
-        "fairseq-train",
-        data_bin,
-        "--user-dir",
-        PLUGIN_DIR,
-        "--task",
-        "translation",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        *model_args(args),
-        "--seed",
-        str(args.seed),
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--no-progress-bar",
-        "--log-interval",
-        "50",
-        "--log-format",
-        "json",
-    ]
-    if untrained:
-        # One update at a learning rate of 1e-12: the parameters of the (seeded) initialisation.
-        cmd = [
-            *common,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-12",
-            "--lr-scheduler",
-            "fixed",
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            "--max-tokens",
-            str(args.max_tokens),
-            "--max-update",
-            "1",
-            "--disable-validation",
-        ]
-    else:
-        cmd = [*common, *optimization_args(args)]
     run(
-        cmd,
+        train_run(args, data_bin, save_dir, untrained),
         os.path.join(save_dir + ".log"),
         env,
         watch=None if untrained else TrainingWatch(args.max_update),
@@ -266,13 +195,12 @@ def train(args, data_bin, save_dir, env, untrained=False):
     return os.path.join(save_dir, "checkpoint_last.pt")
 
 
-def generate(args, data_bin, checkpoint, out_path, env):
-    run(
+def generate_run(args, data_bin, checkpoint) -> runs.Run:
+    """fairseq-generate of the test split, detokenized (``--post-process sentencepiece``)."""
+    return runs.Run.of(
+        "generate",
+        data_bin,
         [
-            "fairseq-generate",
-            data_bin,
-            "--user-dir",
-            PLUGIN_DIR,
             "--path",
             checkpoint,
             "--gen-subset",
@@ -295,12 +223,11 @@ def generate(args, data_bin, checkpoint, out_path, env):
             "--seed",
             str(args.seed),
         ],
-        out_path,
-        env,
     )
-    from fairseq_deep.runs import hypotheses_by_id
 
-    return hypotheses_by_id(out_path)
+
+def generate(args, data_bin, checkpoint, out_path, env):
+    return run(generate_run(args, data_bin, checkpoint), out_path, env).generated.detok
 
 
 def score(hyps, ref_path, n_expected, what):

@@ -9,70 +9,19 @@ import sys
 import pytest
 import torch
 from fairseq import options, tasks
-from fairseq.data import Dictionary
 
 import fairseq_deep  # noqa: F401  (registers the architectures)
-from fairseq_deep.patches.better_transformer import without_better_transformer
+from benchmarks.harness import (  # noqa: F401  (the tiny models' one home)
+    TINY,
+    TINY_DEEP_ATT,
+    TINY_RNMT,
+    random_batch,
+    tiny_dictionary,
+    tiny_flags,
+)
+from benchmarks.harness import tiny_model as build_model  # noqa: F401
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(fairseq_deep.__file__))
-
-TINY = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--activation-dropout",
-    "0",
-]
-
-TINY_RNMT = [  # rnmt_plus and the hybrids' RNMT+ parts
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-hidden-size",
-    "16",
-    "--decoder-hidden-size",
-    "32",
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-]
-
-TINY_DEEP_ATT = [
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-hidden-size",
-    "16",
-    "--decoder-hidden-size",
-    "16",
-    "--dropout",
-    "0",
-]
-
-
-def tiny_flags(arch: str):
-    """Tiny sizes for a model family, by its --arch."""
-    if arch.startswith("rnmt_plus"):
-        return TINY_RNMT
-    if arch.startswith(("deep_att", "deep_ed")):
-        return TINY_DEEP_ATT
-    return TINY
 
 
 def dtype_marker(key: str) -> bool:
@@ -80,13 +29,6 @@ def dtype_marker(key: str) -> bool:
     uninitialised memory) that only marks a dtype: its value differs from run to run, and later
     fairseq has none.  State-dict comparisons leave it out."""
     return key.endswith("embed_positions._float_tensor")
-
-
-def tiny_dictionary(n_symbols: int = 20) -> Dictionary:
-    d = Dictionary()
-    for i in range(n_symbols):
-        d.add_symbol(f"w{i}")
-    return d
 
 
 def parse_model_args(arch: str, extra=()):
@@ -104,38 +46,6 @@ def parse_model_args(arch: str, extra=()):
         *extra,
     ]
     return options.parse_args_and_arch(parser, argv)
-
-
-def build_model(arch: str, extra=(), dictionary=None, seed: int = 1):
-    """A tiny model of ``arch``, in eval mode.  fairseq's own architectures (the references our
-    special settings must equal) come without fairseq 0.12.2's fused encoder fast path, as ours do:
-    once a state dict is loaded, 0.12.2's own Transformer takes it and, with torch 2.x, fails on a
-    padded batch ("Mask Type should be defined")."""
-    args = parse_model_args(arch, extra)
-    d = dictionary or tiny_dictionary()
-    task = tasks.translation.TranslationTask(args, d, d)
-    torch.manual_seed(seed)
-    model = task.build_model(args)
-    if not type(model).__module__.startswith("fairseq_deep"):
-        for layer in getattr(model.encoder, "layers", []):
-            without_better_transformer(layer)
-    return model.eval(), task
-
-
-def random_batch(dictionary, bsz=3, src_len=7, tgt_len=5, seed=0, pad_last=True):
-    """Token batches with real symbols and, when pad_last, padding on the left of one source
-    (fairseq's left-padded source) and on the right of one target."""
-    g = torch.Generator().manual_seed(seed)
-    lo = dictionary.nspecial
-    src = torch.randint(lo, len(dictionary), (bsz, src_len), generator=g)
-    src[:, -1] = dictionary.eos()
-    prev = torch.randint(lo, len(dictionary), (bsz, tgt_len), generator=g)
-    prev[:, 0] = dictionary.eos()
-    lengths = torch.full((bsz,), src_len)
-    if pad_last and bsz > 1:
-        src[-1, :2] = dictionary.pad()
-        lengths[-1] = src_len - 2
-    return src, lengths, prev
 
 
 def assert_incremental_equals_full(model, dictionary, atol=1e-5):

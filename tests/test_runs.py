@@ -1,14 +1,17 @@
-"""fairseq_deep.runs: command lines from settings (through fairseq's own parser and back), a real
---log-format json training log read into records, fairseq-generate's output by sentence id and
-scored with sacreBLEU."""
+"""fairseq_deep.runs: a run as a value (its command line through fairseq's own parser and back, its
+console form), the executor (log, append, timeout, watcher, a group stopped together, several
+programs in one process), a real --log-format json training log read into records,
+fairseq-generate's output by sentence id and scored with sacreBLEU."""
 
-import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from helpers import TINY
 
 from fairseq_deep import runs
+from fairseq_deep.runs import recipes
 
 
 def test_settings_become_options_that_fairseqs_parser_reads_back():
@@ -178,9 +181,26 @@ def test_a_real_training_log_and_translation(synthetic_bin, tmp_path, monkeypatc
             }
         ),
     )
-    out = subprocess.run(train, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    records = runs.parse_log_lines((out.stdout + out.stderr).splitlines())
+    decode = runs.Run.of(
+        "generate",
+        str(synthetic_bin),
+        {
+            "path": str(save / "checkpoint_last.pt"),
+            "gen_subset": "test",
+            "beam": 2,
+            "batch_size": 64,
+            "max_len_a": 0,
+            "max_len_b": 12,
+            "cpu": True,
+            "num_workers": 0,
+        },
+    )
+    # both programs in one process (one start-up of fairseq), each with its own result
+    trained, gen = runs.execute_together(
+        [runs.run_of(train), decode], str(tmp_path / "both.log"), timeout=300
+    )
+    assert trained.ok and trained.peaks["peak_rss_gb"] > 0, trained.tail(3000)
+    records = trained.records
     kinds = {r["kind"] for r in records}
     assert {"train_inner", "valid"} <= kinds, records
     inner = [r["num_updates"] for r in records if r["kind"] == "train_inner"]
@@ -189,32 +209,212 @@ def test_a_real_training_log_and_translation(synthetic_bin, tmp_path, monkeypatc
     assert all(
         isinstance(r["loss"], float) for r in records if r["kind"] != "train" and "loss" in r
     )
-    generate = runs.command(
-        runs.GENERATE,
-        str(synthetic_bin),
-        *runs.flags(
-            {
-                "path": str(save / "checkpoint_last.pt"),
-                "gen_subset": "test",
-                "beam": 2,
-                "batch_size": 64,
-                "max_len_a": 0,
-                "max_len_b": 12,
-                "cpu": True,
-                "num_workers": 0,
-            }
-        ),
-    )
-    gen = subprocess.run(generate, capture_output=True, text=True, timeout=300)
-    assert gen.returncode == 0, gen.stderr[-3000:]
-    generated = runs.parse_generate(gen.stdout)
+    assert gen.ok and "Translated" not in trained.output, gen.tail(3000)
+    generated = gen.generated
     n = runs.count_test_sentences(str(synthetic_bin))
     hyps, refs = generated.in_order(n)
     assert len(hyps) == len(refs) == n == 101
     scores = runs.score(hyps, refs)
     assert 0 <= scores["bleu"] <= 100 and 0 <= scores["chrf"] <= 100
     assert generated.bleu4 is not None
-    translated = runs.parse_translated(
-        gen.stderr
-    )  # a log line: on stderr, the translations on stdout
+    translated = generated.translated
     assert translated.sentences == n and translated.tokens > 0
+    assert generated.scores.keys() == generated.tokens.keys()
+
+
+def test_a_run_is_one_value_with_two_printed_forms():
+    """The settings compose in order (a later value wins, as fairseq reads them); the command that
+    runs and the one a document prints are the same run; fairseq's parser reads the recipes."""
+    from fairseq import options
+
+    run = runs.Run.of(
+        "train",
+        "DATA",
+        runs.Part("model", ["--arch", "transformer_dlcl"]),
+        recipes.width("transformer_dlcl", 128),
+        *recipes.study(0.002, 400),
+        recipes.label_smoothed(0.1),
+        recipes.json_log(10),
+        {"max_tokens": 2048, "cpu": True, "fp16": False},
+    ).plus(["--lr", "0.003"])
+    assert run.argv()[:6] == [
+        sys.executable,
+        "-m",
+        "fairseq_cli.train",
+        "DATA",
+        "--user-dir",
+        runs.PLUGIN_DIR,
+    ]
+    assert run.argv()[6:] == run.args == run.console()[2:]
+    assert run.console()[:2] == ["fairseq-deep-train", "DATA"]
+    assert run.console(ours=False)[:4] == ["fairseq-train", "DATA", "--user-dir", runs.PLUGIN_DIR]
+    assert run.shell().startswith(
+        "fairseq-deep-train DATA --arch transformer_dlcl --encoder-embed-dim 128"
+    )
+    assert "--adam-betas '(0.9, 0.98)'" in run.shell()
+    assert run.value("--lr") == "0.003" and run.part("optimizer")[-1] == "0.002"
+    assert run.part("schedule") == [
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "400",
+        "--warmup-init-lr",
+        "1e-07",
+    ]
+    assert (
+        runs.run_of(run.argv()).argv() == run.argv()
+        and run.without("size").has("--encoder-embed-dim") is False
+    )
+    parsed = options.parse_args_and_arch(options.get_training_parser(), run.argv()[3:])
+    assert (parsed.lr, parsed.adam_betas, parsed.adam_eps, parsed.warmup_init_lr) == (
+        [0.003],
+        "(0.9, 0.98)",
+        1e-8,
+        1e-7,
+    )
+    assert (parsed.encoder_ffn_embed_dim, parsed.decoder_attention_heads, parsed.log_format) == (
+        512,
+        2,
+        "json",
+    )
+    assert (parsed.criterion, parsed.max_tokens, parsed.cpu, parsed.fp16) == (
+        "label_smoothed_cross_entropy",
+        2048,
+        True,
+        False,
+    )
+    optimizer, schedule = recipes.rnmt_plus(3.2e-3, 320)
+    parsed = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["DATA", "--user-dir", runs.PLUGIN_DIR, "--arch", "rnmt_plus", *optimizer, *schedule],
+    )
+    assert (parsed.lr, parsed.rnmt_base_lr, parsed.warmup_updates, parsed.adam_eps) == (
+        [0.0032],
+        1e-4,
+        10,
+        1e-6,
+    )
+    assert runs.preprocess("de", "en", "bin", "raw/train", testpref="raw/test").console() == [
+        "fairseq-preprocess",
+        "--source-lang",
+        "de",
+        "--target-lang",
+        "en",
+        "--trainpref",
+        "raw/train",
+        "--testpref",
+        "raw/test",
+        "--destdir",
+        "bin",
+        "--joined-dictionary",
+        "--workers",
+        "1",
+    ]
+    assert runs.grow("a.pt", "b.pt", 12).argv()[1:3] == ["-m", "fairseq_deep.grow"]
+    with pytest.raises(ValueError, match="no program"):
+        runs.Run("trian")
+
+
+def _python(code: str):
+    return [sys.executable, "-c", code]
+
+
+def test_execute_logs_appends_times_out_and_watches(tmp_path):
+    log = str(tmp_path / "run.log")
+    first = runs.execute(_python("print('one')"), log, header=True)
+    assert first.ok and first.output == "one\n" and first.seconds > 0 and first.max_rss_kib > 0
+    seen = []
+    failed = runs.execute(
+        _python(
+            "import sys; print('two'); print('| WARNING | an Error in a log line'); "
+            "print('ValueError: what stopped it', file=sys.stderr); "
+            "print('| INFO | Error in the line after it'); sys.exit(3)"
+        ),
+        log,
+        append=True,
+        watch=seen.append,
+    )
+    assert failed.returncode == 3 and not failed.ok and failed.output.startswith("two\n")
+    assert failed.error() == "ValueError: what stopped it" and seen[0] == "two\n"
+    with open(log) as f:
+        text = f.read()
+    assert text.startswith("# ") and "one\ntwo\n" in text  # the header, then both runs
+    with pytest.raises(runs.RunFailed, match="command failed \\(3\\)"):
+        failed.check()
+    kept = runs.execute(_python("import time; print('x', flush=True); time.sleep(30)"), timeout=1)
+    assert kept.timed_out and kept.returncode is None and kept.seconds < 20 and kept.output == "x\n"
+    assert kept.error().startswith("stopped by its timeout")
+
+
+def test_a_group_stops_together_and_starts_no_more():
+    group = runs.Processes()
+    results = []
+    worker = threading.Thread(
+        target=lambda: results.append(
+            runs.execute(_python("import time; time.sleep(30)"), processes=group)
+        )
+    )
+    worker.start()
+    while not group.running:
+        time.sleep(0.05)
+    group.stop()
+    worker.join(20)
+    assert results[0].stopped and results[0].returncode != 0
+    late = runs.execute(_python("print(1)"), processes=group)
+    assert late.stopped and late.returncode is None
+
+
+def test_last_error_names_what_was_raised():
+    text = (
+        "2026 | INFO | train | ok\nTraceback (most recent call last):\n  x\n"
+        "torch.cuda.OutOfMemoryError: CUDA out of memory\n2026 | WARNING | an Error after it\n"
+    )
+    assert runs.last_error(text) == "torch.cuda.OutOfMemoryError: CUDA out of memory"
+    assert runs.last_error("a\n| WARNING | an Error here\nlast") == "| WARNING | an Error here"
+    assert runs.last_error("a\nlast line\n") == "last line" and runs.last_error("") == ""
+    assert len(runs.last_error("ValueError: " + "x" * 500, limit=200)) == 200
+    assert runs.parse_params("| num. shared model params: 1,234 (num. trained: 1,234)") == 1234
+    assert runs.parse_loaded_update("Loaded checkpoint c.pt (epoch 2 @ 40 updates)") == 40
+    assert runs.count_overflows("gradient overflow detected, ...\ngradient overflow detected") == 2
+    assert runs.parse_params("nothing") is None and runs.parse_loaded_update("") is None
+
+
+def test_documents_print_the_commands_the_code_builds():
+    """docs/grow.md's command that continues training a grown model is what fairseq-deep-grow
+    prints (grow_report's run, console form); the benchmarks' --precision names are the recipes'."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from benchmarks import harness
+    from fairseq_deep.grow_report import next_runs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "grow.md").read_text()
+    shown = re.search(
+        r"^(fairseq-deep-train DATA --model-from grown\.pt .*?) <the shallow", doc, re.M | re.S
+    )
+    summary = {"data": None, "model_options": argparse.Namespace(arch="transformer_dlcl")}
+    from_checkpoint, _ = next_runs(summary, "grown.pt", [])
+    assert " ".join(shown.group(1).replace("\\\n", " ").split()) == from_checkpoint.shell()
+    assert harness.PRECISION_NAMES == tuple(recipes.PRECISIONS)
+
+
+def test_records_timed_from_the_start_of_training():
+    started = "2026-01-01 09:59:58 | INFO | fairseq.trainer | begin training epoch 1\n"
+    started += "2026-01-01 09:59:59 | INFO | fairseq_cli.train | Start iterating over samples\n"
+    timed = runs.timed_records((started + LOG).splitlines())
+    assert [(s, r["kind"]) for s, r in timed] == [
+        (2.0, "train_inner"),
+        (3.0, "valid"),
+        (4.0, "train"),
+    ]
+    assert [s for s, _ in runs.timed_records(LOG.splitlines())] == [0.0, 1.0, 2.0]  # no start line
+
+
+def test_runs_together_stop_at_the_first_failure_and_at_the_timeout(tmp_path):
+    bad = runs.Run.of("preprocess", None, ["--no-such-option"])
+    never = runs.Run.of("preprocess", None, ["--help"])
+    (failed,) = runs.execute_together([bad, never], str(tmp_path / "both.log"))
+    assert failed.returncode == 2 and "--no-such-option" in failed.error()
+    (cut,) = runs.execute_together([bad, never], timeout=0.5)
+    assert cut.timed_out and cut.returncode is None and cut.error().startswith("stopped by")

@@ -34,11 +34,14 @@ from .commands import (  # noqa: F401
     RNMT_LR_RATIO,
     RNMT_REPLICAS,
     generate_command,
+    generate_run,
     interval,
     recipe,
     recipe_text,
     stage_commands,
+    stage_runs,
     train_command,
+    train_run,
 )
 from .groups import DEPTH_FAMILIES, DIVERSITY, GROUPS, DepthSweep, Grown, Rows, expand_group  # noqa: F401
 from .report import markdown, plot, results  # noqa: F401

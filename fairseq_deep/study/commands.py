@@ -1,20 +1,12 @@
-"""A study's fairseq command lines: each system's optimiser and schedule (:func:`recipe`), its
-fairseq-train command, the stages of a grown system, and fairseq-generate's command; built with
-:mod:`fairseq_deep.runs`."""
+"""A study's fairseq runs: each system's optimiser and schedule (:func:`recipe`, from
+:mod:`fairseq_deep.runs.recipes`), its fairseq-train run (:func:`train_run`), the stages of a grown
+system, and fairseq-generate's run; :class:`fairseq_deep.runs.Run` values (``*_command``: their
+command lines)."""
 
 import os
 from typing import List, Sequence, Tuple
 
-from ..runs import (
-    GENERATE,
-    TRAIN,
-    command,
-    grow_command,
-    has_option,
-    model_kind,
-    restore_flags,
-    width_flags,
-)
+from ..runs import Part, Run, grow, has_option, model_kind, recipes, restore_flags
 from .systems import System
 
 
@@ -34,7 +26,7 @@ RNMT_REPLICAS = 32
 RNMT_LR_RATIO = 3.2
 
 
-def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
+def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     """(name, optimiser flags, LR-schedule flags) of a system: ``--recipe shared`` gives every
     system the study's Adam (0.9, 0.98) with inverse_sqrt warm-up over ``--warmup`` to ``--lr``;
     ``--recipe paper`` (the default, issue 25) gives RNMT+ and Deep-Att their paper's instead:
@@ -52,55 +44,14 @@ def recipe(args, arch: str) -> Tuple[str, List[str], List[str]]:
 
     The Transformers (Vaswani et al.'s recipe, which Wang, Bapna and Dou et al. use) and the
     hybrids (Chen et al. train them with the Transformer schedule, Eq. 2) keep the shared recipe."""
-    shared = (
-        "shared",
-        [
-            "--optimizer",
-            "adam",
-            "--adam-betas",
-            "(0.9, 0.98)",
-            "--adam-eps",
-            "1e-8",
-            "--lr",
-            str(args.lr),
-        ],
-        [
-            "--lr-scheduler",
-            "inverse_sqrt",
-            "--warmup-updates",
-            str(args.warmup),
-            "--warmup-init-lr",
-            "1e-07",
-        ],
-    )
+    shared = ("shared", *recipes.study(args.lr, args.warmup))
     if getattr(args, "recipe", "shared") != "paper":
         return shared
     kind = model_kind(arch)
     if kind == "rnmt_plus":
-        n = RNMT_REPLICAS
-        peak = RNMT_LR_RATIO * args.lr
         return (
             "rnmt_plus",
-            [
-                "--optimizer",
-                "adam",
-                "--adam-betas",
-                "(0.9, 0.999)",
-                "--adam-eps",
-                "1e-6",
-                "--lr",
-                f"{peak:.6g}",
-            ],
-            [
-                "--lr-scheduler",
-                "rnmt_plus",
-                "--rnmt-replicas",
-                str(n),
-                "--rnmt-base-lr",
-                f"{peak / n:.6g}",
-                "--warmup-updates",
-                str(max(1, round(args.warmup / n))),
-            ],
+            *recipes.rnmt_plus(RNMT_LR_RATIO * args.lr, args.warmup, RNMT_REPLICAS),
         )
     return shared
 
@@ -115,128 +66,146 @@ def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
     return f"Adam (0.9, 0.98), inverse_sqrt, lr {args.lr}, warm-up {args.warmup}"
 
 
-def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
-    """``python -m fairseq_cli.train``: the study's settings, then ``--train-args``, then the
-    system's own flags (which so win: fairseq keeps the last value of a repeated option)."""
+def train_run(args, system: System, seed: int, save_dir: str) -> Run:
+    """fairseq-train of a system: the study's settings, then ``--train-args``, then the system's
+    own flags (which so win: fairseq keeps the last value of a repeated option)."""
     own = system.flags + args.train_args_list
-    cmd = command(TRAIN, args.data, "--arch", system.arch, *width_flags(system.arch, args.width))
+    run = Run.of(
+        "train",
+        args.data,
+        Part("model", ["--arch", system.arch]),
+        recipes.width(system.arch, args.width),
+    )
     if args.dropout is not None:
-        cmd += ["--dropout", str(args.dropout)]
+        run += recipes.dropout(args.dropout)
     _, optimizer, schedule = recipe(args, system.arch)
-    if not has_option(own, "--optimizer"):
-        cmd += optimizer
-    else:
-        cmd += ["--lr", str(args.lr)]
+    run += optimizer if not has_option(own, "--optimizer") else Part("optimizer", ["--lr", args.lr])
     if not has_option(own, "--lr-scheduler"):
-        cmd += schedule
+        run += schedule
     if not has_option(own, "--criterion"):
-        cmd += [
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            str(args.label_smoothing),
-        ]
+        run += recipes.label_smoothed(args.label_smoothing)
     every = interval(args)
-    cmd += [
-        "--max-tokens",
-        str(args.max_tokens),
-        "--seed",
-        str(seed),
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--save-interval-updates",
-        str(every),
-        "--keep-interval-updates",
-        "1",
-        "--validate-interval-updates",
-        str(every),
-        "--log-format",
-        "json",
-        "--log-interval",
-        str(args.log_interval),
-        "--skip-invalid-size-inputs-valid-test",
-    ]
-    if args.max_update:
-        cmd += ["--max-update", str(args.max_update)]
-    if args.minutes:
-        cmd += ["--stop-time-hours", f"{args.minutes / 60:.6g}"]
+    run += Part(
+        "checkpoints",
+        [
+            "--max-tokens",
+            args.max_tokens,
+            "--seed",
+            seed,
+            "--save-dir",
+            save_dir,
+            "--no-epoch-checkpoints",
+            "--save-interval-updates",
+            every,
+            "--keep-interval-updates",
+            "1",
+            "--validate-interval-updates",
+            every,
+        ],
+    )
+    run += recipes.json_log(args.log_interval)
+    run += ["--skip-invalid-size-inputs-valid-test"]
+    run += budget(args.max_update, args.minutes)
     if args.cpu:
-        cmd += ["--cpu", "--num-workers", "0"]
-    return cmd + args.train_args_list + system.flags
+        run += recipes.cpu()
+    return run.plus(Part("train_args", args.train_args_list), Part("system", system.flags))
 
 
-def _restore_grown(save_dir: str, grown: str) -> List[str]:
+def budget(max_update: int, minutes: float, share: float = 1.0) -> Part:
+    """``--max-update`` and ``--stop-time-hours`` (``share`` of ``minutes``)."""
+    words = ["--max-update", max_update] if max_update else []
+    if minutes:
+        words += ["--stop-time-hours", f"{minutes * share / 60:.6g}"]
+    return Part("budget", words)
+
+
+def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
+    """``python -m fairseq_cli.train`` of :func:`train_run`."""
+    return train_run(args, system, seed, save_dir).argv()
+
+
+def _restore_grown(save_dir: str, grown: str) -> Part:
     """Restore a grown checkpoint with the optimizer, schedule and data reset (Li et al.'s
     learning-rate restart); nothing when ``save_dir`` has a checkpoint_last.pt (fairseq resumes it)."""
     if os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")):
-        return []
+        return Part("restore")
     return restore_flags(grown)
 
 
-def stage_commands(
+def stage_runs(
     args, system: System, seed: int, run_dir: str
-) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
-    """A grown system (``system.stages``): ([(name, command, the file that says it is done)], the
-    last stage's train command).  Each earlier stage trains in ``run_dir/stage_D`` (from the
+) -> Tuple[List[Tuple[str, Run, str]], Run]:
+    """A grown system (``system.stages``): ([(name, run, the file that says it is done)], the
+    last stage's train run).  Each earlier stage trains in ``run_dir/stage_D`` (from the
     previous stage's grown checkpoint), its last checkpoint is grown (fairseq-deep-grow --method
-    stack), and the last stage (the system's own train command, in ``run_dir``) restores it.  Stage
+    stack), and the last stage (the system's own train run, in ``run_dir``) restores it.  Stage
     i of n stops at (i+1)/n of --minutes (fairseq's --stop-time-hours counts the training time that
     the checkpoints carry across growing: fairseq-deep-grow --keep-training-time) and trains
     --max-update / n updates (each counts from 0)."""
     n = len(system.stages) + 1
     depths = system.stages + [system.depth]
 
-    def budget(i):
-        flags = []
-        if args.max_update:
-            flags += ["--max-update", str(max(1, args.max_update // n))]
-        if args.minutes:
-            flags += ["--stop-time-hours", f"{args.minutes * (i + 1) / n / 60:.6g}"]
-        return flags
+    def stage_budget(i):
+        return budget(args.max_update and max(1, args.max_update // n), args.minutes, (i + 1) / n)
 
     steps = []
     for i, depth in enumerate(system.stages):
         stage_dir = os.path.join(run_dir, f"stage_{depth}")
-        cmd = (
-            train_command(args, system, seed, stage_dir)
-            + ["--encoder-layers", str(depth)]
-            + budget(i)
+        run = train_run(args, system, seed, stage_dir).plus(
+            Part("depth", ["--encoder-layers", depth]), stage_budget(i)
         )
         if i > 0:
-            cmd += _restore_grown(stage_dir, os.path.join(run_dir, f"grown_{depth}.pt"))
-        steps.append((f"stage_{depth}", cmd, os.path.join(run_dir, f"stage_{depth}.done")))
+            run += _restore_grown(stage_dir, os.path.join(run_dir, f"grown_{depth}.pt"))
+        steps.append((f"stage_{depth}", run, os.path.join(run_dir, f"stage_{depth}.done")))
         grown = os.path.join(run_dir, f"grown_{depths[i + 1]}.pt")
         steps.append(
             (
                 f"grow_{depths[i + 1]}",
-                grow_command(os.path.join(stage_dir, "checkpoint_last.pt"), grown, depths[i + 1]),
+                grow(os.path.join(stage_dir, "checkpoint_last.pt"), grown, depths[i + 1]),
                 grown,
             )
         )
-    final = train_command(args, system, seed, run_dir) + budget(n - 1)
+    final = train_run(args, system, seed, run_dir).plus(stage_budget(n - 1))
     return steps, final + _restore_grown(run_dir, os.path.join(run_dir, f"grown_{system.depth}.pt"))
 
 
-def generate_command(args, checkpoint: str) -> List[str]:
-    """``python -m fairseq_cli.generate`` of the test set with ``checkpoint``."""
-    cmd = command(
-        GENERATE,
+def stage_commands(
+    args, system: System, seed: int, run_dir: str
+) -> Tuple[List[Tuple[str, List[str], str]], List[str]]:
+    """:func:`stage_runs` as command lines."""
+    steps, final = stage_runs(args, system, seed, run_dir)
+    return [(name, run.argv(), done) for name, run, done in steps], final.argv()
+
+
+def generate_run(args, checkpoint: str) -> Run:
+    """fairseq-generate of the test set with ``checkpoint``."""
+    run = Run.of(
+        "generate",
         args.data,
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        "test",
-        "--beam",
-        str(args.beam),
-        "--batch-size",
-        str(args.gen_batch_size),
-        "--skip-invalid-size-inputs-valid-test",
+        Part(
+            "decoding",
+            [
+                "--path",
+                checkpoint,
+                "--gen-subset",
+                "test",
+                "--beam",
+                args.beam,
+                "--batch-size",
+                args.gen_batch_size,
+                "--skip-invalid-size-inputs-valid-test",
+            ],
+        ),
     )
     if args.spm:
-        cmd += ["--post-process", "sentencepiece"]
+        run += ["--post-process", "sentencepiece"]
     elif args.remove_bpe:
-        cmd += ["--post-process", args.remove_bpe]
+        run += ["--post-process", args.remove_bpe]
     if args.cpu:
-        cmd += ["--cpu", "--num-workers", "0"]
-    return cmd + args.gen_args_list
+        run += recipes.cpu()
+    return run.plus(Part("gen_args", args.gen_args_list))
+
+
+def generate_command(args, checkpoint: str) -> List[str]:
+    """``python -m fairseq_cli.generate`` of :func:`generate_run`."""
+    return generate_run(args, checkpoint).argv()

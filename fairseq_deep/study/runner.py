@@ -7,8 +7,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import shlex
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -17,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import runs
 from ..errors import UserError
 from ..progress import TrainingProgress
-from .commands import generate_command, stage_commands, train_command
+from .commands import generate_run, stage_runs, train_run
 from .systems import System
 
 logger = logging.getLogger("fairseq_deep.study")
@@ -143,52 +141,38 @@ class Study:
             for seed in range(1, args.seeds + 1)
         ]
         self.lock = threading.Lock()
-        self.stopping = threading.Event()  # set on Ctrl-C / SIGTERM: queued runs do not start
-        self.procs = set()  # the running fairseq subprocesses
+        # the running fairseq processes: stop() (Ctrl-C, SIGTERM) ends them and starts no more
+        self.processes = runs.Processes()
+        self.stopping = self.processes.stopping
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
         if "OMP_NUM_THREADS" not in os.environ:
             self.env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.jobs))
 
     # -- subprocesses --------------------------------------------------------------------------
-    def _subprocess(self, cmd: List[str], log_path: str, mode: str = "a") -> int:
-        with open(log_path, mode, encoding="utf-8") as log:
-            log.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
-            log.flush()
-            with self.lock:
-                if self.stopping.is_set():
-                    return -1
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-                self.procs.add(proc)
-            try:
-                return proc.wait()
-            finally:
-                with self.lock:
-                    self.procs.discard(proc)
+    def execute(self, run: runs.Run, log_path: str, append: bool = True) -> runs.Result:
+        """One fairseq (or fairseq-deep-grow) run, its command line first in its log."""
+        return runs.execute(
+            run, log_path, append=append, header=True, env=self.env, processes=self.processes
+        )
 
     def _step(
-        self, run: RunState, cmd: List[str], log_path: str, what: str, interrupted: str
+        self, run: RunState, step: runs.Run, log_path: str, what: str, interrupted: str
     ) -> bool:
-        """Run one fairseq (or fairseq-deep-grow) command; False (``run`` failed) unless it succeeded."""
-        rc = self._subprocess(cmd, log_path)
-        if rc != 0 and self.stopping.is_set():
+        """Run one fairseq (or fairseq-deep-grow) step; False (``run`` failed) unless it succeeded."""
+        result = self.execute(step, log_path)
+        if not result.ok and self.stopping.is_set():
             run.fail(f"interrupted ({interrupted})")
-        elif rc != 0:
-            with open(log_path, encoding="utf-8", errors="replace") as f:
-                run.fail(f"{what}: " + runs.last_error(f.read()[-20000:]))
-        return rc == 0
+        elif not result.ok:
+            run.fail(f"{what}: " + result.error())
+        return result.ok
 
     def stop(self):
         """Start nothing more and end the running fairseq processes (fairseq resumes them from
         checkpoint_last.pt next time)."""
-        with self.lock:
-            self.stopping.set()
-            for proc in self.procs:
-                proc.terminate()
+        self.processes.stop()
 
     # -- the steps of one run ------------------------------------------------------------------
-    def grow_stages(
-        self, run: RunState, steps: List[Tuple[str, List[str], str]], t0: float
-    ) -> bool:
+    def grow_stages(self, run: RunState, steps: List[Tuple[str, runs.Run, str]], t0: float) -> bool:
         """The stages before a grown system's last one: train, grow, train, ... (each once)."""
         for name, step, done in steps:
             if os.path.exists(done):
@@ -202,10 +186,10 @@ class Study:
                     f.write(f"{time.time() - t0:.1f}\n")
         return True
 
-    def train(self, run: RunState, cmd: List[str], steps: List[Tuple[str, List[str], str]]) -> bool:
+    def train(self, run: RunState, train: runs.Run, steps: List[Tuple[str, runs.Run, str]]) -> bool:
         """fairseq-train (after the stages of a grown system); ``train.done`` holds its seconds."""
         with open(run.path("train_command.json"), "w") as f:
-            json.dump(cmd[1:], f, indent=0)
+            json.dump(train.argv()[1:], f, indent=0)
         run.status, run.started = "training", time.time()
         run.start_update = runs.last_update(run.path("train.log")) or 0
         self.log_progress(only=run)
@@ -213,7 +197,7 @@ class Study:
         if not self.grow_stages(run, steps, t0):
             return False
         if not self._step(
-            run, cmd, run.path("train.log"), "fairseq-train", "resumes from checkpoint_last.pt"
+            run, train, run.path("train.log"), "fairseq-train", "resumes from checkpoint_last.pt"
         ):
             return False
         with open(run.path("train.done"), "w") as f:
@@ -228,11 +212,10 @@ class Study:
         checkpoint = run.path(f"checkpoint_{self.args.checkpoint}.pt")
         if not os.path.exists(checkpoint):
             checkpoint = run.path("checkpoint_last.pt")
-        gen_path = run.path("generate.out")
-        rc = self._subprocess(generate_command(self.args, checkpoint), gen_path, mode="w")
-        generated = runs.read_generate(gen_path)
-        if rc != 0:
-            run.fail("fairseq-generate: " + runs.last_error("\n".join(generated.lines)[-20000:]))
+        result = self.execute(generate_run(self.args, checkpoint), run.path("generate.out"), False)
+        generated = result.generated
+        if not result.ok:
+            run.fail("fairseq-generate: " + result.error())
             return None
         return generated, checkpoint
 
@@ -253,15 +236,15 @@ class Study:
 
     def run_one(self, run: RunState):
         """Train, decode, score and record one run; a run with a result.json is kept as it is."""
-        cmd, steps = train_command(self.args, run.system, run.seed, run.run_dir), []
+        train, steps = train_run(self.args, run.system, run.seed, run.run_dir), []
         if (
             run.system.stages
         ):  # grown from shallower stages (the li group): stage, grow, ..., this one
-            steps, cmd = stage_commands(self.args, run.system, run.seed, run.run_dir)
+            steps, train = stage_runs(self.args, run.system, run.seed, run.run_dir)
         cmd_path = run.path("train_command.json")
         if os.path.exists(cmd_path):
             with open(cmd_path) as f:
-                if json.load(f) != cmd[1:]:
+                if json.load(f) != train.argv()[1:]:
                     logger.warning(
                         "%s: the fairseq-train command differs from the one saved in %s; a finished "
                         "run keeps its scores, an unfinished one resumes from its checkpoint_last.pt "
@@ -275,7 +258,7 @@ class Study:
             run.status = "done"
             return
         os.makedirs(run.run_dir, exist_ok=True)
-        if not os.path.exists(run.path("train.done")) and not self.train(run, cmd, steps):
+        if not os.path.exists(run.path("train.done")) and not self.train(run, train, steps):
             return
         if self.stopping.is_set():
             return
