@@ -50,6 +50,12 @@ from fairseq_deep.models import families
 from . import harness
 from .harness import PRECISIONS, add_device_argument, device_from_args, generate_flags, train_flags
 
+# the tiny sizes of the families (``tiny_sizes`` of their declarations), as the tests name them
+_TRANSFORMER_TINY = list(families.TINY_TRANSFORMER)
+_RNMT_TINY = list(families.get("rnmt_plus").tiny_sizes)
+_HYBRID_TINY = list(families.get("rnmt_hybrid").tiny_sizes)
+_DEEP_ATT_TINY = list(families.get("deep_att").tiny_sizes)
+
 # name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags of both,
 #        training flags of both): every tiny configuration that a family declares (its ``tiny``,
 #        fairseq_deep/models/families.py), so a family is in the matrix the moment it is declared

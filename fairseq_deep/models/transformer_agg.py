@@ -143,6 +143,7 @@ declare(
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the aggregation histories and the
         # multi-layer attention layers declare the rest: modules/layer_aggregation.py,
         # multi_layer_attention.py)
+        grows=True,
         # fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none,
         # --mla-layers 1)
         reduction=residual_stacks,

@@ -167,6 +167,7 @@ declare(
         transformer_layers=True,
         sizes=transformer_sizes,
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the rest is declared by the parts)
+        grows=True,
         # fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks
         # none: the pre-/post-norm presets, DeepNorm, Admin, DS-Init), whatever the --arch is called
         reduction=residual_stacks,

@@ -222,7 +222,8 @@ declare(
         sizes=transformer_sizes,
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the transparent weights:
         # modules/transparent_attention.py)
-        reduction=_reduction,
+        grows=True,
+        reduction=_reduction,  # fairseq-deep-export: the baselines with residuals
         layer_weights=(TRANSPARENT_WEIGHTS,),
         study=("bapna",),
         tiny_sizes=TINY_TRANSFORMER,

@@ -6,7 +6,6 @@ import os
 from typing import List, Sequence, Tuple
 
 from ..models import families
-from ..models.rnmt_plus.model import RNMT_LR_RATIO, RNMT_REPLICAS  # noqa: F401  (the study's API)
 from ..runs import (
     GENERATE,
     TRAIN,

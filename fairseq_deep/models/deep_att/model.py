@@ -105,6 +105,7 @@ declare(
             "Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"
         ),
         # fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
+        grows=True,
         study=("zhou",),
         tiny_sizes=TINY_DEEP_ATT,
         tiny=(

@@ -138,6 +138,7 @@ declare(
         sizes=lambda width: embedding_sizes(width) + hidden_sizes(width),
         reduction=never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"),
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
+        grows=True,
         layer_weights=(DLCL_WEIGHTS, TRANSPARENT_WEIGHTS),  # --dlcl-stacks, --rnmt-transparent
         recipe=Recipe(
             "rnmt_plus",
