@@ -42,140 +42,31 @@ import threading
 import time
 
 from fairseq_deep import runs
+from fairseq_deep.models import families
 from fairseq_deep.runs import Part, recipes
 from fairseq_deep.runs.recipes import PRECISIONS
 
 from . import harness
 from .harness import add_device_argument, device_from_args
 
-_TRANSFORMER_TINY = [*recipes.transformer_size(16, 32, 2), *recipes.layers(3, 2)]
-_RNMT_TINY = [*recipes.rnn_size(16, 16, 32), *recipes.layers(2, 2)]
-_HYBRID_TINY = [
-    *recipes.transformer_size(16, 32, 2),
-    *recipes.hidden_size(8, 16),
-    *recipes.layers(2, 2),
-    "--rnmt-encoder-layers",
-    "2",
-]
-_DEEP_ATT_TINY = [*recipes.rnn_size(16, 16, 16), *recipes.layers(2, 2)]
-_DIVERSITY = [
-    "--criterion",
-    "label_smoothed_cross_entropy_with_diversity",
-    "--label-smoothing",
-    "0.1",
-]
-_RNMT_TRAINING = [
-    "--task",
-    "translation_deep",
-    "--adaptive-clip",
-    "--adaptive-clip-warmup",
-    "20",
-    "--criterion",
-    "sentence_cross_entropy",
-]
+# the tiny sizes of the families (``tiny_sizes`` of their declarations), as the tests name them
+_TRANSFORMER_TINY = list(families.TINY_TRANSFORMER)
+_RNMT_TINY = list(families.get("rnmt_plus").tiny_sizes)
+_HYBRID_TINY = list(families.get("rnmt_hybrid").tiny_sizes)
+_DEEP_ATT_TINY = list(families.get("deep_att").tiny_sizes)
 
 # name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags of both,
-#        training flags of both)
+#        training flags of both): every tiny configuration that a family declares (its ``tiny``,
+#        fairseq_deep/models/families.py), so a family is in the matrix the moment it is declared
 FAMILIES = {
-    "transformer_dlcl": ("transformer_dlcl_30l", "transformer_dlcl", _TRANSFORMER_TINY, [], []),
-    "transformer_dlcl_postnorm": (
-        "transformer_dlcl_postnorm_30l",
-        "transformer_dlcl_postnorm",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_prenorm": (
-        "transformer_prenorm_30l",
-        "transformer_prenorm",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_ta": ("transformer_ta_16l", "transformer_ta", _TRANSFORMER_TINY, [], []),
-    "transformer_hier_agg+div": (
-        "transformer_hier_agg",
-        "transformer_hier_agg",
-        _TRANSFORMER_TINY,
-        [],
-        _DIVERSITY,
-    ),
-    "transformer_dense": ("transformer_dense", "transformer_dense", _TRANSFORMER_TINY, [], []),
-    "transformer_mla3": ("transformer_mla3", "transformer_mla3", _TRANSFORMER_TINY, [], []),
-    "rnmt_plus+clip+sent_ce": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, [], _RNMT_TRAINING),
-    "rnmt_plus_ta": ("rnmt_plus_512_ta", "rnmt_plus", _RNMT_TINY, ["--rnmt-transparent"], []),
-    "rnmt_plus_dlcl": ("rnmt_plus_512", "rnmt_plus", _RNMT_TINY, ["--dlcl-stacks", "both"], []),
-    "hybrid_transformer_rnmt": (
-        "hybrid_transformer_rnmt",
-        "hybrid_transformer_rnmt",
-        _HYBRID_TINY,
-        [],
-        [],
-    ),
-    "hybrid_rnmt_transformer": (
-        "hybrid_rnmt_transformer",
-        "hybrid_rnmt_transformer",
-        _HYBRID_TINY,
-        [],
-        [],
-    ),
-    "hybrid_cascaded": ("hybrid_cascaded", "hybrid_cascaded", _HYBRID_TINY, [], []),
-    "hybrid_multicolumn": ("hybrid_multicolumn", "hybrid_multicolumn", _HYBRID_TINY, [], []),
-    "deep_att_ff+deep_att_optim": (
-        "deep_att_ff_5x3",
-        "deep_att_ff",
-        _DEEP_ATT_TINY,
-        [],
-        ["--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"],
-    ),
-    "deep_ed_ff": ("deep_ed_ff", "deep_ed_ff", _DEEP_ATT_TINY, [], []),
-    # issue 17: the residual and initialisation schemes (tiny: 6 + 6 layers)
-    "transformer_deepnorm": (
-        "transformer_deepnorm_18l",
-        "transformer_deepnorm",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_admin": ("transformer_admin_18l", "transformer_admin", _TRANSFORMER_TINY, [], []),
-    "transformer_dsinit": (
-        "transformer_dsinit_12l",
-        "transformer_dsinit",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_rezero": (
-        "transformer_rezero_18l",
-        "transformer_rezero",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    # issue 41: the stream-level schemes (tiny: 3 + 2 layers; the ODE blocks in both stacks)
-    "transformer_denseformer": (
-        "transformer_denseformer_48l",
-        "transformer_denseformer",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_hc": ("transformer_hc_48l", "transformer_hc", _TRANSFORMER_TINY, [], []),
-    "transformer_mhc": ("transformer_mhc_48l", "transformer_mhc", _TRANSFORMER_TINY, [], []),
-    "transformer_resi_dual": (
-        "transformer_resi_dual_48l",
-        "transformer_resi_dual",
-        _TRANSFORMER_TINY,
-        [],
-        [],
-    ),
-    "transformer_ode_rk2": (
-        "transformer_ode_rk2_48l",
-        "transformer_ode_rk2",
-        _TRANSFORMER_TINY,
-        ["--ode-stacks", "both"],
-        [],
-    ),
+    tiny.name: (
+        tiny.paper_arch,
+        tiny.arch,
+        list(family.tiny_sizes),
+        list(tiny.model),
+        list(tiny.training),
+    )
+    for family, tiny in families.tiny_configs()
 }
 
 
@@ -183,29 +74,7 @@ FAMILIES = {
 # out-of-memory).  Per family: parameters (millions, an 8k joint vocabulary: counted by building each
 # --arch on the meta device), the sum of width x layers of its Transformer layers and of hidden size
 # x layers x directions of its recurrent ones (Deep-Att: every F-F layer of both columns).
-PAPER_MEMORY = {
-    "transformer_dlcl": (132.1, 36 * 512, 0),
-    "transformer_dlcl_postnorm": (132.1, 36 * 512, 0),
-    "transformer_prenorm": (132.1, 36 * 512, 0),
-    "transformer_ta": (88.0, 22 * 512, 0),
-    # the aggregating models keep every layer's output for their aggregation nodes: 1.5x
-    "transformer_hier_agg+div": (79.5, 18 * 512, 0),
-    "transformer_dense": (56.4, 18 * 512, 0),
-    "transformer_mla3": (85.3, 18 * 512, 0),
-    "rnmt_plus+clip+sent_ce": (78.6, 0, 20 * 512),
-    "rnmt_plus_ta": (78.6, 0, 20 * 512),
-    "rnmt_plus_dlcl": (78.6, 0, 20 * 512),
-    "hybrid_transformer_rnmt": (262.6, 6 * 1024, 8 * 1024),
-    "hybrid_rnmt_transformer": (320.5, 6 * 1024, 12 * 1024),
-    "hybrid_cascaded": (365.4, 4 * 1024, 20 * 1024),
-    "hybrid_multicolumn": (417.7, 6 * 1024, 20 * 1024),
-    "deep_att_ff+deep_att_optim": (65.0, 0, 13 * 512),
-    "deep_ed_ff": (115.8, 0, 25 * 512),
-    "transformer_deepnorm": (144.7, 36 * 512, 0),
-    "transformer_admin": (144.8, 36 * 512, 0),
-    "transformer_dsinit": (100.6, 24 * 512, 0),
-    "transformer_rezero": (144.6, 36 * 512, 0),
-}
+PAPER_MEMORY = {tiny.name: tiny.paper_memory for _, tiny in families.tiny_configs()}
 #: bytes per token and unit of width x layers kept for the backward: a Transformer layer ~34 values of
 #: width per token in 16-bit (Korthikanti et al. 2022) plus the decoder's cross-attention: 48; the
 #: recurrent loops run in float32 and keep gates, cell and layer-norm statistics of every step: 100

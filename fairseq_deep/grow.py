@@ -159,7 +159,8 @@ def family_of(
 
 def depth_options(family: str, args) -> Tuple[str, str]:
     """The options that hold the encoder and decoder depth of a family, as its model class
-    declares them (:func:`fairseq_deep.modules.growth.declare_family`); a family without a
+    declares them (:func:`fairseq_deep.modules.growth.declare_family`, made by the family's
+    declaration in :mod:`fairseq_deep.models.families`); a family without a
     declaration is refused."""
     from fairseq.models import MODEL_REGISTRY
 

@@ -21,15 +21,9 @@ from test_grow import SAME, layers, save_tiny
 from fairseq_deep import model_options
 from fairseq_deep.errors import CheckpointError
 from fairseq_deep.grow import grow
+from fairseq_deep.models import families
 
-FAMILIES = [
-    "transformer_dlcl",
-    "transformer_ta",
-    "transformer_agg",
-    "rnmt_plus",
-    "rnmt_hybrid",
-    "deep_att",
-]
+FAMILIES = [family.name for family in families.registered()]  # every model family
 DESIGN = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "design.md"
 )

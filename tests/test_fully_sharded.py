@@ -33,21 +33,13 @@ from helpers import build_family, dtype_marker, random_batch, run_cli
 from torch import nn
 
 from benchmarks import precision_matrix
+from fairseq_deep.models import families
 
 enable_wrap = pytest.importorskip("fairscale.nn").enable_wrap
 
+# the tiny configurations (precision_matrix.FAMILIES) of every family that builds Transformer layers
 TRANSFORMER_FAMILIES = [
-    f
-    for f in precision_matrix.FAMILIES
-    if f.startswith(
-        (
-            "transformer_",
-            "hybrid_transformer_rnmt",
-            "hybrid_rnmt_transformer",
-            "hybrid_cascaded",
-            "hybrid_multicolumn",
-        )
-    )
+    tiny.name for family, tiny in families.tiny_configs() if family.transformer_layers
 ]
 
 

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from fairseq_deep.grow import grow
 from fairseq_deep.model_options import model_command
+from fairseq_deep.models import families
 
 LR = 1e-3
 
@@ -39,46 +40,50 @@ HYBRID = [
 
 
 # (arch, the shallow model's flags, grown encoder and decoder depth, method): every family, and the
-# methods spread over them (identity where the family allows it)
-FAMILIES = [
-    ("transformer_ta", layers(1), 2, 2, "stack"),  # (N+1) x M transparent weights, both sides grown
-    ("transformer_ta_prenorm", layers(1), 3, 2, "identity"),
-    ("transformer_dense", layers(1), 3, 2, "stack"),
-    ("transformer_linear_agg", layers(2, 1), 3, 2, "identity"),
-    ("transformer_iterative_agg", layers(2, 1), 3, 2, "interleave"),
-    ("transformer_hier_agg", layers(2, 1), 4, 2, "stack"),
-    ("transformer_mla2", layers(2, 1), 3, 2, "stack"),
-    ("transformer_mla3", layers(2, 1), 4, 2, "interleave"),
-    ("transformer_deepnorm", layers(1), 2, 2, "stack"),  # the new depth's alpha/beta
-    ("transformer_admin", layers(1), 2, 2, "interleave"),
-    ("transformer_rezero", layers(1), 3, 2, "identity"),
-    ("transformer_dsinit", layers(1), 2, 2, "stack"),
-    ("transformer_dlcl_postnorm", layers(1), 3, 2, "interleave"),
-    ("transformer_prenorm", layers(1), 2, 2, "identity"),
-    ("deep_att", layers(2, 1), 3, 2, "interleave"),  # the interleaved directions of the columns
-    ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
-    (
-        "rnmt_plus",
-        ["--rnmt-transparent", *layers(3, 2)],
-        4,
-        3,
-        "stack",
-    ),  # RNMT+'s transparent readout
-    (
-        "hybrid_transformer_rnmt",
-        [*HYBRID, *layers(1)],
+# methods spread over them (identity where the family allows it); a family that grows and that none
+# of these is of gets a row of its first tiny configuration (models/families.py), one layer grown
+# to two by --method stack
+FAMILIES = families.cover(
+    [
+        # (N+1) x M transparent weights, both sides grown
+        ("transformer_ta", layers(1), 2, 2, "stack"),
+        ("transformer_ta_prenorm", layers(1), 3, 2, "identity"),
+        ("transformer_dense", layers(1), 3, 2, "stack"),
+        ("transformer_linear_agg", layers(2, 1), 3, 2, "identity"),
+        ("transformer_iterative_agg", layers(2, 1), 3, 2, "interleave"),
+        ("transformer_hier_agg", layers(2, 1), 4, 2, "stack"),
+        ("transformer_mla2", layers(2, 1), 3, 2, "stack"),
+        ("transformer_mla3", layers(2, 1), 4, 2, "interleave"),
+        ("transformer_deepnorm", layers(1), 2, 2, "stack"),  # the new depth's alpha/beta
+        ("transformer_admin", layers(1), 2, 2, "interleave"),
+        ("transformer_rezero", layers(1), 3, 2, "identity"),
+        ("transformer_dsinit", layers(1), 2, 2, "stack"),
+        ("transformer_dlcl_postnorm", layers(1), 3, 2, "interleave"),
+        ("transformer_prenorm", layers(1), 2, 2, "identity"),
+        ("deep_att", layers(2, 1), 3, 2, "interleave"),  # the interleaved directions of the columns
+        ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
+        # RNMT+'s transparent readout
+        ("rnmt_plus", ["--rnmt-transparent", *layers(3, 2)], 4, 3, "stack"),
+        # Transformer encoder, RNMT+ decoder
+        ("hybrid_transformer_rnmt", [*HYBRID, *layers(1)], 2, 2, "stack"),
+        (
+            "hybrid_rnmt_transformer",
+            [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"],
+            3,
+            2,
+            "interleave",
+        ),
+    ],
+    arch=lambda row: row[0],
+    default=lambda family, tiny: (
+        tiny.arch,
+        [*family.tiny_sizes, *tiny.model, *layers(1)],
         2,
         2,
         "stack",
-    ),  # Transformer encoder, RNMT+ decoder
-    (
-        "hybrid_rnmt_transformer",
-        [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"],
-        3,
-        2,
-        "interleave",
     ),
-]
+    applies=lambda family: family.grows,
+)
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,13 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from helpers import PLUGIN_DIR, python_module, run_cli
 
 from benchmarks import precision_matrix
+from fairseq_deep.models import families
 from fairseq_deep.optim.adaptive_clip import STATE_KEY
 
-# bf16 through the CLI for one family of each kind of model (the in-process tests of
-# test_precision.py cast every family to bfloat16): about 10 s of CPU per run
-BF16_FAMILIES = [
-    "transformer_dlcl",
-    "transformer_admin",
-    "rnmt_plus+clip+sent_ce",
-    "hybrid_cascaded",
-    "deep_att_ff+deep_att_optim",
-]
+# bf16 through the CLI for the configurations of each family that name "bf16" in their samples, or
+# its first (the in-process tests of test_precision.py cast every family to bfloat16): about 10 s of
+# CPU per run
+BF16_FAMILIES = [tiny.name for _, tiny in families.matrix("bf16")]
 
 
 @pytest.mark.parametrize(

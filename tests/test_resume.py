@@ -6,9 +6,11 @@ it logs for updates k+1..N equal those of an uninterrupted run with the same see
 checkpoints are bitwise equal: every parameter and buffer of the model (learned layer weights
 included), the optimizer state, the LR scheduler, the data iterator position and the loss meters.
 
-To add a model family: append ``(arch, flags)`` to FAMILIES.  Flags that create state of their own
-(a criterion with statistics, adaptive clipping, diagnostics) belong in that entry, so that the
-state is saved and restored under test.  Dropout stays on: the random streams must resume too.
+Every model family is a row of FAMILIES: a family declared without a row here gets one from its
+first tiny configuration (``tiny`` of its declaration, fairseq_deep/models/families.py).  Flags that
+create state of their own (a criterion with statistics, adaptive clipping, diagnostics) belong in a
+row, so that the state is saved and restored under test.  Dropout stays on: the random streams must
+resume too.
 """
 
 import json
@@ -23,61 +25,74 @@ import torch
 from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
+from fairseq_deep.models import families
 
-FAMILIES = [
-    pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
-    pytest.param("transformer_ta", [], id="transformer_ta"),
-    # the diversity criterion, on an aggregation model
-    pytest.param(
-        "transformer_hier_agg",
-        ["--criterion", "label_smoothed_cross_entropy_with_diversity", "--diversity-lambda", "0.1"],
-        id="transformer_hier_agg",
-    ),
-    # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
-    # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
-    pytest.param(
-        "rnmt_plus",
-        [
-            "--task",
-            "translation_deep",
-            "--adaptive-clip",
-            "--adaptive-clip-warmup",
-            "1",
-            "--adaptive-clip-threshold",
-            "0.01",
-            "--criterion",
-            "sentence_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            "--lr-scheduler",
+FAMILIES = families.cover(
+    [
+        pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
+        pytest.param("transformer_ta", [], id="transformer_ta"),
+        # the diversity criterion, on an aggregation model
+        pytest.param(
+            "transformer_hier_agg",
+            [
+                "--criterion",
+                "label_smoothed_cross_entropy_with_diversity",
+                "--diversity-lambda",
+                "0.1",
+            ],
+            id="transformer_hier_agg",
+        ),
+        # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
+        # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
+        pytest.param(
             "rnmt_plus",
-            "--rnmt-decay-start",
-            "5",
-            "--rnmt-decay-end",
-            "7",
-        ],
-        id="rnmt_plus",
+            [
+                "--task",
+                "translation_deep",
+                "--adaptive-clip",
+                "--adaptive-clip-warmup",
+                "1",
+                "--adaptive-clip-threshold",
+                "0.01",
+                "--criterion",
+                "sentence_cross_entropy",
+                "--label-smoothing",
+                "0.1",
+                "--lr-scheduler",
+                "rnmt_plus",
+                "--rnmt-decay-start",
+                "5",
+                "--rnmt-decay-end",
+                "7",
+            ],
+            id="rnmt_plus",
+        ),
+        # three parameter groups with their own learning rates
+        pytest.param(
+            "deep_att_ff",
+            ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
+            id="deep_att_ff",
+        ),
+        # issue 17: a 100-layer DeepNorm encoder; a 60-layer Admin encoder, whose omegas are profiled
+        # on the first batch of the reference run and must come back from the checkpoint, not again
+        pytest.param(
+            "transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"
+        ),
+        pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
+        # issue 41: DWA weights; mHC's connections (static, dynamic and mhc have the same parameter
+        # kinds); ResiDual's dual norm; RK2 blocks in both stacks, two evaluations per layer
+        # (dropout draws twice), their gates
+        pytest.param("transformer_denseformer", [], id="transformer_denseformer"),
+        pytest.param("transformer_mhc", [], id="transformer_mhc"),
+        pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
+        pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
+    ],
+    arch=lambda row: row.values[0],
+    # a family none of these is of: its first tiny configuration (models/families.py)
+    default=lambda family, tiny: pytest.param(
+        tiny.arch, [*family.tiny_sizes, *tiny.model, *tiny.training], id=tiny.name
     ),
-    # three parameter groups with their own learning rates
-    pytest.param(
-        "deep_att_ff",
-        ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
-        id="deep_att_ff",
-    ),
-    # issue 17: a 100-layer DeepNorm encoder; a 60-layer Admin encoder, whose omegas are profiled
-    # on the first batch of the reference run and must come back from the checkpoint, not again
-    pytest.param(
-        "transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"
-    ),
-    pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
-    # issue 41: DWA weights; mHC's connections (static, dynamic and mhc have the same parameter
-    # kinds); ResiDual's dual norm; RK2 blocks in both stacks, two evaluations per layer (dropout
-    # draws twice), their gates
-    pytest.param("transformer_denseformer", [], id="transformer_denseformer"),
-    pytest.param("transformer_mhc", [], id="transformer_mhc"),
-    pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
-    pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
-]
+)
 
 MAX_UPDATE = 7
 SAVE_EVERY = 3  # the run is killed after its first save, at update 3

@@ -4,232 +4,45 @@
         [--mask-below 0.1 --mask-row-fraction 0.05] [--no-mask] [--no-plot]
 
 Every learned layer-weight matrix of the model is found by the suffix of its state-dict key,
-through a registry of *kinds* (:data:`KINDS`, :func:`register_kind`), so that each technique adds its
-own.  For each matrix the command writes ``<key>.json`` (matrix, labels, key, kind), ``<key>.csv``
-and ``<key>.png``, a heatmap drawn as in Fig. 5: one row per reader (layer l+1 ... the readout),
+through the *kinds* that the model families declare (:func:`kinds`: each technique's
+:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind` beside its module, named in
+its families' declarations, :mod:`fairseq_deep.models.families`).  For each matrix the command
+writes ``<key>.json`` (matrix, labels, key, kind), ``<key>.csv`` and ``<key>.png``, a heatmap
+drawn as in Fig. 5: one row per reader (layer l+1 ... the readout),
 one column per layer read (y_0 = embedding ... y_l).  As in the paper, entries with ``|w| < 0.1`` or
 below 5% of their row's largest absolute value are masked out of the plot (``--no-mask`` shows
 them); the JSON and CSV always hold every value.
 """
 
-import argparse
 import csv
 import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..errors import ArgumentParser, UserError, import_optional, report_user_errors
-from ..modules.denseformer import dwa_structure
-from ..modules.hyper_connections import sinkhorn
+from ..models import families
+from ..modules.layer_weight_kinds import (  # noqa: F401  (cfg_value, layer_labels: this module's API)
+    LayerWeightKind,
+    cfg_value,
+    layer_labels,
+)
 
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
 
 # ---------------------------------------------------------------------------------------------
-# Kinds of layer-weight matrices
+# Kinds of layer-weight matrices: declared beside their modules, named by the families
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class LayerWeightKind:
-    """How to recognise one technique's weight matrix and turn it into the matrix that is plotted.
-
-    ``matches(key, tensor)`` says whether a state-dict entry is of this kind; ``effective(tensor,
-    cfg)`` returns ``(matrix, valid)``: the weights in plotting orientation (rows = readers, columns
-    = layers read, y_0 first) and a bool matrix of the entries that exist (False: structurally
-    absent, e.g. the upper triangle of DLCL); ``labels(matrix)`` returns ``(row_labels,
-    col_labels)``.
-    """
-
-    name: str
-    suffix: str
-    description: str
-    matches: Callable[[str, Tensor], bool]
-    effective: Callable[[Tensor, Any], "tuple[Tensor, Tensor]"]
-    labels: Callable[[Tensor], "tuple[List[str], List[str]]"]
-    #: hide small entries by default, as Fig. 5 of Wang et al. does for DLCL (a softmax over many
-    #: layers, as transparent attention's, has every entry small: it is shown whole)
-    mask_small: bool = True
-
-
-KINDS: Dict[str, LayerWeightKind] = {}
-
-
-def register_kind(kind: LayerWeightKind) -> LayerWeightKind:
-    if kind.name in KINDS:
-        raise ValueError(f"layer-weight kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
-    return kind
-
-
-def cfg_value(cfg, name: str, default=None):
-    """``name`` from a checkpoint's model config: an argparse.Namespace, dict or omegaconf node."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, argparse.Namespace) or not hasattr(cfg, "get"):
-        return getattr(cfg, name, default)
-    try:
-        value = cfg.get(name, default)
-    except Exception:  # pragma: no cover - a struct-mode omegaconf node without the key
-        value = default
-    return default if value is None else value
-
-
-def layer_labels(n_cols: int) -> List[str]:
-    """y_0 (the embedding), y_1, ... y_{n-1}."""
-    return ["y0 (emb)"] + [f"y{k}" for k in range(1, n_cols)]
-
-
-# (a) DLCL, Wang et al. 2019 Eq. 7-9: `<stack>.history.weight`, (L+1) x (L+1), lower triangular.
-
-
-def _dlcl_matches(key: str, w: Tensor) -> bool:
-    return key.endswith("history.weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
-
-
-def _dlcl_effective(w: Tensor, cfg):
-    """As ``DynamicLinearCombination.weights()``: masked row softmax or the lower triangle."""
-    w = w.detach().float().cpu()
-    valid = torch.ones_like(w, dtype=torch.bool).tril()
-    if cfg_value(cfg, "dlcl_softmax_weights", False):
-        return torch.softmax(w.masked_fill(~valid, float("-inf")), dim=1), valid
-    upper = w.masked_fill(valid, 0).abs().max().item() if w.numel() else 0.0
-    if upper > 0:
-        logger.warning(
-            "DLCL matrix has non-zero entries above the diagonal (max %.3g); they are "
-            "not used by the model and are masked",
-            upper,
-        )
-    return w * valid, valid
-
-
-def _dlcl_labels(m: Tensor):
-    n = m.shape[0]
-    rows = [f"layer {r + 1}" for r in range(n - 1)] + ["readout"]
-    return rows, layer_labels(n)
-
-
-register_kind(
-    LayerWeightKind(
-        name="dlcl",
-        suffix="history.weight",
-        description="dynamic linear combination of layers (Wang et al. 2019, Eq. 7-9)",
-        matches=_dlcl_matches,
-        effective=_dlcl_effective,
-        labels=_dlcl_labels,
-    )
-)
-
-
-# (b) Transparent attention, Bapna et al. 2018 Eq. 1-2: `transparent_attention.weight`,
-# (N+1) x M: one column per decoder attention module j, softmax over the encoder layers (dim 0).
-# Plotted transposed, so that as for DLCL each row is a reader and columns are y_0 ... y_N.
-
-
-def _ta_matches(key: str, w: Tensor) -> bool:
-    return key.endswith("transparent_attention.weight") and w.dim() == 2
-
-
-def _ta_effective(w: Tensor, cfg):
-    s = torch.softmax(w.detach().float().cpu(), dim=0).t().contiguous()
-    return s, torch.ones_like(s, dtype=torch.bool)
-
-
-def _ta_labels(m: Tensor):
-    return [f"dec. attn {j + 1}" for j in range(m.shape[0])], layer_labels(m.shape[1])
-
-
-register_kind(
-    LayerWeightKind(
-        name="transparent_attention",
-        suffix="transparent_attention.weight",
-        description="transparent attention (Bapna et al. 2018, Eq. 1-2); stored (N+1) x M, "
-        "softmax over dim 0, shown transposed (rows = decoder attention modules)",
-        matches=_ta_matches,
-        effective=_ta_effective,
-        labels=_ta_labels,
-        mask_small=False,
-    )
-)
-
-
-# (c) DenseFormer, Pagliardini et al. 2024 Eq. 1-2: `<stack>.history.dwa_weight`, (L+1) x (L+1):
-# row r the DWA after block r (row 0 the embedding, row L the readout), as DLCL's rows; the rows
-# without a DWA (--denseformer-period) are the identity, the entries outside the dilation absent.
-
-
-def _dwa_matches(key: str, w: Tensor) -> bool:
-    return key.endswith("history.dwa_weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
-
-
-def _dwa_effective(w: Tensor, cfg):
-    learned, fixed = dwa_structure(
-        w.shape[0] - 1,
-        int(cfg_value(cfg, "denseformer_dilation", 1)),
-        int(cfg_value(cfg, "denseformer_period", 1)),
-    )
-    return w.detach().float().cpu() * learned + fixed, (learned + fixed) > 0
-
-
-register_kind(
-    LayerWeightKind(
-        name="denseformer",
-        suffix="history.dwa_weight",
-        description="DenseFormer's depth-weighted averages (Pagliardini et al. 2024, Eq. 1-2); rows "
-        "without a DWA (--denseformer-period) are the identity",
-        matches=_dwa_matches,
-        effective=_dwa_effective,
-        labels=_dlcl_labels,
-    )
-)
-
-
-# (d) Hyper-connections, Zhu et al. 2025 Eq. 1-5: `<stack>.layers.<l>.hyper_connections.<k>.static`,
-# the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of sublayer k, shown transposed: each row a reader
-# (the sublayer's input h_0, the new stream t), each column what it reads (the sublayer's output,
-# the old stream s).  Dynamic hyper-connections add an input-dependent part to it; for mHC the
-# constrained matrices are shown (sigmoid, 2 sigmoid, Sinkhorn-Knopp), at that part's 0.
-
-
-def _hc_matches(key: str, w: Tensor) -> bool:
-    return ".hyper_connections." in key and key.endswith(".static") and w.dim() == 2
-
-
-def _hc_effective(w: Tensor, cfg):
-    m = w.detach().float().cpu().clone()
-    if cfg_value(cfg, "hyper_connections", "static") == "mhc":
-        m[1:, :1] = m[1:, :1].sigmoid()
-        m[:1, 1:] = 2 * m[:1, 1:].sigmoid()
-        m[1:, 1:] = sinkhorn(m[1:, 1:], int(cfg_value(cfg, "hc_sinkhorn_iters", 20)))
-    m[0, 0] = 0.0
-    valid = torch.ones_like(m, dtype=torch.bool)
-    valid[0, 0] = False
-    return m.t().contiguous(), valid.t().contiguous()
-
-
-def _hc_labels(m: Tensor):
-    streams = [f"stream {s}" for s in range(1, m.shape[0])]
-    return ["input h0"] + [f"new {s}" for s in streams], ["output T(h0)"] + streams
-
-
-register_kind(
-    LayerWeightKind(
-        name="hyper_connections",
-        suffix="hyper_connections.<k>.static",
-        description="hyper-connections of one sublayer (Zhu et al. 2025, Eq. 1-5; mHC: Xie et al. "
-        "2025), shown transposed: rows the sublayer's input and the new streams, columns the "
-        "sublayer's output and the old streams",
-        matches=_hc_matches,
-        effective=_hc_effective,
-        labels=_hc_labels,
-    )
-)
+def kinds() -> Dict[str, LayerWeightKind]:
+    """Every kind of layer-weight matrix that a registered model family holds, by name."""
+    return families.layer_weight_kinds()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,10 +59,11 @@ def extract_layer_weights(state_dict: Dict[str, Tensor], cfg=None) -> List[Dict[
     ``stored_shape``.
     """
     records = []
+    known = kinds().values()
     for key, value in state_dict.items():
         if not isinstance(value, Tensor):
             continue
-        for kind in KINDS.values():
+        for kind in known:
             if kind.matches(key, value):
                 matrix, valid = kind.effective(value, cfg)
                 rows, cols = kind.labels(matrix)
@@ -490,7 +304,9 @@ def write_record(
             {
                 "key": record["key"],
                 "kind": record["kind"],
-                "description": KINDS[record["kind"]].description if record["kind"] in KINDS else "",
+                "description": kinds()[record["kind"]].description
+                if record["kind"] in kinds()
+                else "",
                 "stored_shape": record["stored_shape"],
                 "row_labels": record["row_labels"],
                 "col_labels": record["col_labels"],
@@ -575,7 +391,7 @@ def main(argv=None) -> int:
     state_dict, cfg = load_checkpoint(args.checkpoint)
     records = extract_layer_weights(state_dict, cfg)
     if not records:
-        suffixes = ", ".join(f"'{k.suffix}' ({k.name})" for k in KINDS.values())
+        suffixes = ", ".join(f"'{k.suffix}' ({k.name})" for k in kinds().values())
         print(
             f"error: no layer-weight matrix in {args.checkpoint}: looked for keys ending in "
             f"{suffixes}. Was the model trained with layer weights (e.g. --arch transformer_dlcl "
@@ -586,7 +402,7 @@ def main(argv=None) -> int:
     if not args.no_plot:
         _pyplot()  # fail before writing anything when matplotlib is missing
     for record in records:
-        if args.no_mask or not KINDS[record["kind"]].mask_small:
+        if args.no_mask or not kinds()[record["kind"]].mask_small:
             mask, note = ~record["valid"], ""  # entries that do not exist stay blank
         else:
             mask = small_weight_mask(

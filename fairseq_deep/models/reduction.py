@@ -1,10 +1,11 @@
 """Which models of the package are fairseq's own ``transformer``, and its parameters for them
 (``fairseq-deep-export``, docs/export.md).
 
-Each family declares, beside its model, a rule (:func:`declare_reduction`): the built model ->
-None when fairseq's ``transformer`` computes the same function, up to a fold of its parameters, or
-else why not, in one line.  The Transformer families declare :func:`residual_stacks`, which reads
-what the model computes, not its name: both stacks run the residual history (no DLCL, no
+Each family declares, beside its model, a rule (``reduction`` of its declaration,
+:mod:`fairseq_deep.models.families`): the built model -> None when fairseq's ``transformer``
+computes the same function, up to a fold of its parameters, or else why not, in one line.  The
+Transformer families declare :func:`residual_stacks`, which reads what the model computes, not
+its name: both stacks run the residual history (no DLCL, no
 aggregation: ``LayerHistory.not_residual``) over fairseq's own layers (no multi-layer attention,
 no ReZero, no layer without residual: ``why_not_standard``).  The recurrent families declare
 :func:`never`.
@@ -40,9 +41,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..modules.residual_schemes import residual_scales, scheme_base
-
-#: family (model name) -> rule: model -> why it does not reduce, or None
-RULES: Dict[str, Callable[[nn.Module], Optional[str]]] = {}
+from . import families
 
 #: what serves a model that does not reduce
 SERVED_BY = (
@@ -58,22 +57,18 @@ STANDARD_LAYERS = (
 )
 
 
-def declare_reduction(family: str, rule: Callable[[nn.Module], Optional[str]]):
-    """Declare how the models of ``family`` (a model name) reduce to fairseq's ``transformer``."""
-    RULES[family] = rule
-
-
 def never(why: str) -> Callable[[nn.Module], Optional[str]]:
     """The rule of a family no model of which reduces."""
     return lambda model: why
 
 
 def why_not_transformer(family: str, model: nn.Module) -> Optional[str]:
-    """None when ``model`` (of ``family``) reduces to fairseq's ``transformer``, else why not."""
-    rule = RULES.get(family)
-    if rule is None:
+    """None when ``model`` (of ``family``, a model name) reduces to fairseq's ``transformer``, else
+    why not (the rule the family declares)."""
+    declared = families.get(family)
+    if declared is None:
         return f"the family {family} declares no reduction to fairseq's transformer"
-    return rule(model)
+    return declared.reduction(model)
 
 
 def residual_stacks(model: nn.Module) -> Optional[str]:

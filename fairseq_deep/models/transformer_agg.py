@@ -19,7 +19,6 @@ from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wm
 from torch import Tensor
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
-from ..modules.growth import declare_family
 from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
 from ..modules.multi_layer_attention import (
     MultiLayerAttentionConfig,
@@ -27,8 +26,9 @@ from ..modules.multi_layer_attention import (
     MultiLayerAttentionEncoderLayer,
     mla_window,
 )
+from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
 from .presets import fill_defaults, register_preset
-from .reduction import declare_reduction, residual_stacks
+from .reduction import residual_stacks
 from .transformer_stack import (
     HistoryTransformerDecoder,
     HistoryTransformerEncoder,
@@ -133,11 +133,42 @@ class TransformerAggModel(PretrainedInitMixin, TechniqueTransformerModel):
         )
 
 
-# fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none, --mla-layers 1)
-declare_reduction("transformer_agg", residual_stacks)
-# fairseq-deep-grow: --encoder-layers and --decoder-layers (the aggregation histories and the
-# multi-layer attention layers declare the rest: modules/layer_aggregation.py, multi_layer_attention.py)
-declare_family(TransformerAggModel)
+declare(
+    Family(
+        name="transformer_agg",
+        model=TransformerAggModel,
+        kind="transformer",
+        transformer_layers=True,
+        sizes=transformer_sizes,
+        # fairseq-deep-grow: --encoder-layers and --decoder-layers (the aggregation histories and the
+        # multi-layer attention layers declare the rest: modules/layer_aggregation.py,
+        # multi_layer_attention.py)
+        grows=True,
+        # fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none,
+        # --mla-layers 1)
+        reduction=residual_stacks,
+        study=("dou",),
+        tiny_sizes=TINY_TRANSFORMER,
+        tiny=(
+            Tiny(
+                "transformer_hier_agg+div",
+                "transformer_hier_agg",
+                "transformer_hier_agg",
+                (79.5, 18 * 512, 0),  # the aggregation nodes keep every layer's output: 1.5x
+                training=(
+                    "--criterion",
+                    "label_smoothed_cross_entropy_with_diversity",
+                    "--label-smoothing",
+                    "0.1",
+                ),
+            ),
+            Tiny(
+                "transformer_dense", "transformer_dense", "transformer_dense", (56.4, 18 * 512, 0)
+            ),
+            Tiny("transformer_mla3", "transformer_mla3", "transformer_mla3", (85.3, 18 * 512, 0)),
+        ),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,10 +14,12 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_wmt_en_de_big_t2t,
 )
 
-from ..modules.growth import declare_family
-from ..modules.layer_history import DLCLConfig, build_dlcl
+from ..modules.denseformer import DENSEFORMER_WEIGHTS
+from ..modules.hyper_connections import HYPER_CONNECTION_WEIGHTS
+from ..modules.layer_history import DLCL_WEIGHTS, DLCLConfig, build_dlcl
+from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
-from .reduction import declare_reduction, residual_stacks
+from .reduction import residual_stacks
 from .transformer_stack import (
     HistoryTransformerDecoder,
     HistoryTransformerEncoder,
@@ -50,13 +52,6 @@ class TransformerDLCLModel(TechniqueTransformerModel):
         return HistoryTransformerDecoder(
             cfg, tgt_dict, embed_tokens, history, no_encoder_attn=cfg.no_cross_attention
         )
-
-
-# fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks none: the
-# pre-/post-norm presets, DeepNorm, Admin, DS-Init), whatever the --arch is called
-declare_reduction("transformer_dlcl", residual_stacks)
-# fairseq-deep-grow: --encoder-layers and --decoder-layers (the rest is declared by the parts)
-declare_family(TransformerDLCLModel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,3 +159,48 @@ for _depth in (12, 16, 20, 25, 30):
             _parent,
             depth=(_depth, None),
         )
+
+
+declare(
+    Family(
+        name="transformer_dlcl",
+        model=TransformerDLCLModel,
+        kind="transformer",
+        transformer_layers=True,
+        sizes=transformer_sizes,
+        # fairseq-deep-grow: --encoder-layers and --decoder-layers (the rest is declared by the parts)
+        grows=True,
+        # fairseq-deep-export: fairseq's transformer when both stacks are residual (--dlcl-stacks
+        # none: the pre-/post-norm presets, DeepNorm, Admin, DS-Init), whatever the --arch is called
+        reduction=residual_stacks,
+        layer_weights=(DLCL_WEIGHTS, DENSEFORMER_WEIGHTS, HYPER_CONNECTION_WEIGHTS),
+        study=("wang", "chen", "depth", "li"),
+        depth_sweep=(
+            ("post-norm", "transformer_postnorm", "postnorm"),
+            ("pre-norm", "transformer_prenorm", "prenorm"),
+            ("DLCL", "transformer_dlcl", "dlcl"),
+        ),
+        tiny_sizes=TINY_TRANSFORMER,
+        tiny=(
+            Tiny(
+                "transformer_dlcl",
+                "transformer_dlcl",
+                "transformer_dlcl_30l",
+                (132.1, 36 * 512, 0),
+                samples=("bf16",),
+            ),
+            Tiny(
+                "transformer_dlcl_postnorm",
+                "transformer_dlcl_postnorm",
+                "transformer_dlcl_postnorm_30l",
+                (132.1, 36 * 512, 0),
+            ),
+            Tiny(
+                "transformer_prenorm",
+                "transformer_prenorm",
+                "transformer_prenorm_30l",
+                (132.1, 36 * 512, 0),
+            ),
+        ),
+    )
+)

@@ -19,6 +19,7 @@ papers train on WMT:
 The depth-free preset of each (6 + 6 layers) leaves the depths free; a depth-named preset owns them.
 """
 
+from .families import Tiny, declare_presets
 from .presets import register_preset
 from .transformer_dlcl import postnorm_architecture
 
@@ -58,3 +59,43 @@ for _name, (_what, _option, _depths) in SCHEMES.items():
             _base,
             depth=_layers,
         )
+
+
+# the study's depth group and the test matrices (issue 17: tiny, 3 + 2 layers; the paper's depth-18
+# presets at scale)
+declare_presets(
+    "transformer_dlcl",
+    depth_sweep=(
+        ("DeepNorm", "transformer_deepnorm", "deepnorm"),
+        ("Admin", "transformer_admin", "admin"),
+        ("DS-Init", "transformer_dsinit", "dsinit"),
+        ("ReZero", "transformer_rezero", "rezero"),
+    ),
+    tiny=(
+        Tiny(
+            "transformer_deepnorm",
+            "transformer_deepnorm",
+            "transformer_deepnorm_18l",
+            (144.7, 36 * 512, 0),
+        ),
+        Tiny(
+            "transformer_admin",
+            "transformer_admin",
+            "transformer_admin_18l",
+            (144.8, 36 * 512, 0),
+            samples=("bf16",),
+        ),
+        Tiny(
+            "transformer_dsinit",
+            "transformer_dsinit",
+            "transformer_dsinit_12l",
+            (100.6, 24 * 512, 0),
+        ),
+        Tiny(
+            "transformer_rezero",
+            "transformer_rezero",
+            "transformer_rezero_18l",
+            (144.6, 36 * 512, 0),
+        ),
+    ),
+)

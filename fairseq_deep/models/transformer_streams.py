@@ -17,6 +17,7 @@ transformer_ta_baseline --resi-dual`` works too).  Depths, for deep translation 
   al. 2022; the authors' presets: 6 encoder layers); ``transformer_ode_rk4``: fixed RK4 blocks.
 """
 
+from .families import Tiny, declare_presets
 from .presets import register_preset
 from .transformer_dlcl import postnorm_architecture, prenorm_architecture
 
@@ -85,3 +86,34 @@ for _name, (_what, _options, _parent, _instead) in STREAMS.items():
             _base,
             depth=_layers,
         )
+
+# the matrices' rows (models/families.py): tiny 3 + 2 layers, the ODE blocks in both stacks; the
+# paper-scale memory of the 48 + 6 presets (benchmarks/precision_matrix.estimate_gb: 188.7M
+# parameters with an 8k vocabulary; hyper-connections keep 4 streams and RK2 evaluates each layer
+# twice, so their activations count twice)
+declare_presets(
+    "transformer_dlcl",
+    tiny=(
+        Tiny(
+            "transformer_denseformer",
+            "transformer_denseformer",
+            "transformer_denseformer_48l",
+            (188.7, 54 * 512, 0),
+        ),
+        Tiny("transformer_hc", "transformer_hc", "transformer_hc_48l", (188.7, 108 * 512, 0)),
+        Tiny("transformer_mhc", "transformer_mhc", "transformer_mhc_48l", (188.7, 108 * 512, 0)),
+        Tiny(
+            "transformer_resi_dual",
+            "transformer_resi_dual",
+            "transformer_resi_dual_48l",
+            (188.7, 54 * 512, 0),
+        ),
+        Tiny(
+            "transformer_ode_rk2",
+            "transformer_ode_rk2",
+            "transformer_ode_rk2_48l",
+            (188.7, 108 * 512, 0),
+            model=("--ode-stacks", "both"),
+        ),
+    ),
+)

@@ -25,12 +25,19 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor
 
-from ..modules.growth import declare_family, declare_layer
+from ..modules.denseformer import DENSEFORMER_WEIGHTS
+from ..modules.growth import declare_layer
+from ..modules.hyper_connections import HYPER_CONNECTION_WEIGHTS
 from ..modules.layer_history import LayerHistory
 from ..modules.reorder import reorder_batch
-from ..modules.transparent_attention import TransparentReadout, TransparentReadoutConfig
+from ..modules.transparent_attention import (
+    TRANSPARENT_WEIGHTS,
+    TransparentReadout,
+    TransparentReadoutConfig,
+)
+from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
-from .reduction import declare_reduction, residual_stacks
+from .reduction import residual_stacks
 from .transformer_stack import (
     HistoryTransformerDecoder,
     HistoryTransformerEncoder,
@@ -208,9 +215,24 @@ def _reduction(model) -> Optional[str]:
     return residual_stacks(model)
 
 
-declare_reduction("transformer_ta", _reduction)
-# fairseq-deep-grow: --encoder-layers and --decoder-layers (the transparent weights: modules/transparent_attention.py)
-declare_family(TransformerTAModel)
+declare(
+    Family(
+        name="transformer_ta",
+        model=TransformerTAModel,
+        kind="transformer",
+        transformer_layers=True,
+        sizes=transformer_sizes,
+        # fairseq-deep-grow: --encoder-layers and --decoder-layers (the transparent weights:
+        # modules/transparent_attention.py)
+        grows=True,
+        reduction=_reduction,  # fairseq-deep-export: the baselines with residuals
+        # --denseformer and --hyper-connections replace its residual history
+        layer_weights=(TRANSPARENT_WEIGHTS, DENSEFORMER_WEIGHTS, HYPER_CONNECTION_WEIGHTS),
+        study=("bapna",),
+        tiny_sizes=TINY_TRANSFORMER,
+        tiny=(Tiny("transformer_ta", "transformer_ta", "transformer_ta_16l", (88.0, 22 * 512, 0)),),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------

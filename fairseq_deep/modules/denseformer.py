@@ -41,7 +41,8 @@ from fairseq.dataclass import FairseqDataclass
 from torch import Tensor, nn
 
 from .growth import READOUT, GrowError, GrownState, StackGrowth, declare_part
-from .layer_history import DynamicLinearCombination, grow_rows
+from .layer_history import DynamicLinearCombination, grow_rows, history_labels
+from .layer_weight_kinds import LayerWeightKind, cfg_value
 
 
 @dataclass
@@ -132,4 +133,33 @@ declare_part(
     DenseFormerHistory,
     grow=_grow,
     identity=lambda h: READOUT if (h.dilation, h.period) == (1, 1) else _sparse(h),
+)
+
+
+# (c) DenseFormer, Pagliardini et al. 2024 Eq. 1-2: `<stack>.history.dwa_weight`, (L+1) x (L+1):
+# row r the DWA after block r (row 0 the embedding, row L the readout), as DLCL's rows; the rows
+# without a DWA (--denseformer-period) are the identity, the entries outside the dilation absent.
+
+
+def _dwa_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("history.dwa_weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
+
+
+def _dwa_effective(w: Tensor, cfg):
+    learned, fixed = dwa_structure(
+        w.shape[0] - 1,
+        int(cfg_value(cfg, "denseformer_dilation", 1)),
+        int(cfg_value(cfg, "denseformer_period", 1)),
+    )
+    return w.detach().float().cpu() * learned + fixed, (learned + fixed) > 0
+
+
+DENSEFORMER_WEIGHTS = LayerWeightKind(
+    name="denseformer",
+    suffix="history.dwa_weight",
+    description="DenseFormer's depth-weighted averages (Pagliardini et al. 2024, Eq. 1-2); rows "
+    "without a DWA (--denseformer-period) are the identity",
+    matches=_dwa_matches,
+    effective=_dwa_effective,
+    labels=history_labels,
 )

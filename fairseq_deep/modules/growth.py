@@ -7,9 +7,10 @@ it beside its class, in one declaration; a class's rule is looked up along its M
 from the first class that declares it (a residual scheme's mixin before the layer class it is
 mixed into):
 
-* a model family (the class of ``--arch``), :func:`declare_family`: which options hold its
-  encoder and decoder depth (``depth_options``; a family may refuse a setting there).  A family
-  that declares nothing is refused in one line;
+* a model family (the class of ``--arch``), :func:`declare_family`, which the family's declaration
+  makes (``grows``, ``depth_options`` of :class:`fairseq_deep.models.families.Family`): which
+  options hold its encoder and decoder depth (``depth_options``; a family may refuse a setting
+  there).  A family that declares nothing is refused in one line;
 * an encoder or decoder, :func:`declare_stack`: where its layers are (``layers``: key prefix ->
   layers, one entry per column of Deep-Att's encoder), how its history counts units
   (``unit_offset``) and what else a copied layer must share with its source (``layer_role``:

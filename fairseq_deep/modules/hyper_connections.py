@@ -46,6 +46,7 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from .growth import LAYERS, declare_layer, declare_part
+from .layer_weight_kinds import LayerWeightKind, cfg_value
 from .precision import no_autocast
 from .residual_streams import StreamHistory, StreamLayer, StreamPass, mix_into, sublayer_names
 
@@ -235,3 +236,43 @@ def _identity(layer: nn.Module):
 # no tensors of its own
 declare_part(HyperConnectionHistory, identity=lambda history: LAYERS)
 declare_layer(HyperConnectedLayer, identity=_identity)
+
+
+# (d) Hyper-connections, Zhu et al. 2025 Eq. 1-5: `<stack>.layers.<l>.hyper_connections.<k>.static`,
+# the (n+1) x (n+1) matrix [[0, B], [A_m, A_r]] of sublayer k, shown transposed: each row a reader
+# (the sublayer's input h_0, the new stream t), each column what it reads (the sublayer's output,
+# the old stream s).  Dynamic hyper-connections add an input-dependent part to it; for mHC the
+# constrained matrices are shown (sigmoid, 2 sigmoid, Sinkhorn-Knopp), at that part's 0.
+
+
+def _hc_matches(key: str, w: Tensor) -> bool:
+    return ".hyper_connections." in key and key.endswith(".static") and w.dim() == 2
+
+
+def _hc_effective(w: Tensor, cfg):
+    m = w.detach().float().cpu().clone()
+    if cfg_value(cfg, "hyper_connections", "static") == "mhc":
+        m[1:, :1] = m[1:, :1].sigmoid()
+        m[:1, 1:] = 2 * m[:1, 1:].sigmoid()
+        m[1:, 1:] = sinkhorn(m[1:, 1:], int(cfg_value(cfg, "hc_sinkhorn_iters", 20)))
+    m[0, 0] = 0.0
+    valid = torch.ones_like(m, dtype=torch.bool)
+    valid[0, 0] = False
+    return m.t().contiguous(), valid.t().contiguous()
+
+
+def _hc_labels(m: Tensor):
+    streams = [f"stream {s}" for s in range(1, m.shape[0])]
+    return ["input h0"] + [f"new {s}" for s in streams], ["output T(h0)"] + streams
+
+
+HYPER_CONNECTION_WEIGHTS = LayerWeightKind(
+    name="hyper_connections",
+    suffix="hyper_connections.<k>.static",
+    description="hyper-connections of one sublayer (Zhu et al. 2025, Eq. 1-5; mHC: Xie et al. "
+    "2025), shown transposed: rows the sublayer's input and the new streams, columns the "
+    "sublayer's output and the old streams",
+    matches=_hc_matches,
+    effective=_hc_effective,
+    labels=_hc_labels,
+)

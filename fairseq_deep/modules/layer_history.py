@@ -15,6 +15,7 @@ combination is a running ``sum_k w_k * e_k`` over those references.  Autograd th
 per layer, not the O(L^2) copies that re-stacking all entries at every layer would keep.
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -24,7 +25,11 @@ from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
 from .growth import LAYERS, READOUT, GrownState, StackGrowth, declare_part
+from .layer_weight_kinds import LayerWeightKind, cfg_value, layer_labels
 from .precision import no_autocast
+
+#: the warnings of fairseq-deep-layer-weights about a DLCL matrix (its kind is declared here)
+logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
 
 class HistoryState:
@@ -542,3 +547,43 @@ def _dlcl_identity(history: DynamicLinearCombination) -> str:
 
 
 declare_part(DynamicLinearCombination, grow=_grow_dlcl, identity=_dlcl_identity)
+
+
+# fairseq-deep-layer-weights (Wang et al. 2019, Sec. 6.4, Fig. 5): ``<stack>.history.weight``,
+# (L+1) x (L+1), lower triangular, as DynamicLinearCombination.weights() reads it
+
+
+def _dlcl_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("history.weight") and w.dim() == 2 and w.shape[0] == w.shape[1]
+
+
+def _dlcl_effective(w: Tensor, cfg):
+    """As ``DynamicLinearCombination.weights()``: masked row softmax or the lower triangle."""
+    w = w.detach().float().cpu()
+    valid = torch.ones_like(w, dtype=torch.bool).tril()
+    if cfg_value(cfg, "dlcl_softmax_weights", False):
+        return torch.softmax(w.masked_fill(~valid, float("-inf")), dim=1), valid
+    upper = w.masked_fill(valid, 0).abs().max().item() if w.numel() else 0.0
+    if upper > 0:
+        logger.warning(
+            "DLCL matrix has non-zero entries above the diagonal (max %.3g); they are "
+            "not used by the model and are masked",
+            upper,
+        )
+    return w * valid, valid
+
+
+def history_labels(m: Tensor):
+    n = m.shape[0]
+    rows = [f"layer {r + 1}" for r in range(n - 1)] + ["readout"]
+    return rows, layer_labels(n)
+
+
+DLCL_WEIGHTS = LayerWeightKind(
+    name="dlcl",
+    suffix="history.weight",
+    description="dynamic linear combination of layers (Wang et al. 2019, Eq. 7-9)",
+    matches=_dlcl_matches,
+    effective=_dlcl_effective,
+    labels=history_labels,
+)

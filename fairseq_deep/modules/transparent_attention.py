@@ -13,7 +13,8 @@ number of decoder layers; for RNMT+ M = 1 and a projection follows the combinati
 
 The parameter is named ``weight`` so that a model holding this module as ``transparent_attention``
 has the state-dict key ``...transparent_attention.weight`` that the layer-weight exporter
-(:mod:`fairseq_deep.diagnostics.layer_weights`) recognises: shape (N+1) x M, softmax over dim 0.
+(:mod:`fairseq_deep.diagnostics.layer_weights`) recognises through :data:`TRANSPARENT_WEIGHTS`:
+shape (N+1) x M, softmax over dim 0.
 """
 
 import math
@@ -26,6 +27,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor, nn
 
 from .growth import LAYERS, GrownState, StackGrowth, declare_part
+from .layer_weight_kinds import LayerWeightKind, layer_labels
 
 INITS = ("uniform", "top")
 
@@ -171,3 +173,33 @@ def _grow_readout(readout: TransparentReadout, prefix: str, stack: StackGrowth, 
 
 # every readout reads the new layers: --method identity holds when they are the identity
 declare_part(TransparentReadout, grow=_grow_readout, identity=lambda readout: LAYERS)
+
+
+# fairseq-deep-layer-weights (Bapna et al. 2018, Fig. 1-4): ``transparent_attention.weight``,
+# (N+1) x M: one column per attention module j, softmax over the encoder layers (dim 0); plotted
+# transposed, so that as for DLCL each row is a reader and the columns are y_0 ... y_N
+
+
+def _ta_matches(key: str, w: Tensor) -> bool:
+    return key.endswith("transparent_attention.weight") and w.dim() == 2
+
+
+def _ta_effective(w: Tensor, cfg):
+    s = torch.softmax(w.detach().float().cpu(), dim=0).t().contiguous()
+    return s, torch.ones_like(s, dtype=torch.bool)
+
+
+def _ta_labels(m: Tensor):
+    return [f"dec. attn {j + 1}" for j in range(m.shape[0])], layer_labels(m.shape[1])
+
+
+TRANSPARENT_WEIGHTS = LayerWeightKind(
+    name="transparent_attention",
+    suffix="transparent_attention.weight",
+    description="transparent attention (Bapna et al. 2018, Eq. 1-2); stored (N+1) x M, "
+    "softmax over dim 0, shown transposed (rows = decoder attention modules)",
+    matches=_ta_matches,
+    effective=_ta_effective,
+    labels=_ta_labels,
+    mask_small=False,
+)

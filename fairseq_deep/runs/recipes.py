@@ -6,6 +6,7 @@ tests' tiny ones), device and precision, and json logging.  Each returns a
 
 from typing import Dict, Optional, Sequence, Tuple
 
+from ..models.rnmt_plus.model import RNMT_LR_RATIO, RNMT_REPLICAS
 from .run import Part
 from .sizes import width_flags
 
@@ -65,6 +66,19 @@ def rnmt_plus(peak: float, warmup: int, replicas: int = 32) -> Tuple[Part, Part]
             ],
         ),
     )
+
+
+#: the papers' recipes that a family's declaration names (``Recipe.name``,
+#: :mod:`fairseq_deep.models.families`): (the study's --lr, the Transformers' peak; --warmup) ->
+#: (optimiser, schedule).  RNMT+ peaks at RNMT_LR_RATIO x --lr over n = RNMT_REPLICAS replicas.
+PAPER = {
+    "rnmt_plus": lambda lr, warmup: rnmt_plus(RNMT_LR_RATIO * lr, warmup, RNMT_REPLICAS),
+}
+
+
+def paper(name: str, lr, warmup) -> Tuple[Part, Part]:
+    """The paper's recipe ``name`` (:data:`PAPER`) at the study's ``lr`` and ``warmup``."""
+    return PAPER[name](lr, warmup)
 
 
 def deep_att() -> Part:

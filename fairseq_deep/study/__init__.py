@@ -31,8 +31,6 @@ from ..errors import UserError  # noqa: F401
 from ..runs import model_kind, paired_bootstrap, score, width_flags  # noqa: F401
 from .cli import cli_main, get_parser, main, select_groups  # noqa: F401
 from .commands import (  # noqa: F401
-    RNMT_LR_RATIO,
-    RNMT_REPLICAS,
     generate_command,
     generate_run,
     interval,

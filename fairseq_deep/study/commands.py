@@ -6,7 +6,8 @@ command lines)."""
 import os
 from typing import List, Sequence, Tuple
 
-from ..runs import Part, Run, grow, has_option, model_kind, recipes, restore_flags
+from ..models import families
+from ..runs import Part, Run, grow, has_option, recipes, restore_flags
 from .systems import System
 
 
@@ -17,24 +18,20 @@ def interval(args) -> int:
     return max(1, args.max_update // 10) if args.max_update else 500
 
 
-#: n of Chen et al.'s Eq. 1: RNMT+ was trained on 32 GPUs (Sec. 4), n = 32 replicas
-RNMT_REPLICAS = 32
-#: Chen et al.'s RNMT+ peak learning rate over their Transformer-Base peak (issue 25): Eq. 1 peaks at
-#: n * 1e-4 = 3.2e-3, Eq. 2 (r_0 = 2, p = 8000, d = 512, App. A.1) at 2 / sqrt(512 * 8000) = 9.9e-4.
-#: The study's --lr is the Transformers' peak, so RNMT+ peaks at 3.2 x --lr (Eq. 1's base 1e-4 at the
-#: default --lr 1e-3); before issue 25 it peaked at --lr, a third of what its paper gives it.
-RNMT_LR_RATIO = 3.2
+def _paper_recipe(arch: str):
+    """The paper's recipe that the family of ``arch`` declares (``recipe`` of its declaration,
+    :mod:`fairseq_deep.models.families`), or None."""
+    family = families.of_arch(arch)  # an unknown --arch: a UserError
+    return None if family is None else family.recipe
 
 
 def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     """(name, optimiser flags, LR-schedule flags) of a system: ``--recipe shared`` gives every
     system the study's Adam (0.9, 0.98) with inverse_sqrt warm-up over ``--warmup`` to ``--lr``;
-    ``--recipe paper`` (the default, issue 25) gives RNMT+ and Deep-Att their paper's instead:
-
-    * ``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and Eq. 1 with n = 32
-      replicas, peak ``RNMT_LR_RATIO`` x ``--lr`` (3.2 x: the paper's RNMT+ peak over its
-      Transformer-Base peak; base = that / 32, i.e. Eq. 1's 1e-4 at --lr 1e-3) reached linearly over
-      ``--warmup`` updates (n p; p = warmup/32), then constant (the decay starts after 600k/n updates).
+    ``--recipe paper`` (the default, issue 25) gives a family the recipe of its paper where its
+    declaration names one (``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and
+    Eq. 1 with n = 32 replicas, peak 3.2 x ``--lr``: ``models/rnmt_plus/model.py``,
+    ``recipe``; its options written by ``runs.recipes.PAPER``), the shared recipe otherwise.
 
     Deep-Att keeps the shared recipe (issue 25): Zhou et al.'s ``--optimizer deep_att`` (Adam with
     fixed l_f = 4e-5, l_r = 5e-4, L2 r = 2; Sec. 4.3) was tuned for 10 days of training and hardly
@@ -47,22 +44,18 @@ def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     shared = ("shared", *recipes.study(args.lr, args.warmup))
     if getattr(args, "recipe", "shared") != "paper":
         return shared
-    kind = model_kind(arch)
-    if kind == "rnmt_plus":
-        return (
-            "rnmt_plus",
-            *recipes.rnmt_plus(RNMT_LR_RATIO * args.lr, args.warmup, RNMT_REPLICAS),
-        )
-    return shared
+    paper = _paper_recipe(arch)
+    if paper is None:
+        return shared
+    return (paper.name, *recipes.paper(paper.name, args.lr, args.warmup))
 
 
 def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
     """The results table's words for the optimiser and schedule a system trained with."""
     if has_option(flags, "--optimizer") or has_option(flags, "--lr-scheduler"):
         return "own flags"
-    name = recipe(args, arch)[0]
-    if name == "rnmt_plus":
-        return f"Adam (0.9, 0.999, 1e-6), Eq. 1 (n = {RNMT_REPLICAS}) to lr {RNMT_LR_RATIO * args.lr:.6g}"
+    if recipe(args, arch)[0] != "shared":
+        return _paper_recipe(arch).text(args.lr)
     return f"Adam (0.9, 0.98), inverse_sqrt, lr {args.lr}, warm-up {args.warmup}"
 
 

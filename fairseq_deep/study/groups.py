@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import UserError
+from ..models import families
 from .systems import System, deep_both_system, depth_system
 
 #: a family of a sweep: (technique: its line in the plot, --arch family, system name prefix)
@@ -102,16 +103,9 @@ DIVERSITY = (
 
 #: the depth group's families: every way of training a deep post-norm (or pre-norm) Transformer of
 #: the package at equal depth, N encoder and N decoder layers, since DeepNet, Admin, DS-Init and
-#: ReZero deepen both sides (Wang et al. 2019 deepen the encoder only: that is the wang group)
-DEPTH_FAMILIES = (
-    ("post-norm", "transformer_postnorm", "postnorm"),
-    ("pre-norm", "transformer_prenorm", "prenorm"),
-    ("DLCL", "transformer_dlcl", "dlcl"),
-    ("DeepNorm", "transformer_deepnorm", "deepnorm"),
-    ("Admin", "transformer_admin", "admin"),
-    ("DS-Init", "transformer_dsinit", "dsinit"),
-    ("ReZero", "transformer_rezero", "rezero"),
-)
+#: ReZero deepen both sides (Wang et al. 2019 deepen the encoder only: that is the wang group).
+#: Each family declares its lines (``depth_sweep`` of its declaration, models/families.py).
+DEPTH_FAMILIES = families.depth_sweep()
 
 GROUPS = {
     "wang": Group(

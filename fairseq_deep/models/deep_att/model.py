@@ -9,8 +9,8 @@ from torch import nn
 
 from ...errors import UserError, refuse_options
 from ...modules.fast_forward_lstm import RECURRENT, mark
-from ...modules.growth import declare_family
-from ..reduction import declare_reduction, never
+from ..families import Family, Tiny, declare, embedding_sizes, hidden_sizes
+from ..reduction import never
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
 from .encoder import DeepAttEncoder
@@ -79,9 +79,45 @@ def paper_init_(model: nn.Module, std: float):
             module.weight[module.padding_idx].zero_()
 
 
-declare_reduction(
-    "deep_att",
-    never("Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"),
+#: the tiny sizes of Deep-Att
+TINY_DEEP_ATT = (
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "16",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
 )
-# fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
-declare_family(DeepAttModel)
+
+declare(
+    Family(
+        name="deep_att",
+        model=DeepAttModel,
+        # embeddings W/2 and cells W (the paper's 256/512)
+        sizes=lambda width: embedding_sizes(max(1, width // 2)) + hidden_sizes(width),
+        reduction=never(
+            "Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"
+        ),
+        # fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
+        grows=True,
+        study=("zhou",),
+        tiny_sizes=TINY_DEEP_ATT,
+        tiny=(
+            Tiny(
+                "deep_att_ff+deep_att_optim",
+                "deep_att_ff",
+                "deep_att_ff_5x3",
+                (65.0, 0, 13 * 512),
+                training=("--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"),
+                samples=("bf16",),
+            ),
+            Tiny("deep_ed_ff", "deep_ed_ff", "deep_ed_ff", (115.8, 0, 25 * 512)),
+        ),
+    )
+)

@@ -7,8 +7,10 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, reg
 from torch import nn
 
 from ...errors import refuse_options
-from ...modules.growth import declare_family
-from ..reduction import declare_reduction, never
+from ...modules.layer_history import DLCL_WEIGHTS
+from ...modules.transparent_attention import TRANSPARENT_WEIGHTS
+from ..families import Family, Recipe, Tiny, declare, embedding_sizes, hidden_sizes
+from ..reduction import never
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
 from .encoder import RNMTPlusEncoder
@@ -72,6 +74,82 @@ def count_parameters(model) -> int:
 __all__ = ["RNMTPlusModel", "build_embedding", "shared_embeddings", "count_parameters"]
 
 
-declare_reduction("rnmt_plus", never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"))
-# fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
-declare_family(RNMTPlusModel)
+#: n of Chen et al.'s Eq. 1: RNMT+ was trained on 32 GPUs (Sec. 4), n = 32 replicas
+RNMT_REPLICAS = 32
+#: Chen et al.'s RNMT+ peak learning rate over their Transformer-Base peak (issue 25): Eq. 1 peaks at
+#: n * 1e-4 = 3.2e-3, Eq. 2 (r_0 = 2, p = 8000, d = 512, App. A.1) at 2 / sqrt(512 * 8000) = 9.9e-4.
+#: The study's --lr is the Transformers' peak, so RNMT+ peaks at 3.2 x --lr (Eq. 1's base 1e-4 at the
+#: default --lr 1e-3); before issue 25 it peaked at --lr, a third of what its paper gives it.
+RNMT_LR_RATIO = 3.2
+
+
+#: the tiny sizes of RNMT+
+TINY_RNMT = (
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-hidden-size",
+    "16",
+    "--decoder-hidden-size",
+    "32",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+)
+
+declare(
+    Family(
+        name="rnmt_plus",
+        model=RNMTPlusModel,
+        # embeddings and LSTM cells W (per direction in the encoder)
+        sizes=lambda width: embedding_sizes(width) + hidden_sizes(width),
+        reduction=never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"),
+        # fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
+        grows=True,
+        layer_weights=(DLCL_WEIGHTS, TRANSPARENT_WEIGHTS),  # --dlcl-stacks, --rnmt-transparent
+        # Chen et al. Sec. 4.1 (runs.recipes.rnmt_plus, with RNMT_REPLICAS and RNMT_LR_RATIO)
+        recipe=Recipe(
+            "rnmt_plus",
+            lambda lr: (
+                f"Adam (0.9, 0.999, 1e-6), Eq. 1 (n = {RNMT_REPLICAS}) to lr "
+                f"{RNMT_LR_RATIO * lr:.6g}"
+            ),
+        ),
+        study=("chen",),
+        tiny_sizes=TINY_RNMT,
+        tiny=(
+            Tiny(
+                "rnmt_plus+clip+sent_ce",
+                "rnmt_plus",
+                "rnmt_plus_512",
+                (78.6, 0, 20 * 512),
+                training=(
+                    "--task",
+                    "translation_deep",
+                    "--adaptive-clip",
+                    "--adaptive-clip-warmup",
+                    "20",
+                    "--criterion",
+                    "sentence_cross_entropy",
+                ),
+                samples=("bf16",),
+            ),
+            Tiny(
+                "rnmt_plus_ta",
+                "rnmt_plus",
+                "rnmt_plus_512_ta",
+                (78.6, 0, 20 * 512),
+                model=("--rnmt-transparent",),
+            ),
+            Tiny(
+                "rnmt_plus_dlcl",
+                "rnmt_plus",
+                "rnmt_plus_512",
+                (78.6, 0, 20 * 512),
+                model=("--dlcl-stacks", "both"),
+            ),
+        ),
+    )
+)

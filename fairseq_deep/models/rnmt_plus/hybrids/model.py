@@ -8,9 +8,11 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from fairseq.models.transformer import TransformerModel
 
-from ....modules.growth import GrowError, declare_family
+from ....modules.growth import GrowError
 from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
-from ...reduction import declare_reduction, never
+from ....modules.transparent_attention import TRANSPARENT_WEIGHTS
+from ...families import TINY_TRANSFORMER, Family, Tiny, declare, hidden_sizes, transformer_sizes
+from ...reduction import never
 from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
 from ..decoder import RNMTPlusDecoder
 from ..encoder import RNMTPlusEncoder
@@ -119,12 +121,6 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
         return (self.encoder.max_positions(), self.decoder.max_positions())
 
 
-declare_reduction(
-    "rnmt_hybrid",
-    never("the hybrids combine RNMT+ LSTM stacks with Transformer stacks (Chen et al. 2018)"),
-)
-
-
 def _depth_options(args):
     """fairseq-deep-grow: the depth of the encoder is --encoder-layers (a Transformer encoder) or
     --rnmt-encoder-layers (an RNMT+ one); the encoders of two stacks are refused."""
@@ -140,4 +136,46 @@ def _depth_options(args):
     return "encoder_layers", "decoder_layers"
 
 
-declare_family(RNMTHybridModel, depth_options=_depth_options)
+#: the tiny sizes of the hybrids: the Transformer's, and LSTM cells of 8 (encoder) and 16 (decoder)
+TINY_HYBRID = (
+    *TINY_TRANSFORMER[:12],
+    "--encoder-hidden-size",
+    "8",
+    "--decoder-hidden-size",
+    "16",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--rnmt-encoder-layers",
+    "2",
+)
+
+
+def _tiny(name: str, params: float, transformer: int, recurrent: int, samples=()) -> Tiny:
+    """A named hybrid's tiny configuration (its paper_memory: parameters in millions, Transformer
+    and recurrent width x layers)."""
+    return Tiny(name, name, name, (params, transformer, recurrent), samples=samples)
+
+
+declare(
+    Family(
+        name="rnmt_hybrid",
+        model=RNMTHybridModel,
+        transformer_layers=True,
+        sizes=lambda width: transformer_sizes(width) + hidden_sizes(width),
+        reduction=never(
+            "the hybrids combine RNMT+ LSTM stacks with Transformer stacks (Chen et al. 2018)"
+        ),
+        depth_options=_depth_options,
+        layer_weights=(TRANSPARENT_WEIGHTS,),  # an RNMT+ encoder's --rnmt-transparent
+        study=("chen",),
+        tiny_sizes=TINY_HYBRID,
+        tiny=(
+            _tiny("hybrid_transformer_rnmt", 262.6, 6 * 1024, 8 * 1024),
+            _tiny("hybrid_rnmt_transformer", 320.5, 6 * 1024, 12 * 1024),
+            _tiny("hybrid_cascaded", 365.4, 4 * 1024, 20 * 1024, samples=("bf16",)),
+            _tiny("hybrid_multicolumn", 417.7, 6 * 1024, 20 * 1024),
+        ),
+    )
+)

@@ -1,0 +1,283 @@
+"""The model families of the package, each declared once, beside its model (docs/extending.md, "A
+new model family").
+
+A family is a registered model class (fairseq's ``register_model``) and its presets (the
+``--arch`` names whose model it is: :meth:`Family.presets`).  One :func:`declare` call, at the end
+of the model's file, names all that the tools and the tests must know about it:
+
+* ``sizes``, its size rule: the options of ``--width W`` (:func:`fairseq_deep.runs.width_flags`);
+* ``grows`` and ``depth_options``, its growth: whether ``fairseq-deep-grow`` grows it and which
+  options hold its two depths (the declaration makes :func:`fairseq_deep.modules.growth.declare_family`;
+  its parts declare their own rules beside their classes);
+* ``reduction``, its export rule: whether a model of it is fairseq's own ``transformer``
+  (:func:`~fairseq_deep.models.reduction.residual_stacks`), or why none is
+  (:func:`~fairseq_deep.models.reduction.never`);
+* ``layer_weights``, the kinds of learned layer-weight matrices its models hold
+  (:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind`, declared beside their
+  modules), which ``fairseq-deep-layer-weights`` reads;
+* ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s);
+* ``study`` and ``depth_sweep``, the built-in study groups it is in and its lines of the depth group;
+* ``tiny_sizes`` and ``tiny``, its tiny configurations (:class:`Tiny`): the rows that every test
+  matrix and the precision benchmark derive from this registry, so that a family is covered by
+  every matrix the moment it is declared.
+
+Presets registered in a file of their own (the residual schemes' ``transformer_deepnorm``, ...: a
+setting of every Transformer family, registered on ``transformer_dlcl``) add their tiny
+configurations and study lines beside them (:func:`declare_presets`).
+
+The registry holds data that the floors above read (``runs``, the study, the diagnostics, the
+tests and benchmarks); it imports nothing above the models.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from torch import nn
+
+from ..errors import UserError
+from ..modules.growth import declare_family as declare_growth
+from ..modules.layer_weight_kinds import LayerWeightKind
+
+#: a line of a depth sweep of the study: (technique: its line in the plot, --arch, system prefix)
+SweepLine = Tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """A tiny configuration of a family: a row of the test matrices and of
+    ``benchmarks/precision_matrix.py`` (``--scale tiny``: the family's ``tiny_sizes``; ``--scale
+    paper``: ``paper_arch``)."""
+
+    #: the row's name in every matrix (its pytest id, its column of the precision table)
+    name: str
+    #: the depth-free --arch of the tiny model
+    arch: str
+    #: the --arch at the paper's sizes
+    paper_arch: str
+    #: GPU memory of one paper-scale run (benchmarks/precision_matrix.estimate_gb): (parameters in
+    #: millions, width x layers of its Transformer layers, hidden size x layers x directions of its
+    #: recurrent ones), counted on ``paper_arch`` with an 8k joint vocabulary
+    paper_memory: Tuple[float, int, int]
+    #: model options of both scales
+    model: Tuple[str, ...] = ()
+    #: training options (a criterion, an optimizer, a task) of both scales
+    training: Tuple[str, ...] = ()
+    #: the sample matrices it is a row of (``"bf16"``: bf16 through the real CLI), see :func:`matrix`
+    samples: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A paper's optimiser and learning-rate schedule, as the study gives it (``--recipe paper``):
+    ``name`` is the recipe of :mod:`fairseq_deep.runs.recipes` that writes its options (``PAPER``
+    there; the command lines are written in that one place)."""
+
+    name: str
+    #: the study's --lr -> the results table's words for it
+    text: Callable[[float], str]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (module docstring)."""
+
+    #: the model's name in fairseq's registry (``register_model``)
+    name: str
+    model: type
+    #: --width W -> the model options of that width, consistent within the family
+    sizes: Callable[[int], List[str]]
+    #: the model -> None when it is fairseq's transformer up to a fold of its parameters, else why
+    #: not (one line); ``reduction.never(why)`` for a family none of whose models is
+    reduction: Callable[[nn.Module], Optional[str]]
+    #: the sizes of its tiny models (dimensions 8-32, 2-3 layers)
+    tiny_sizes: Tuple[str, ...]
+    #: its tiny configurations, the first one its representative
+    tiny: Tuple[Tiny, ...]
+    #: what runs.model_kind answers for its --arch values (default: its name)
+    kind: Optional[str] = None
+    #: its models build Transformer layers (fully sharded wrapping, --checkpoint-activations)
+    transformer_layers: bool = False
+    #: fairseq-deep-grow grows it ...
+    grows: bool = True
+    #: ... and the options of its encoder and decoder depth are: args -> (option, option); None:
+    #: encoder_layers and decoder_layers
+    depth_options: Optional[Callable] = None
+    layer_weights: Tuple[LayerWeightKind, ...] = ()
+    recipe: Optional[Recipe] = None
+    #: the built-in study groups (fairseq_deep/study/groups.py) that train presets of it
+    study: Tuple[str, ...] = ()
+    #: its lines of the study's depth group (N encoder + N decoder layers)
+    depth_sweep: Tuple[SweepLine, ...] = ()
+
+    def __post_init__(self):
+        if self.kind is None:
+            object.__setattr__(self, "kind", self.name)
+
+    def presets(self) -> List[str]:
+        """Its --arch values, in the order they were registered."""
+        return [arch for arch, model in ARCH_MODEL_NAME_REGISTRY.items() if model == self.name]
+
+
+_FAMILIES: Dict[str, Family] = {}
+
+
+def declare(family: Family) -> Family:
+    """Register ``family`` (and its growth rule: ``modules.growth.declare_family``)."""
+    if not family.tiny:
+        raise TypeError(f"the family {family.name} declares no tiny configuration")
+    if family.name in _FAMILIES:
+        raise ValueError(f"the family {family.name} is already declared")
+    _FAMILIES[family.name] = family
+    if family.grows:
+        declare_growth(family.model, depth_options=family.depth_options)
+    return family
+
+
+def declare_presets(
+    family: str, tiny: Sequence[Tiny] = (), depth_sweep: Sequence[SweepLine] = ()
+) -> Family:
+    """The tiny configurations and depth-sweep lines of presets of ``family`` that are registered
+    in a file of their own (the residual schemes'), declared beside them."""
+    old = _FAMILIES[family]
+    _FAMILIES[family] = replace(
+        old, tiny=old.tiny + tuple(tiny), depth_sweep=old.depth_sweep + tuple(depth_sweep)
+    )
+    return _FAMILIES[family]
+
+
+def registered() -> List[Family]:
+    """Every declared family, in the order of declaration."""
+    return list(_FAMILIES.values())
+
+
+def get(name: str) -> Optional[Family]:
+    """The family of a model name, or None when none is declared."""
+    return _FAMILIES.get(name)
+
+
+def of_arch(arch: str) -> Optional[Family]:
+    """The family of an --arch; None for a model of fairseq's own (or another plugin's)."""
+    if arch not in ARCH_MODEL_NAME_REGISTRY:
+        raise UserError(
+            f"--arch {arch}: not a fairseq architecture (fairseq-deep-list-archs lists "
+            "this package's)"
+        )
+    return _FAMILIES.get(ARCH_MODEL_NAME_REGISTRY[arch])
+
+
+# ---------------------------------------------------------------------------------------------
+# what the tools read
+# ---------------------------------------------------------------------------------------------
+
+
+def layer_weight_kinds() -> Dict[str, LayerWeightKind]:
+    """Every kind of layer-weight matrix a family holds, by name (in the order of the names)."""
+    found: Dict[str, LayerWeightKind] = {}
+    for family in registered():
+        for kind in family.layer_weights:
+            if found.setdefault(kind.name, kind) is not kind:
+                raise ValueError(f"two layer-weight kinds are named {kind.name!r}")
+    return dict(sorted(found.items()))
+
+
+def depth_sweep() -> Tuple[SweepLine, ...]:
+    """The lines of the study's depth group, family by family."""
+    return tuple(line for family in registered() for line in family.depth_sweep)
+
+
+# ---------------------------------------------------------------------------------------------
+# size rules
+# ---------------------------------------------------------------------------------------------
+
+
+def transformer_sizes(width: int) -> List[str]:
+    """Transformer layers of width W: embeddings W, FFN 4W, max(2, W // 64) heads (Base at 512,
+    Big at 1024)."""
+    w, w4, heads = str(width), str(4 * width), str(max(2, width // 64))
+    return [
+        "--encoder-embed-dim",
+        w,
+        "--decoder-embed-dim",
+        w,
+        "--encoder-ffn-embed-dim",
+        w4,
+        "--decoder-ffn-embed-dim",
+        w4,
+        "--encoder-attention-heads",
+        heads,
+        "--decoder-attention-heads",
+        heads,
+    ]
+
+
+def embedding_sizes(dim: int) -> List[str]:
+    return ["--encoder-embed-dim", str(dim), "--decoder-embed-dim", str(dim)]
+
+
+def hidden_sizes(dim: int) -> List[str]:
+    """Recurrent cells of ``dim`` units (per direction in a bidirectional encoder)."""
+    return ["--encoder-hidden-size", str(dim), "--decoder-hidden-size", str(dim)]
+
+
+#: the tiny sizes of the Transformer families
+TINY_TRANSFORMER = (
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "2",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# the test matrices
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny_configs() -> List[Tuple[Family, Tiny]]:
+    """Every tiny configuration of every family: the precision matrix (benchmarks/precision_matrix.py
+    and tests/test_precision*.py), both fairseq stacks and batch invariance (tests/test_stacks.py),
+    fully sharded wrapping (tests/test_fully_sharded.py: those of families with Transformer
+    layers) and the export check (tests/test_families.py)."""
+    return [(family, tiny) for family in registered() for tiny in family.tiny]
+
+
+def matrix(sample: str) -> List[Tuple[Family, Tiny]]:
+    """The rows of a sample matrix (one too slow to run every configuration, e.g. ``"bf16"``):
+    the configurations that name it in their ``samples``, and the first configuration of every
+    family none of whose configurations does."""
+    rows = []
+    for family in registered():
+        tagged = [t for t in family.tiny if sample in t.samples]
+        rows += [(family, t) for t in tagged or family.tiny[:1]]
+    return rows
+
+
+def cover(
+    rows: Iterable,
+    arch: Callable[[object], str],
+    default: Callable[[Family, Tiny], object],
+    applies: Callable[[Family], bool] = lambda family: True,
+) -> List:
+    """A matrix whose rows are a test's own (``rows``; ``arch(row)`` its --arch), and a row
+    ``default(family, its first tiny configuration)`` for every family that ``applies`` and that
+    no row covers: a family declared tomorrow is a row of the test today."""
+    rows = list(rows)
+    covered = {getattr(of_arch(arch(row)), "name", None) for row in rows}
+    return rows + [
+        default(family, family.tiny[0])
+        for family in registered()
+        if applies(family) and family.name not in covered
+    ]
