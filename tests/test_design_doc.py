@@ -138,6 +138,18 @@ def test_every_preset_goes_through_register_preset():
     assert not callers, f"register_model_architecture called outside models/presets.py: {callers}"
 
 
+def test_every_checkpoint_is_loaded_by_the_loader():
+    """design.md, "Conventions": no module but checkpoints.py reads a checkpoint itself (torch.load,
+    fairseq's load_checkpoint_to_cpu), so every tool says a bad file in the same one line."""
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "checkpoints.py"
+        and re.search(r"torch\.load\(|\bload_checkpoint_to_cpu\(", path.read_text())
+    ]
+    assert not readers, f"checkpoints read outside fairseq_deep/checkpoints.py: {readers}"
+
+
 # ---- "Options: one home each": readers take their options from the dataclass ----------------------
 
 SIZES = (
@@ -224,6 +236,7 @@ FLOORS = {
     "fairseq_deep.errors": 0,
     "fairseq_deep.quiet": 0,
     "fairseq_deep.data": 0,
+    "fairseq_deep.checkpoints": 0,
     "fairseq_deep.modules": 1,
     "fairseq_deep.models": 2,
     "fairseq_deep.checkpoint_init": 2,
@@ -238,6 +251,9 @@ FLOORS = {
     "fairseq_deep.runs": 3,
     "fairseq_deep.prepare": 3,
     "fairseq_deep.cli": 4,
+    "fairseq_deep.model_from": 4,
+    "fairseq_deep.list_archs": 4,
+    "fairseq_deep.average_checkpoints": 4,
     "fairseq_deep.grow": 5,
     "fairseq_deep.grow_report": 5,
     "fairseq_deep.export": 5,
