@@ -55,11 +55,11 @@ def _exists(path: str, option: Optional[str]):
 
 def _fairseq_state(state, path: str, option: Optional[str]):
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise not_fairseq(_where(path, option), "model")
+        raise _not_fairseq(_where(path, option), "model")
     return state
 
 
-def not_fairseq(where: str, entry: str) -> CheckpointError:
+def _not_fairseq(where: str, entry: str) -> CheckpointError:
     return CheckpointError(
         f"{where} is not a fairseq checkpoint: it has no {entry!r} entry. Use a checkpoint "
         f"written by fairseq-train (checkpoint_best.pt, checkpoint_last.pt) or by "
@@ -70,7 +70,9 @@ def not_fairseq(where: str, entry: str) -> CheckpointError:
 def load(path: str, option: Optional[str] = None) -> dict:
     """The state of the checkpoint ``path`` as fairseq's loader gives it (``load_checkpoint_to_cpu``:
     upgraded to this fairseq's format), with this package's checks; ``option``: the command-line
-    option that named the file (``--checkpoint``), for the messages."""
+    option that named the file (``--checkpoint``), for the messages.  With the package imported,
+    fairseq's function is itself wrapped in the same checks (patches/checkpoint_errors): a bad
+    file is said once, by whichever check meets it first."""
     _exists(path, option)
     state = checked(path, lambda: checkpoint_utils.load_checkpoint_to_cpu(path))
     check_registered(path, state)
@@ -125,7 +127,7 @@ def checked(path: str, load: Callable[[], T]) -> T:
     except FileNotFoundError:
         raise
     except KeyError as e:  # fairseq's upgrade of a dict that is not one of its checkpoints
-        raise not_fairseq(path, e.args[0]) from e
+        raise _not_fairseq(path, e.args[0]) from e
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
         if not _raised_by_torch_load(e):
             raise
