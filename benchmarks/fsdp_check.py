@@ -11,7 +11,7 @@ the log says it loaded update N and the loss goes on).  ``--depths`` measures th
 DeepNorm N+N at width 512 for a few updates, with and without sharding + offload, from which the
 largest depth that fits is extrapolated (linear in N; the measured points are in the table).
 
-    # on the GPU machine (fairscale from ../shared/gpu/wheels, see benchmarks/gpu_session.py)
+    # on the GPU machine (fairscale from ../shared/gpu/wheels, see .ci/gpu/gpu_session.py)
     python3 -m benchmarks.fsdp_check --data .gpu/m30k/data-bin --work /tmp/fsdp --json fsdp.json
     python3 -m benchmarks.fsdp_check ... --models dlcl_30_6 --modes c10d_fp32 fsdp_fp32
 

@@ -34,7 +34,11 @@ import sys
 import tempfile
 from typing import Dict, Optional, Tuple
 
+from .checkpoints import family_of, load, model_args
 from .errors import MissingFileError, UserError, import_optional, report_user_errors
+from .models.reduction import SERVED_BY, fold, why_not_transformer
+from .patches.better_transformer import without_better_transformer
+from .quiet import quiet_warnings, script_logging
 
 logger = logging.getLogger("fairseq_deep.export")
 
@@ -187,8 +191,6 @@ def stock_model(args: argparse.Namespace, task, state_dict, path: str):
     """fairseq's ``transformer`` built from ``args`` with the folded parameters."""
     import torch
     from fairseq.models.transformer import TransformerModel
-
-    from .patches.better_transformer import without_better_transformer
 
     torch.manual_seed(1)
     model = TransformerModel.build_model(copy.deepcopy(args), task)
@@ -406,9 +408,6 @@ def export(
     import torch
     from fairseq import checkpoint_utils
 
-    from .grow import family_of, load, model_args
-    from .models.reduction import SERVED_BY, fold, why_not_transformer
-
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     if quantization is not None and fmt != "ctranslate2":
@@ -416,14 +415,15 @@ def export(
     if fmt == "ctranslate2":
         import_ctranslate2()  # before any work
     check_out(out)
-    state = load(checkpoint)
-    args = model_args(state, checkpoint)
+    state = load(checkpoint, "--checkpoint")
+    args = model_args(state, checkpoint, "--checkpoint")
     arch, family = family_of(
         args,
         checkpoint,
-        ExportError,
         "fairseq-deep-export exports",
         "fairseq-generate decodes it as it is, and CTranslate2's ct2-fairseq-converter converts it",
+        ExportError,
+        "--checkpoint",
     )
     src, tgt = languages(_saved_task(state), data, source_lang, target_lang)
     task = build_task(data, src, tgt)
@@ -521,14 +521,10 @@ def cli_main(argv=None):
     parser.add_argument("--source-lang", help="source language (default: the checkpoint's)")
     parser.add_argument("--target-lang", help="target language (default: the checkpoint's)")
     args = parser.parse_args(argv)
-    from .cli import _fairseq_logging, quiet_warnings
-
     quiet_warnings()
-    _fairseq_logging(sys.stderr)
+    script_logging(sys.stderr)
 
     def run():
-        import fairseq_deep  # noqa: F401  (registers the models, allow-lists the checkpoint types)
-
         summary = export(
             args.checkpoint,
             args.data,

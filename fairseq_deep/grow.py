@@ -60,16 +60,15 @@ time a checkpoint brings); ``--keep-training-time`` keeps it, for comparisons in
 (``fairseq-deep-study --group li``: the stages share one budget).
 """
 
-import argparse
 import copy
 import logging
 import os
 import sys
-import zipfile
 from typing import Dict, List, Optional, Tuple
 
-from .errors import ArgumentParser, CheckpointError, MissingFileError, UserError, report_user_errors
-from .model_options import saved_model_options
+from .checkpoints import family_of, load, model_args
+from .errors import ArgumentParser, UserError, report_user_errors
+from .grow_report import report
 from .modules.growth import (
     LAYERS,
     READOUT,
@@ -81,6 +80,7 @@ from .modules.growth import (
     layer_rule,
     stack_layers,
 )
+from .quiet import quiet_warnings, script_logging
 
 logger = logging.getLogger("fairseq_deep.grow")
 
@@ -92,69 +92,16 @@ METHODS = ("stack", "interleave", "identity")
 # ---------------------------------------------------------------------------------------------
 
 
-def load(path: str):
-    """The checkpoint's state (fairseq's loader, with the package's allow-list and its errors)."""
-    if not os.path.isfile(path):
-        raise MissingFileError(f"--checkpoint {path}: no such checkpoint file")
-    with open(path, "rb") as f:
-        zip_header = f.read(4) == b"PK\x03\x04"  # a cut zip file: the loader says "truncated"
-    if not zipfile.is_zipfile(path) and not zip_header:
-        raise GrowError(
-            f"--checkpoint {path} is not a checkpoint (not a file torch.save wrote): give a "
-            "checkpoint written by fairseq-train of a fairseq_deep model"
-        )
-    from fairseq import checkpoint_utils
-
-    state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise CheckpointError(
-            f"--checkpoint {path} is not a fairseq checkpoint (it has no 'model' entry)"
-        )
-    return state
-
-
-def model_args(state, path: str) -> argparse.Namespace:
-    """The saved model options as a namespace (a copy)."""
-    saved = saved_model_options(state)
-    if saved is None:
-        raise GrowError(
-            f"--checkpoint {path} holds no model options (no cfg.model, no args): "
-            "give a checkpoint written by fairseq-train"
-        )
-    return saved
-
-
-def family_of(
-    args,
-    path: str,
-    error: type = GrowError,
-    tool: str = "fairseq-deep-grow grows",
-    fairseqs_own: Optional[str] = None,
-) -> Tuple[str, str]:
-    """(arch, model name) of a fairseq_deep model, or an ``error`` that says what ``tool`` takes
-    (and, for a model of fairseq's own, ``fairseqs_own``; grow's advice when None)."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
-
-    arch = getattr(args, "arch", None) or getattr(args, "_name", None)
-    if arch not in ARCH_MODEL_REGISTRY:
-        raise error(
-            f"--checkpoint {path} holds a model of --arch {arch}, which nothing loaded "
-            f"registers: {tool} the models of fairseq_deep (fairseq-deep-list-archs)"
-        )
-    if ARCH_MODEL_REGISTRY[arch].__module__.split(".")[0] != "fairseq_deep":
-        if fairseqs_own is None:  # grow's advice: the family of ours nearest to fairseq's model
-            nearest = {
-                "transformer": "transformer_postnorm, which is fairseq's transformer",
-                "lstm": "rnmt_plus or deep_att, LSTM families",
-            }.get(ARCH_MODEL_NAME_REGISTRY.get(arch))
-            fairseqs_own = "train the shallow model with a fairseq_deep architecture" + (
-                f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"
-            )
-        raise error(
-            f"--checkpoint {path} holds fairseq's own --arch {arch}, not a model of "
-            f"fairseq_deep: {fairseqs_own}"
-        )
-    return arch, ARCH_MODEL_NAME_REGISTRY[arch]
+def fairseqs_own(family: str) -> str:
+    """What to do with a model of fairseq's own (``family``, fairseq's model name): train the
+    shallow model with the family of ours nearest to it."""
+    nearest = {
+        "transformer": "transformer_postnorm, which is fairseq's transformer",
+        "lstm": "rnmt_plus or deep_att, LSTM families",
+    }.get(family)
+    return "train the shallow model with a fairseq_deep architecture" + (
+        f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"
+    )
 
 
 def depth_options(family: str, args) -> Tuple[str, str]:
@@ -353,9 +300,11 @@ def grow(
 
     if method not in METHODS:
         raise GrowError(f"--method {method}: choose one of {', '.join(METHODS)}")
-    state = load(checkpoint)
-    args = model_args(state, checkpoint)
-    arch, family = family_of(args, checkpoint)
+    state = load(checkpoint, "--checkpoint")
+    args = model_args(state, checkpoint, "--checkpoint")
+    arch, family = family_of(
+        args, checkpoint, "fairseq-deep-grow grows", fairseqs_own, GrowError, "--checkpoint"
+    )
     enc_opt, dec_opt = depth_options(family, args)
     old_depths = {"encoder": int(getattr(args, enc_opt)), "decoder": int(getattr(args, dec_opt))}
     wanted = {"encoder": encoder_layers, "decoder": decoder_layers}
@@ -491,16 +440,10 @@ def cli_main(argv=None):
         "--seed", type=int, default=1, help="seed of the parameters that are initialised"
     )
     args = parser.parse_args(argv)
-    from .cli import _fairseq_logging, quiet_warnings
-
     quiet_warnings()
-    _fairseq_logging(sys.stderr)
+    script_logging(sys.stderr)
 
     def run():
-        import fairseq_deep  # noqa: F401  (registers the models, allow-lists the checkpoint types)
-
-        from .grow_report import report
-
         if args.encoder_layers is None and args.decoder_layers is None:
             parser.error("give --encoder-layers and/or --decoder-layers")
         summary = grow(

@@ -25,6 +25,7 @@ import dataclasses
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .checkpoints import as_namespace
 from .errors import CheckpointError
 
 #: the metadata key of a dataclass field that is not an architecture option (``{"architecture": False}``)
@@ -116,33 +117,6 @@ def options_of(model_cls) -> Dict[str, argparse.Action]:
 
 def flag(action: argparse.Action) -> str:
     return max(action.option_strings, key=len)
-
-
-def as_namespace(cfg) -> Optional[argparse.Namespace]:
-    """A copy of a model's options (a Namespace, a DictConfig or a dict) as a Namespace."""
-    if cfg is None:
-        return None
-    if isinstance(cfg, argparse.Namespace):
-        return copy.deepcopy(cfg)
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(cfg):
-            return argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    except ImportError:  # pragma: no cover - fairseq brings omegaconf
-        pass
-    return argparse.Namespace(**dict(cfg))
-
-
-def saved_model_options(state) -> Optional[argparse.Namespace]:
-    """The model options of a checkpoint's state (``cfg.model``, or ``args`` of older fairseq)."""
-    if not isinstance(state, dict):
-        return None
-    cfg = state.get("cfg")
-    model = None
-    if cfg is not None:
-        model = cfg.get("model", None) if hasattr(cfg, "get") else getattr(cfg, "model", None)
-    return as_namespace(model if model is not None else state.get("args"))
 
 
 def arch_of(ns) -> Optional[str]:

@@ -426,7 +426,7 @@ def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: 
 
 
 def _updates(path: str) -> int:
-    from .patches.checkpoint_errors import torch_load_checked
+    from .checkpoints import load_as_saved as torch_load_checked
 
     state = torch_load_checked(path)
     history = state.get("optimizer_history") or [{}]
@@ -463,7 +463,7 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
     paths = [last if c == "checkpoint_last.pt" else c for c in chosen]
     from fairseq import checkpoint_utils
 
-    from .cli import average_checkpoints
+    from .average_checkpoints import average_checkpoints
 
     out = os.path.join(save_dir, "checkpoint_average.pt")
     checkpoint_utils.torch_persistent_save(average_checkpoints(paths), out)
@@ -539,7 +539,7 @@ def main(argv: Optional[Sequence[str]] = None):
     a = p.parse_args(argv[:1])
     rest = argv[1:]
     if a.command == "setup":
-        from .cli import quiet_warnings
+        from .quiet import quiet_warnings
 
         quiet_warnings()
         report_user_errors(lambda: setup(rest, dict(os.environ)), PROG)

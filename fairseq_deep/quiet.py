@@ -1,5 +1,6 @@
 """What fairseq, hydra and torch print on every run that a user of fairseq_deep cannot act on, and
-the filters that keep it off a normal run, in one place.
+the filters that keep it off a normal run, in one place; and the logging set-up of our console
+scripts (:func:`script_logging`, fairseq's own format).
 
 Two kinds, each filtered by its exact message (and category or logger), never wholesale:
 
@@ -57,6 +58,27 @@ def quiet_warnings():
     """Filter :data:`QUIET_WARNINGS` (``PYTHONWARNINGS`` or ``-W`` given by the user still apply first)."""
     for category, pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
+
+
+def script_logging(stream="stdout"):
+    """The root logger as fairseq's own scripts set it up, writing to ``stream`` ("stdout": the
+    ``sys.stdout`` of the call, not the one of the import; None: no handler), for every console
+    script of ours.  fairseq_cli configures logging before it imports fairseq; here fairseq was
+    imported first (with our package), and that import leaves a bare stderr handler at DEBUG level
+    behind, which would turn fairseq's basicConfig into a no-op."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    if stream == "stdout":
+        stream = sys.stdout
+    if stream is not None:
+        logging.basicConfig(
+            format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+            datefmt="%Y-%m-%d %H:%M:%S",
+            level=root.level,
+            stream=stream,
+        )
 
 
 def quiet_pin_memory():

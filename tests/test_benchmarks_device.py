@@ -20,13 +20,11 @@ BENCHMARKS = os.path.dirname(os.path.abspath(benchmarks.__file__))
 ROOT = os.path.dirname(BENCHMARKS)
 
 # every script in benchmarks/ (each has get_parser() or parse_args(argv), and main(argv)), and the
-# arguments it requires
-# (gpu_session.py runs the others on a GPU machine: it has no --device of its own; harness.py is
-# what they share)
+# arguments it requires (harness.py is what they share)
 SCRIPTS = sorted(
     os.path.basename(f)[:-3]
     for f in glob.glob(os.path.join(BENCHMARKS, "[!_]*.py"))
-    if not f.endswith(("gpu_session.py", "harness.py"))
+    if not f.endswith("harness.py")
 )
 REQUIRED = {
     "precision_matrix": ["--data", "unused"],
@@ -175,7 +173,7 @@ def test_interleaved_seconds_and_json(tmp_path):
         assert json.load(f) == {"seconds": seconds}
 
 
-@pytest.mark.parametrize("name", [*SCRIPTS, "gpu_session"])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_every_script_builds_its_parser_with_the_harness(name):
     """One argument-parser builder (``harness.parser``) and the shared options, not a parser a script."""
     with open(os.path.join(BENCHMARKS, name + ".py"), encoding="utf-8") as f:

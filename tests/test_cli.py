@@ -251,7 +251,7 @@ def test_hub_interface_reloads_and_agrees_with_generate(trained, synthetic_bin, 
 
 def test_average_keeps_flags_and_averages_floats(tmp_path):
     """A bool flag (DLCL's softmax_rows) stays a bool of the newest checkpoint; floats are means."""
-    from fairseq_deep.cli import average_checkpoints
+    from fairseq_deep.average_checkpoints import average_checkpoints
 
     paths = []
     for i, w in enumerate([1.0, 3.0]):

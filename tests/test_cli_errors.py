@@ -160,7 +160,7 @@ def assert_in_process_user_error(result, prog, *fragments):
 
 
 def test_list_archs_by_family(capsys, monkeypatch):
-    from fairseq_deep.cli import list_archs_main
+    from fairseq_deep.list_archs import cli_main as list_archs_main
 
     status, out, _ = in_process(list_archs_main, [], capsys, monkeypatch)
     assert status == 0
@@ -276,7 +276,7 @@ def test_recurrent_refusal_through_the_cli(synthetic_bin, tmp_path):
 
 
 def test_truncated_checkpoint_in_every_tool(trained, synthetic_bin, tmp_path, capsys, monkeypatch):
-    from fairseq_deep.cli import average_checkpoints_main
+    from fairseq_deep.average_checkpoints import cli_main as average_checkpoints_main
     from fairseq_deep.diagnostics.layer_weights import cli_main as layer_weights_main
 
     save, _ = trained
@@ -314,7 +314,7 @@ def test_truncated_checkpoint_in_every_tool(trained, synthetic_bin, tmp_path, ca
 def test_foreign_and_missing_checkpoint(synthetic_bin, tmp_path, capsys, monkeypatch):
     import torch
 
-    from fairseq_deep.cli import average_checkpoints_main
+    from fairseq_deep.average_checkpoints import cli_main as average_checkpoints_main
     from fairseq_deep.diagnostics.layer_weights import cli_main as layer_weights_main
     from fairseq_deep.diagnostics.plot_training import cli_main as plot_training_main
 

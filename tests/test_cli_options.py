@@ -194,13 +194,13 @@ CASES = [
         ["argument --method: invalid choice"],
     ),
     (
-        "cli:average_checkpoints_main",
+        "average_checkpoints:cli_main",
         "fairseq-deep-average-checkpoints",
         ["--output", "a.pt"],
         ["the following arguments are required: --inputs"],
     ),
     (
-        "cli:average_checkpoints_main",
+        "average_checkpoints:cli_main",
         "fairseq-deep-average-checkpoints",
         ["--inputs", "d", "--output", "a.pt", "--num-epoch-checkpoints", "x"],
         ["invalid int value"],
@@ -229,7 +229,7 @@ CASES = [
         ["--out-dir", "o"],
         ["required: runs"],
     ),
-    ("cli:list_archs_main", "fairseq-deep-list-archs", ["a", "b"], ["unrecognized arguments: b"]),
+    ("list_archs:cli_main", "fairseq-deep-list-archs", ["a", "b"], ["unrecognized arguments: b"]),
 ]
 
 DRIVER = textwrap.dedent("""

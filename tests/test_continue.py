@@ -19,6 +19,7 @@ from helpers import PLUGIN_DIR, TINY, parse_model_args, run_cli
 from test_grow import SAME, layers, save_tiny
 
 from fairseq_deep import model_options
+from fairseq_deep.checkpoints import saved_model_options
 from fairseq_deep.errors import CheckpointError
 from fairseq_deep.grow import grow
 from fairseq_deep.models import families
@@ -235,7 +236,7 @@ def test_a_checkpoint_and_its_grown_model_as_a_command_line(arch, extra, tmp_pat
     """model_command(checkpoint) parsed by fairseq-train's parser gives exactly the checkpoint's
     model options (every family; also after fairseq-deep-grow, whose --arch may change)."""
     save_tiny(arch, extra, tmp_path / "in.pt")
-    saved = model_options.saved_model_options(torch.load(tmp_path / "in.pt", weights_only=True))
+    saved = saved_model_options(torch.load(tmp_path / "in.pt", weights_only=True))
     assert_same_options(saved, model_options_of(model_options.model_command(saved)))
     hybrid_rnmt = arch == "hybrid_rnmt_transformer"
     summary = grow(
@@ -244,7 +245,7 @@ def test_a_checkpoint_and_its_grown_model_as_a_command_line(arch, extra, tmp_pat
         None if hybrid_rnmt else int(saved.encoder_layers) + 1,
         3 if hybrid_rnmt else None,
     )
-    grown = model_options.saved_model_options(torch.load(tmp_path / "grown.pt", weights_only=True))
+    grown = saved_model_options(torch.load(tmp_path / "grown.pt", weights_only=True))
     assert model_options.differences(grown, summary["model_options"], every=True) == []
     assert_same_options(grown, model_options_of(model_options.model_command(grown)))
 
@@ -488,10 +489,8 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
     assert (
         state["optimizer_history"][-1]["num_updates"] == 3
     )  # the shallow run's --max-update, from 0
-    grown_options = model_options.saved_model_options(
-        torch.load(root / "grown.pt", weights_only=True)
-    )
-    assert model_options.differences(grown_options, model_options.saved_model_options(state)) == []
+    grown_options = saved_model_options(torch.load(root / "grown.pt", weights_only=True))
+    assert model_options.differences(grown_options, saved_model_options(state)) == []
     # the grown checkpoint brought no training time: this run's own is far below the shallow run's + its own
     assert state["extra_state"]["previous_training_time"] < 600
 

@@ -80,35 +80,11 @@ def test_the_layout_reader_sees_a_missing_module():
     }
 
 
-def _imports(path: Path, module: str):
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-
-
 def test_no_import_cycle():
     """No two modules import each other, directly or through others (imports inside functions
-    count: they only defer the circle).  Importing the package root itself (``import
-    fairseq_deep``, what a console script does to register the models) is not counted: the root
-    only imports the registering submodules."""
-    modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        modules[".".join(parts)] = path
-    graph = {
-        name: {m for m in _imports(path, name) if m in modules and m not in (name, "fairseq_deep")}
-        for name, path in modules.items()
-    }
+    count: they only defer the circle; so does an import of the package's root, which imports the
+    registering submodules and the patches)."""
+    graph = package_graph()
 
     def cycle_from(start):
         stack, seen = [(start, [start])], set()
@@ -136,6 +112,18 @@ def test_every_preset_goes_through_register_preset():
         and "register_model_architecture(" in path.read_text()
     ]
     assert not callers, f"register_model_architecture called outside models/presets.py: {callers}"
+
+
+def test_every_checkpoint_is_loaded_by_the_loader():
+    """design.md, "Conventions": no module but checkpoints.py reads a checkpoint itself (torch.load,
+    fairseq's load_checkpoint_to_cpu), so every tool says a bad file in the same one line."""
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "checkpoints.py"
+        and re.search(r"torch\.load\(|\bload_checkpoint_to_cpu\(", path.read_text())
+    ]
+    assert not readers, f"checkpoints read outside fairseq_deep/checkpoints.py: {readers}"
 
 
 # ---- "Options: one home each": readers take their options from the dataclass ----------------------
@@ -217,86 +205,107 @@ def test_deep_att_reads_its_options_from_its_dataclass():
 
 # ---- "Floors": no import runs back up -----------------------------------------------------------
 
-#: design.md, "Floors": each module's floor (the longest matching prefix); a module imports only
-#: modules of its own floor or below.  The package root (it imports the registering submodules and
-#: installs the patches) is not on a floor.
-FLOORS = {
-    "fairseq_deep.errors": 0,
-    "fairseq_deep.quiet": 0,
-    "fairseq_deep.data": 0,
-    "fairseq_deep.modules": 1,
-    "fairseq_deep.models": 2,
-    "fairseq_deep.checkpoint_init": 2,
-    "fairseq_deep.criterions": 2,
-    "fairseq_deep.optim": 2,
-    "fairseq_deep.tasks": 2,
-    "fairseq_deep.diagnostics.grad_norm": 2,
-    "fairseq_deep.patches.better_transformer": 2,
-    "fairseq_deep.patches": 3,
-    "fairseq_deep.model_options": 3,
-    "fairseq_deep.progress": 3,
-    "fairseq_deep.runs": 3,
-    "fairseq_deep.prepare": 3,
-    "fairseq_deep.cli": 4,
-    "fairseq_deep.grow": 5,
-    "fairseq_deep.grow_report": 5,
-    "fairseq_deep.export": 5,
-    "fairseq_deep.own_data": 5,
-    "fairseq_deep.quickstart": 5,
-    "fairseq_deep.study": 5,
-    "fairseq_deep.diagnostics": 5,
-}
+
+def floor_table(text: str) -> dict:
+    """design.md's Floors table as ``{module or folder (dotted): floor}``: each row's floor is the
+    number it starts with, its modules the backticked names of its second column (``x.py``,
+    ``x/y.py``, a folder ``x/``, ``__init__.py``: the package root)."""
+    section = text[text.index("## Floors") :]
+    section = section[: section.index("\n## ", 1)]
+    floors = {}
+    for row in re.findall(r"^\| (\d+) [^|]*\| ([^|]*)\|", section, re.M):
+        for name in re.findall(r"`([\w/.]+)`", row[1]):
+            dotted = name[: -len(".py")] if name.endswith(".py") else name.rstrip("/")
+            dotted = "" if dotted == "__init__" else dotted.replace("/", ".")
+            floors["fairseq_deep" + ("." + dotted if dotted else "")] = int(row[0])
+    return floors
 
 
-def floor_of(module: str) -> int:
-    prefixes = [p for p in FLOORS if module == p or module.startswith(p + ".")]
-    assert prefixes, f"{module} has no floor: add it to FLOORS here and to docs/design.md's Floors"
-    return FLOORS[max(prefixes, key=len)]
-
-
-def imports_running_up(package: Path = PACKAGE) -> list:
-    """Every import of a package module (under ``package``, a ``fairseq_deep`` folder) of a module
-    on a higher floor than the importer's."""
-    up = []
+def package_graph(package: Path = PACKAGE) -> dict:
+    """``{module: the modules of the package it imports}`` (dotted names; a package by its
+    ``__init__``, the root ``fairseq_deep`` included), imports inside functions too: ``from P
+    import name`` imports the module ``P.name`` where there is one, else ``P``."""
+    modules = {}
     for path in package.rglob("*.py"):
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        name = ".".join(parts)
-        if name == "fairseq_deep":
-            continue
-        for imported in set(_imports(path, name)):
-            where = package.parent / imported.replace(".", "/")
-            if not imported.startswith("fairseq_deep.") or not (
-                where.is_dir() or where.with_suffix(".py").is_file()
-            ):
-                continue  # fairseq, torch, ... or a name imported from a module
-            if floor_of(imported) > floor_of(name):
-                up.append(
-                    f"{name} (floor {floor_of(name)}) imports {imported} (floor {floor_of(imported)})"
-                )
-    return sorted(up)
+        modules[".".join(parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package_of = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package_of.split(".")[: len(package_of.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
 
 
-def test_no_import_runs_back_up():
-    """Models and modules never import the command-line layer, the patches that scripts install,
-    the runner or the tools; the tools may import everything below them."""
-    up = imports_running_up()
-    assert not up, "imports that run back up a floor:\n" + "\n".join(up)
+def floor_problems(package: Path = PACKAGE, design: Path = ROOT / "docs" / "design.md") -> list:
+    """What makes the drawing of ``design`` (its Floors table) untrue of ``package``: a module
+    without a floor, a named module that does not exist, and every import of a module on a
+    higher floor than the importer's."""
+    floors = floor_table(design.read_text())
+    graph = package_graph(package)
+
+    def floor_of(module):
+        if module == "fairseq_deep":  # the root's own entry, never a prefix of the others
+            return floors.get(module)
+        found = [p for p in floors if p != "fairseq_deep" and (module + ".").startswith(p + ".")]
+        return floors[max(found, key=len)] if found else None
+
+    problems = [
+        f"{p} is named in the Floors table but does not exist" for p in floors if p not in graph
+    ]
+    problems += [f"{m} has no floor" for m in sorted(graph) if floor_of(m) is None]
+    for name in sorted(graph):
+        for imported in sorted(graph[name]):
+            low, high = floor_of(name), floor_of(imported)
+            if low is not None and high is not None and high > low:
+                problems.append(f"{name} (floor {low}) imports {imported} (floor {high})")
+    return problems
 
 
-def test_the_floor_check_sees_an_import_up(tmp_path):
-    """The check itself: in a package where a model imports the command-line layer (and the
-    command-line layer a model, which is fine), exactly the first import is found."""
+def test_the_floors_are_drawn_as_they_are():
+    """design.md's Floors table assigns every module of the package a floor (the root too), and
+    every import (at the top or inside a function, of the root too) goes to a module of the same
+    floor or below."""
+    problems = floor_problems()
+    assert not problems, "docs/design.md's Floors do not hold:\n" + "\n".join(problems)
+
+
+def test_the_floor_check_sees_what_is_untrue(tmp_path):
+    """The check itself, on a small package and its drawing: a model importing the command-line
+    layer, a model importing the package's root (which stands above it), a module the table does
+    not name and a name of the table that is no module are found, and nothing else (the
+    command-line layer importing a model is fine)."""
     package = tmp_path / "fairseq_deep"
     (package / "models").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from .models import family  # noqa: F401\n")
     (package / "models" / "__init__.py").write_text("")
-    (package / "models" / "family.py").write_text("from ..cli import main\n")
+    (package / "models" / "family.py").write_text("def f():\n    from ..cli import main\n")
+    (package / "models" / "other.py").write_text("import fairseq_deep\n")
     (package / "cli.py").write_text("from .models import family\n\n\ndef main():\n    pass\n")
-    assert imports_running_up(package) == [
-        "fairseq_deep.models.family (floor 2) imports fairseq_deep.cli (floor 4)"
-    ]
-    assert floor_of("fairseq_deep.patches.better_transformer") < floor_of(
-        "fairseq_deep.patches.scripts"
+    (package / "orphan.py").write_text("")
+    design = tmp_path / "design.md"
+    design.write_text(
+        "## Floors\n\n| floor | modules | what |\n| --- | --- | --- |\n"
+        "| 4 scripts | `cli.py`, `gone.py` | x |\n| 3 root | `__init__.py` | x |\n"
+        "| 2 models | `models/` | x |\n\n## Next\n"
     )
+    assert floor_problems(package, design) == [
+        "fairseq_deep.gone is named in the Floors table but does not exist",
+        "fairseq_deep.orphan has no floor",
+        "fairseq_deep.models.family (floor 2) imports fairseq_deep.cli (floor 4)",
+        "fairseq_deep.models.other (floor 2) imports fairseq_deep (floor 3)",
+    ]
+    floors = floor_table((ROOT / "docs" / "design.md").read_text())
+    assert floors["fairseq_deep.patches.better_transformer"] < floors["fairseq_deep.patches"]

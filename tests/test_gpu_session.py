@@ -1,4 +1,5 @@
-"""benchmarks/gpu_session.py: the one planned device call of a GPU window, and its ledger.
+""".ci/gpu/: the one planned device call of a GPU window (gpu_session.py), its steps
+(gpu_steps.py), its runner (gpu_window.py) and its ledger (ledger.json).
 
 No GPU here, so what can go wrong before a GPU minute is spent is tested: every step's command line
 parses with the parser of the script it runs (a typo would cost a whole call), the study's groups
@@ -15,11 +16,13 @@ import sys
 import tarfile
 import time
 
+import gpu_session
+import gpu_steps
 import pytest
 import torch
+from gpu_steps import STEPS, Step, expand
+from gpu_window import Phase
 
-from benchmarks import gpu_session
-from benchmarks.gpu_session import STEPS, Phase, Step
 from fairseq_deep import study
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +32,7 @@ VALUES = {"py": sys.executable, "data": "DATA", "spm": "SPM", "ref": "REF", "wor
 
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_every_step_parses(monkeypatch, step):
-    argv = gpu_session.expand(step.argv, VALUES)
+    argv = expand(step.argv, VALUES)
     assert argv[0] == sys.executable
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # parse as on the GPU machine
     if argv[1] == "-m" and argv[2].startswith("benchmarks."):
@@ -211,7 +214,7 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert (
         gpu_session.DEVICE_COMMAND in printed
-        and "-m benchmarks.gpu_session run --out $OUT" in printed
+        and "python3 .ci/gpu/gpu_session.py run --out $OUT" in printed
     )
     args = gpu_session.get_parser().parse_args(["run"])  # the defaults point where stage wrote
     assert args.data.endswith(os.path.join(".gpu", "m30k", "data-bin"))
@@ -272,7 +275,7 @@ def test_the_plan_fits_one_gpu_and_its_budget():
     for step in STEPS:
         if "precision_matrix" not in " ".join(step.argv):
             continue
-        args = pm.get_parser().parse_args(gpu_session.expand(step.argv, VALUES)[3:])
+        args = pm.get_parser().parse_args(expand(step.argv, VALUES)[3:])
         assert args.memory_gb > 0 and args.decode_shards >= 10 and not args.keep_checkpoints
         runs = [pm.estimate_gb(f, args.max_tokens) for f in args.families for _ in args.precisions]
         assert max(runs) <= args.memory_gb
@@ -280,7 +283,7 @@ def test_the_plan_fits_one_gpu_and_its_budget():
             assert len(runs) <= args.jobs and sum(runs) <= args.memory_gb
     first = gpu_session.pending({})
     assert (
-        gpu_session.COLLAPSE_MEMORY_GB + 4 * 10 <= 80
+        gpu_steps.COLLAPSE_MEMORY_GB + 4 * 10 <= 80
     )  # the fully sharded runs: 4 at once, under 10 GB each
     args = gpu_session.get_parser().parse_args(["run"])
     concurrent = max(s.timeout for s in first if s.concurrent)

@@ -343,10 +343,10 @@ def write_record(
 
 def load_checkpoint(path: str):
     """``(state_dict, model_cfg)`` of a fairseq checkpoint, loaded with torch's safe unpickler."""
-    from ..patches.checkpoint_errors import torch_load_checked
+    from ..checkpoints import load_as_saved
 
     # a missing, truncated or refused file: the CheckpointError of generate/interactive/hub
-    ckpt = torch_load_checked(path)
+    ckpt = load_as_saved(path, require_model=False)
     if isinstance(ckpt, dict) and "model" in ckpt and isinstance(ckpt["model"], dict):
         cfg = ckpt.get("cfg") or {}
         model_cfg = cfg_value(cfg, "model", None) if cfg else None
@@ -419,7 +419,7 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..cli import quiet_warnings
+    from ..quiet import quiet_warnings
 
     quiet_warnings()
     sys.exit(report_user_errors(main, "fairseq-deep-layer-weights"))

@@ -316,7 +316,7 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..cli import quiet_warnings
+    from ..quiet import quiet_warnings
 
     quiet_warnings()
     sys.exit(report_user_errors(main, "fairseq-deep-plot-training"))

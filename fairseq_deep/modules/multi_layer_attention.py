@@ -17,12 +17,19 @@ Incremental decoding: each lower-layer attention is its own ``MultiheadAttention
 values of earlier positions are cached in the incremental state under that module's id (and
 reordered with the beam by fairseq like any other); a step feeds it the new position's state of
 its lower layer only.
+
+How, the way fairseq's ``examples/latent_depth`` changes its layers (the smallest hook, no copied
+forward): fairseq's encoder and decoder layers run as they are; their self-attention, built by
+fairseq's hook ``build_self_attention``, is :class:`MultiLayerSelfAttention`, fairseq's module
+whose output becomes AGG over the lower layers while its layer's forward runs, and the layers'
+``forward`` only hands it the lower layers' states (a context variable, nothing on the module).
 """
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import (
@@ -112,8 +119,77 @@ def _check_cfg(cfg):
             )
 
 
-class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer whose self-attention output is Eq. 8's AGG over lower layers."""
+class MultiLayerSelfAttention(MultiheadAttention):
+    """fairseq's self-attention of an MLA layer: C^l_{-1}, fairseq's module with its parameters,
+    their names and its incremental cache, whose output becomes Eq. 8's AGG(C^l_{-1}, ..., C^l_{-k})
+    while its own layer's forward runs (:func:`_reading_lower_layers`).  The one method of
+    fairseq's layers that multi-layer attention changes: they call it and do the rest (residual,
+    layer norms, encoder attention, feed-forward) as they always do."""
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        incremental_state=None,
+        need_weights=True,
+        static_kv=False,
+        attn_mask=None,
+        before_softmax=False,
+        need_head_weights=False,
+    ):
+        own, weights = super().forward(
+            query,
+            key,
+            value,
+            key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state,
+            need_weights=need_weights,
+            static_kv=static_kv,
+            attn_mask=attn_mask,
+            before_softmax=before_softmax,
+            need_head_weights=need_head_weights,
+        )
+        reading = _LOWER.get()
+        if reading is None or reading[0] is not self:
+            return own, weights
+        _, lower_attention, lower = reading
+        return lower_attention(
+            query,
+            own,
+            lower,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            incremental_state=incremental_state,
+        ), weights
+
+
+#: (the self-attention, its layer's LowerLayerAttention, the lower layers' states) while an MLA
+#: layer's forward runs: a context variable, not an attribute, so that nothing is stored on a
+#: module during a forward pass (re-entrant: activation checkpointing, two passes in flight)
+_LOWER = contextvars.ContextVar("fairseq_deep_mla_lower", default=None)
+
+
+@contextlib.contextmanager
+def _reading_lower_layers(layer, lower: Optional[List[Tensor]]):
+    """While the block runs, ``layer``'s self-attention also attends to ``lower`` (the inputs of
+    layers l-1, l-2, ..., nearest first; at most ``layer.num_lower``), which pass through the
+    layer's ``self_attn_layer_norm`` in a pre-norm stack, as its own input does."""
+    lower = list(lower or [])[: layer.num_lower]
+    if layer.normalize_before:
+        lower = [layer.self_attn_layer_norm(h) for h in lower]
+    token = _LOWER.set((layer.self_attn, layer.lower_attention, lower))
+    try:
+        yield
+    finally:
+        _LOWER.reset(token)
+
+
+class _MultiLayerAttention:
+    """What both MLA layers add to fairseq's: the attentions over the lower layers and AGG
+    (``lower_attention``), and a self-attention that reads them (:class:`MultiLayerSelfAttention`,
+    through fairseq's builder hook ``build_self_attention``)."""
 
     #: why fairseq's own layer cannot compute this one (fairseq-deep-export)
     why_not_standard = (
@@ -121,161 +197,53 @@ class MultiLayerAttentionEncoderLayer(TransformerEncoderLayerBase):
         "below (Dou et al. 2018)"
     )
 
-    def __init__(self, cfg, num_lower: int, node_factory, return_fc=False):
-        super().__init__(cfg, return_fc=return_fc)
+    def _add_lower_attention(self, cfg, side, num_lower: int, node_factory):
         _check_cfg(cfg)
         self.num_lower = num_lower
         self.lower_attention = LowerLayerAttention(
             self.embed_dim,
-            cfg.encoder.attention_heads,
+            getattr(cfg, side).attention_heads,
             num_lower,
             node_factory,
             cfg.attention_dropout,
         )
 
-    def forward(
-        self,
-        x,
-        encoder_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor] = None,
-        lower: Optional[List[Tensor]] = None,
-    ):
-        if attn_mask is not None:
-            attn_mask = attn_mask.masked_fill(
-                attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
-            )
-        lower = list(lower or [])[: self.num_lower]
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-            lower = [self.self_attn_layer_norm(h) for h in lower]
-        own, _ = self.self_attn(
-            query=x,
-            key=x,
-            value=x,
-            key_padding_mask=encoder_padding_mask,
-            need_weights=False,
-            attn_mask=attn_mask,
+    def build_self_attention(self, embed_dim, cfg, *args, **kwargs):
+        attn = super().build_self_attention(embed_dim, cfg, *args, **kwargs)
+        attn.__class__ = (
+            MultiLayerSelfAttention  # fairseq's module as fairseq built it, one method more
         )
-        x = self.lower_attention(
-            x, own, lower, key_padding_mask=encoder_padding_mask, attn_mask=attn_mask
-        )
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
-        residual = x  # the feed-forward sublayer, as fairseq's
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        x = self.fc2(x)
-        fc_result = x
-        x = self.residual_connection(self.dropout_module(x), residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
-        if self.return_fc and not torch.jit.is_scripting():
-            return x, fc_result
-        return x
+        return attn
 
 
-class MultiLayerAttentionDecoderLayer(TransformerDecoderLayerBase):
+class MultiLayerAttentionEncoderLayer(_MultiLayerAttention, TransformerEncoderLayerBase):
+    """fairseq's encoder layer whose self-attention output is Eq. 8's AGG over lower layers."""
+
+    def __init__(self, cfg, num_lower: int, node_factory, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self._add_lower_attention(cfg, "encoder", num_lower, node_factory)
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None, lower=None):
+        with _reading_lower_layers(self, lower):
+            return super().forward(x, encoder_padding_mask, attn_mask)
+
+
+class MultiLayerAttentionDecoderLayer(_MultiLayerAttention, TransformerDecoderLayerBase):
     """fairseq's decoder layer whose self-attention output is Eq. 8's AGG over lower layers;
     encoder-decoder attention and feed-forward are fairseq's."""
 
-    why_not_standard = MultiLayerAttentionEncoderLayer.why_not_standard
-
     def __init__(self, cfg, num_lower: int, node_factory, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        _check_cfg(cfg)
-        self.num_lower = num_lower
-        self.lower_attention = LowerLayerAttention(
-            self.embed_dim,
-            cfg.decoder.attention_heads,
-            num_lower,
-            node_factory,
-            cfg.attention_dropout,
-        )
+        self._add_lower_attention(cfg, "decoder", num_lower, node_factory)
 
-    def forward(
-        self,
-        x,
-        encoder_out: Optional[Tensor] = None,
-        encoder_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        prev_self_attn_state: Optional[List[Tensor]] = None,
-        prev_attn_state: Optional[List[Tensor]] = None,
-        self_attn_mask: Optional[Tensor] = None,
-        self_attn_padding_mask: Optional[Tensor] = None,
-        need_attn: bool = False,
-        need_head_weights: bool = False,
-        lower: Optional[List[Tensor]] = None,
-    ):
-        if prev_self_attn_state is not None or prev_attn_state is not None:
+    def forward(self, x, *args, lower=None, **kwargs):
+        if kwargs.get("prev_self_attn_state") is not None:
             raise ValueError(
-                "multi-layer attention layers do not take prev_self_attn_state/prev_attn_state"
+                "multi-layer attention layers do not take prev_self_attn_state (the attentions "
+                "over the lower layers keep caches of their own)"
             )
-        if need_head_weights:
-            need_attn = True
-        lower = list(lower or [])[: self.num_lower]
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-            lower = [self.self_attn_layer_norm(h) for h in lower]
-        own, _ = self.self_attn(
-            query=x,
-            key=x,
-            value=x,
-            key_padding_mask=self_attn_padding_mask,
-            incremental_state=incremental_state,
-            need_weights=False,
-            attn_mask=self_attn_mask,
-        )
-        x = self.lower_attention(
-            x,
-            own,
-            lower,
-            key_padding_mask=self_attn_padding_mask,
-            attn_mask=self_attn_mask,
-            incremental_state=incremental_state,
-        )
-        x = self.dropout_module(x)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
-        attn = None  # encoder-decoder attention and feed-forward, as fairseq's layer
-        if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-            x, attn = self.encoder_attn(
-                query=x,
-                key=encoder_out,
-                value=encoder_out,
-                key_padding_mask=encoder_padding_mask,
-                incremental_state=incremental_state,
-                static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
-            )
-            x = self.residual_connection(self.dropout_module(x), residual)
-            if not self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-        if self.ffn_layernorm is not None:
-            x = self.ffn_layernorm(x)
-        x = self.dropout_module(self.fc2(x))
-        if self.w_resid is not None:
-            residual = torch.mul(self.w_resid, residual)
-        x = self.residual_connection(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
-        return x, attn, None
+        with _reading_lower_layers(self, lower):
+            return super().forward(x, *args, **kwargs)
 
 
 # fairseq-deep-grow (modules/growth.py): a copy attends to as many lower layers as its source

@@ -15,7 +15,7 @@ Replaces:
   whose text fairseq evaluates late (``--adam-betas``) are checked once parsed;
 - ``fairseq.options.get_training_parser`` (:func:`training_parser_with_model_from`): its ``--help``
   shows ``--model-from CK.pt``, which fairseq-deep-train reads off the command line before fairseq
-  parses it (:func:`fairseq_deep.cli.take_model_from`).
+  parses it (:func:`fairseq_deep.model_from.take_model_from`).
 
 Versions: every fairseq 0.12 (0.12.2 and ve-fairseq 0.12.3): ``parse_args_and_arch(parser,
 input_args)`` parses twice with ``parser.parse_known_args``.
@@ -228,7 +228,7 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
 
 def training_parser_with_model_from(get_training_parser):
     """fairseq's ``get_training_parser``, whose ``--help`` also shows ``--model-from`` (which
-    :func:`take_model_from` reads off the command line before fairseq parses it)."""
+    :func:`~fairseq_deep.model_from.take_model_from` reads off the command line before fairseq parses it)."""
 
     def get(*args, **kwargs):
         parser = get_training_parser(*args, **kwargs)

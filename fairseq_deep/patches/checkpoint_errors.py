@@ -17,8 +17,9 @@ Replaces, each by a wrapper that calls fairseq's function and rewrites only its 
   loaded, naming each option with both values; and the training time a restored checkpoint brings,
   which ``--stop-time-hours`` counts, is logged (fairseq says nothing).
 
-:func:`torch_load_checked` gives the same errors to tools that read a checkpoint as it is saved
-(checkpoint averaging, layer-weight export, ``--model-from``).
+The checks and messages of a loaded file are the package's one checkpoint loader's
+(:mod:`fairseq_deep.checkpoints`, which the tools load with); this module puts them around
+fairseq's functions.
 
 Versions: every fairseq 0.12 (0.12.2 and ve-fairseq 0.12.3) and torch; the refused-file message
 matters from torch 2.6 (weights-only by default).
@@ -29,30 +30,21 @@ tests/test_continue.py (``test_a_changed_architecture_option_is_named_with_both_
 ``test_mismatch_names_the_tensors_that_differ``), tests/test_grow.py, tests/test_export.py.
 """
 
-import argparse
 import contextvars
 import logging
-import os
-import pickle
 import re
 import traceback
 import typing
-import zipfile
 
-import torch
 from fairseq import checkpoint_utils
 
-from ..errors import CheckpointError, MissingFileError
+from ..checkpoints import check_registered, checked, saved_model_options
+from ..errors import CheckpointError
+from ..model_options import check_same_architecture, describe, differences
+from ..progress import hms
 from .install import fairseq_original, install
 
 logger = logging.getLogger(__name__)
-
-
-def _raised_by_torch_load(exc: BaseException) -> bool:
-    return any(
-        f.filename.replace("\\", "/").endswith("torch/serialization.py")
-        for f in traceback.extract_tb(exc.__traceback__)
-    )
 
 
 #: this run's model options while ``Trainer.load_checkpoint`` restores a checkpoint (else None)
@@ -63,98 +55,12 @@ def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
     """fairseq's ``load_checkpoint_to_cpu``; a refused or unreadable file, or one whose model no
     loaded plugin registers, raises CheckpointError; so does, while the trainer restores it, one
     whose architecture options differ from this run's (:func:`trainer_load_checkpoint_checked`)."""
-    state = _checked_load(fairseq_original(load_checkpoint_to_cpu_checked), path, *args, **kwargs)
-    _check_model_registered(path, state)
+    original = fairseq_original(load_checkpoint_to_cpu_checked)
+    state = checked(path, lambda: original(path, *args, **kwargs))
+    check_registered(path, state)
     if _RESTORING.get() is not None:
-        from ..model_options import check_same_architecture, saved_model_options
-
         check_same_architecture(path, saved_model_options(state), _RESTORING.get())
     return state
-
-
-def _saved_model_cfg(state):
-    cfg = state.get("cfg") if isinstance(state, dict) else None
-    if cfg is not None:
-        return cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)
-    return state.get("args") if isinstance(state, dict) else None
-
-
-def _cfg_get(cfg, key):
-    return cfg.get(key, None) if hasattr(cfg, "get") else getattr(cfg, key, None)
-
-
-def _check_model_registered(path, state):
-    """A checkpoint of another plugin (or of a newer fairseq) names a model that nothing here
-    registers; fairseq would stop with ``IndexError: Replacement index 1 out of range``."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-
-    model_cfg = _saved_model_cfg(state)
-    if model_cfg is None:
-        return
-    name = _cfg_get(model_cfg, "_name") or _cfg_get(model_cfg, "arch")
-    if name is None or name in ARCH_MODEL_REGISTRY or name in MODEL_REGISTRY:
-        return
-    cfg = state.get("cfg") or {}
-    common = cfg.get("common") if hasattr(cfg, "get") else None
-    user_dir = (_cfg_get(common, "user_dir") if common is not None else None) or _cfg_get(
-        state.get("args") or argparse.Namespace(), "user_dir"
-    )
-    import fairseq
-
-    raise CheckpointError(
-        f"{path} holds a model of --arch {name}, which neither fairseq {fairseq.__version__} nor a loaded "
-        f"plugin registers: it was written "
-        + (
-            f"with the plugin --user-dir {user_dir}"
-            if user_dir
-            else "by another plugin or a newer fairseq"
-        )
-        + ". Load it with the plugin and the fairseq that wrote it (fairseq_deep's architectures: "
-        "fairseq-deep-list-archs)"
-    )
-
-
-def torch_load_checked(path):
-    """``torch.load(path, map_location="cpu")`` (weights_only at torch's default) with the errors of
-    :func:`load_checkpoint_to_cpu_checked`: for tools that read a checkpoint as it is saved
-    (checkpoint averaging, layer-weight export)."""
-    if not os.path.isfile(path):
-        raise MissingFileError(f"{path}: no such checkpoint file")
-    return _checked_load(torch.load, path, map_location="cpu")
-
-
-def _checked_load(load, path, *args, **kwargs):
-    try:
-        return load(path, *args, **kwargs)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", str(e))
-        what = f"a reference to {found.group(1)}" if found else "an object"
-        raise CheckpointError(
-            f"{path} was not loaded: it holds {what}, which is not among the types a fairseq "
-            f"checkpoint contains; loading it could run code, so it is refused (torch.load with "
-            f"weights_only=True). Use a checkpoint written by fairseq-train; do not load this file "
-            f"with the weights-only check switched off (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) "
-            f"unless you made it yourself."
-        ) from e
-    except FileNotFoundError:
-        raise
-    except KeyError as e:  # fairseq's upgrade of a dict that is not one of its checkpoints
-        raise CheckpointError(
-            f"{path} is not a fairseq checkpoint: it has no {e.args[0]!r} entry. Use a checkpoint "
-            f"written by fairseq-train (checkpoint_best.pt, checkpoint_last.pt) or by "
-            f"fairseq-deep-average-checkpoints"
-        ) from e
-    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
-        if not _raised_by_torch_load(e):
-            raise
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        raise CheckpointError(
-            f"{path} ({size} bytes) is not a complete checkpoint: torch could not read it "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). It was "
-            f"probably truncated (an interrupted copy or save, a full disk). Use another checkpoint "
-            f"(checkpoint_best.pt or an earlier checkpoint_N.pt), or copy the file again; to resume "
-            f"training, pass --restore-file with a complete checkpoint."
-        ) from e
 
 
 def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
@@ -237,8 +143,6 @@ def trainer_load_checkpoint_checked(self, filename, *args, **kwargs):
     except Exception as e:
         if not str(e).startswith("Cannot load model parameters from checkpoint"):
             raise
-        from ..model_options import describe, differences, saved_model_options
-
         cause = str(e.__context__) if e.__context__ is not None else ""
         try:
             found = describe(
@@ -268,8 +172,6 @@ def _say_training_time(trainer, filename):
     """Log the training time a restored checkpoint brings, which fairseq's ``--stop-time-hours``
     counts (``cumulative_training_time``), and what is left of it: fairseq says nothing, and a
     budget spent by an earlier run trains one update."""
-    from ..progress import hms
-
     stop_s = (trainer.cfg.optimization.stop_time_hours or 0) * 3600
     spent = getattr(trainer, "_previous_training_time", 0) or 0
     if stop_s <= 0 or spent <= 0:

@@ -221,7 +221,7 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..cli import quiet_warnings
+    from ..quiet import quiet_warnings
 
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

@@ -6,12 +6,12 @@ import logging
 from typing import List, Optional
 
 import torch
-from fairseq import checkpoint_utils
 from fairseq.models import FairseqEncoder
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor, nn
 
+from ....checkpoints import load
 from ....modules.reorder import reorder_encoder_out
 from ....modules.residual_schemes import apply_schemes
 from ....patches.better_transformer import without_better_transformer
@@ -152,7 +152,7 @@ class MultiColumnEncoder(FairseqEncoder):
 
 def load_encoder_weights(module: nn.Module, path: str):
     """Load ``module`` from the encoder of the checkpoint ``path`` (keys ``encoder.*``)."""
-    state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+    state = load(path, "--hybrid-pretrained")["model"]
     sub = {k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")}
     missing, unexpected = module.load_state_dict(sub, strict=False)
     if missing:

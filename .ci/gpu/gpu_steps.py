@@ -1,0 +1,347 @@
+"""What a GPU window measures: the steps of the plan, most valuable first (:data:`STEPS`).
+
+A step is one command line, run from the repository root by :mod:`gpu_window` within the window's
+budget; :mod:`gpu_session` picks the steps the ledger does not hold as measured.  The steps' own
+scripts are the benchmarks (``{py} -m benchmarks.NAME``), the ``-m gpu`` tests and the study;
+tests/test_gpu_session.py parses every step's command line with its script's own parser.
+"""
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Dict, List
+
+#: the repository root (the steps run there)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class Step:
+    """One command of the plan.  ``argv`` may hold ``{py}`` (the Python running this script),
+    ``{data}`` (binarized data), ``{spm}``, ``{ref}`` (raw test references), ``{work}`` (the
+    step's own folder).  A ``concurrent`` step starts at once and runs beside the others; the
+    others are timed and run alone, once every concurrent step has ended."""
+
+    name: str
+    issue: int
+    argv: List[str]
+    timeout: int
+    concurrent: bool = False
+    #: takes a window of its own: a window runs it only when nothing else is pending (or when named)
+    own_window: bool = False
+
+
+def expand(argv: List[str], values: Dict[str, str]) -> List[str]:
+    """A step's command line with its placeholders (``{py}``, ``{data}``, ...) filled."""
+    return [a.format(**values) for a in argv]
+
+
+def _gpu_test_files() -> List[str]:
+    """The test files with GPU-marked tests (only these are collected: the GPU machine lacks some
+    packages that other test files import, e.g. matplotlib)."""
+    files = sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
+    return [os.path.relpath(f, ROOT) for f in files if "pytest.mark.gpu" in open(f).read()]
+
+
+def _bench(script: str, *args: str) -> List[str]:
+    """The command of a benchmark script: ``{py} -m benchmarks.SCRIPT ARGS`` (run from the root)."""
+    return ["{py}", "-m", f"benchmarks.{script}", *args]
+
+
+#: issues 12 and 24, 1,000 updates in fp16 beside fp32 and AMP: the two recipes whose loss scale
+#: collapsed (Deep-Att, Deep-ED; issue 24 keeps their parameters float32 under --fp16).  6 runs,
+#: 5.0 or 7.9 GB each (estimate_gb), at 2,048 tokens a batch
+COLLAPSE_FAMILIES = ["deep_att_ff+deep_att_optim", "deep_ed_ff"]
+
+#: GPU memory (GB) each matrix may plan for; with the -m gpu tests and fully sharded training
+#: beside them they stay under the 80 GB of an H100
+COLLAPSE_MEMORY_GB, MATRIX_MEMORY_GB = 40, 34
+
+#: the study: the central comparison of each paper, one seed, 4.5 minutes per system at width 256
+#: (16 systems at once; the baselines postnorm_6, baseline_6, transformer, noff_2x2 and baseline
+#: come with their groups)
+STUDY_GROUPS = [
+    "wang:postnorm_20,prenorm_20,dlcl_20,dlcl_postnorm_20",
+    "bapna:baseline_16,ta_16",
+    "chen:rnmt_plus",
+    "zhou:ff_5x3,noff_5x3",
+    "dou:hierarchical,mla2",
+]
+
+#: Everything a GPU window measures, most valuable first (issue 31's order): the -m gpu tests, the
+#: 1,000-update fp16 runs and fully sharded training beside each other; then the speed ratios one
+#: at a time (the issue's targets); then the 40-update precision matrix and the study, which take a
+#: window of their own.  The timeouts of the timed steps are each step's own need.
+STEPS: List[Step] = [
+    Step(
+        "gpu_tests",
+        31,
+        ["{py}", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *_gpu_test_files()],
+        240,
+        concurrent=True,
+    ),
+    Step(
+        "collapse_1000",
+        31,
+        _bench(
+            "precision_matrix",
+            "--data",
+            "{data}",
+            "--scale",
+            "paper",
+            "--updates",
+            "1000",
+            "--log-interval",
+            "50",
+            "--precisions",
+            "fp16",
+            "fp32",
+            "amp",
+            "--families",
+            *COLLAPSE_FAMILIES,
+            "--max-tokens",
+            "2048",
+            "--jobs",
+            "6",
+            "--memory-gb",
+            str(COLLAPSE_MEMORY_GB),
+            "--decode-shards",
+            "10",
+            "--beam",
+            "4",
+            "--run-timeout",
+            "260",
+            "--work-dir",
+            "{work}",
+        ),
+        280,
+        concurrent=True,
+    ),
+    Step(
+        "fsdp_check",
+        31,
+        _bench(
+            "fsdp_check",
+            "--data",
+            "{data}",
+            "--work",
+            "{work}/runs",
+            "--json",
+            "{work}/fsdp.json",
+            "--jobs",
+            "4",
+            "--budget",
+            "260",
+        ),
+        280,
+        concurrent=True,
+    ),
+    # timed, alone: in the order of the issue's targets.  dlcl_speed got 140 s for 60 updates
+    Step(
+        "ln_lstm_kernel",
+        31,
+        _bench("ln_lstm_kernel", "--device", "cuda", "--json", "{work}/ln_lstm_kernel.json"),
+        65,
+    ),
+    Step(
+        "ff_lstm_kernel",
+        31,
+        _bench(
+            "ln_lstm_kernel",
+            "--device",
+            "cuda",
+            "--cell",
+            "ff",
+            "--json",
+            "{work}/ff_lstm_kernel.json",
+        ),
+        40,
+    ),
+    Step(
+        "rnmt_speed",
+        31,
+        _bench(
+            "rnmt_speed",
+            "--device",
+            "cuda",
+            "--hidden",
+            "512",
+            "--encoder-layers",
+            "6",
+            "--decoder-layers",
+            "6",
+            "--batch",
+            "64",
+            "--rounds",
+            "3",
+            "--repeats",
+            "2",
+        ),
+        85,
+    ),
+    Step(
+        "deep_att_speed",
+        31,
+        _bench("deep_att_speed", "--device", "cuda", "--json", "{work}/deep_att.json"),
+        45,
+    ),
+    Step(
+        "aggregation_speed",
+        31,
+        _bench(
+            "aggregation_speed",
+            "--device",
+            "cuda",
+            "--embed-dim",
+            "512",
+            "--ffn-dim",
+            "2048",
+            "--heads",
+            "8",
+            "--batch",
+            "64",
+            "--gen-batch",
+            "64",
+            "--rounds",
+            "3",
+            "--json",
+            "{work}/aggregation.json",
+        ),
+        55,
+    ),
+    # what a decoding step costs on CUDA: the launch- and compute-bound floors of the targets above
+    Step(
+        "step_cost",
+        31,
+        _bench(
+            "step_cost",
+            "--device",
+            "cuda",
+            "--phase",
+            "decode",
+            "--gen-batch",
+            "64",
+            "--repeats",
+            "3",
+            "--json",
+            "{work}/step_cost.json",
+        ),
+        90,
+    ),
+    Step(
+        "deep_att_speed_triton",
+        31,
+        _bench(
+            "deep_att_speed",
+            "--device",
+            "cuda",
+            "--cell-impl",
+            "triton",
+            "--json",
+            "{work}/deep_att_triton.json",
+        ),
+        45,
+    ),
+    Step(
+        "dlcl_speed",
+        31,
+        _bench(
+            "dlcl_speed",
+            "--device",
+            "cuda",
+            "--precision",
+            "fp16",
+            "--mode",
+            "train",
+            "--embed-dim",
+            "512",
+            "--ffn-dim",
+            "2048",
+            "--heads",
+            "8",
+            "--max-tokens",
+            "8192",
+            "--max-update",
+            "60",
+            "--skip-updates",
+            "20",
+            "--log-interval",
+            "10",
+            "--repeats",
+            "2",
+            "--synthetic-train",
+            "10000",
+            "--work-dir",
+            "{work}",
+        ),
+        140,
+    ),
+    # a window of their own
+    Step(
+        "matrix_40",
+        31,
+        _bench(
+            "precision_matrix",
+            "--data",
+            "{data}",
+            "--scale",
+            "paper",
+            "--updates",
+            "40",
+            "--precisions",
+            "fp16",
+            "amp",
+            "bf16",
+            "memory_efficient_fp16",
+            "--jobs",
+            "8",
+            "--memory-gb",
+            str(MATRIX_MEMORY_GB),
+            "--decode-shards",
+            "10",
+            "--beam",
+            "4",
+            "--run-timeout",
+            "120",
+            "--work-dir",
+            "{work}",
+        ),
+        470,
+        concurrent=True,
+        own_window=True,
+    ),
+    Step(
+        "study",
+        31,
+        [
+            "{py}",
+            "-m",
+            "fairseq_deep.study",
+            "--data",
+            "{data}",
+            "--spm",
+            "{spm}",
+            "--ref",
+            "{ref}",
+            "--out",
+            "{work}",
+            *[w for g in STUDY_GROUPS for w in ("--group", g)],
+            "--depths",
+            "6,16,20",
+            "--width",
+            "256",
+            "--minutes",
+            "4.5",
+            "--seeds",
+            "1",
+            "--jobs",
+            "16",
+            "--train-args=--fp16",
+            "--progress-every",
+            "60",
+        ],
+        480,
+        concurrent=True,
+        own_window=True,
+    ),
+]
