@@ -213,6 +213,32 @@ FAMILIES = {
         [],
         [],
     ),
+    # issue 41: the per-layer schemes (modules/norm_schemes.py, B2T in residual_schemes.py)
+    "transformer_b2t": ("transformer_b2t_18l", "transformer_b2t", _TRANSFORMER_TINY, [], []),
+    "transformer_subln": ("transformer_subln_18l", "transformer_subln", _TRANSFORMER_TINY, [], []),
+    "transformer_periln": (
+        "transformer_periln_18l",
+        "transformer_periln",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
+    # ratio 0.5, not the paper's 0.25: the tiny 3 + 2 layers then mix post- and pre-norm on both sides
+    "transformer_mixln": (
+        "transformer_mixln_18l",
+        "transformer_mixln",
+        _TRANSFORMER_TINY,
+        ["--mix-ln-ratio", "0.5"],
+        [],
+    ),
+    "transformer_dyt": ("transformer_dyt_18l", "transformer_dyt", _TRANSFORMER_TINY, [], []),
+    "transformer_layerscale": (
+        "transformer_layerscale_18l",
+        "transformer_layerscale",
+        _TRANSFORMER_TINY,
+        [],
+        [],
+    ),
 }
 
 
@@ -242,6 +268,12 @@ PAPER_MEMORY = {
     "transformer_admin": (144.8, 36 * 512, 0),
     "transformer_dsinit": (100.6, 24 * 512, 0),
     "transformer_rezero": (144.6, 36 * 512, 0),
+    "transformer_b2t": (144.7, 36 * 512, 0),
+    "transformer_subln": (144.9, 36 * 512, 0),
+    "transformer_periln": (144.8, 36 * 512, 0),
+    "transformer_mixln": (144.7, 36 * 512, 0),
+    "transformer_dyt": (144.7, 36 * 512, 0),
+    "transformer_layerscale": (144.8, 36 * 512, 0),
 }
 #: bytes per token and unit of width x layers kept for the backward: a Transformer layer ~34 values of
 #: width per token in 16-bit (Korthikanti et al. 2022) plus the decoder's cross-attention: 48; the

@@ -38,6 +38,9 @@ POST_NORM = [
     "transformer_admin",
     "hybrid_transformer_rnmt",
     "transformer_dlcl",
+    # issue 41's per-layer schemes, post- and pre-norm
+    *("transformer_b2t", "transformer_subln", "transformer_periln", "transformer_mixln"),
+    *("transformer_dyt", "transformer_layerscale"),
 ]
 
 
