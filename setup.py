@@ -81,6 +81,11 @@ setup(
         "scale": ["fairscale>=0.4.13"],
         # fairseq-deep-export --format ctranslate2 (CTranslate2's own fairseq converter and engine)
         "export": ["ctranslate2"],
+        # the authors' code the schemes are checked against (tests/test_reference_code.py):
+        # admin-torch (Admin's closed-form omega). torchscale==0.3.0 (DeepNorm, Sub-LN) belongs here
+        # too, but every release pins fairscale==0.4.0 and timm (-> torchvision -> a CUDA torch):
+        # install it without them, `pip install --no-deps torchscale==0.3.0` (README, CI)
+        "reference": ["admin-torch==0.1.0"],
     },
     entry_points={
         "console_scripts": [
