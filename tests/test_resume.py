@@ -70,6 +70,13 @@ FAMILIES = [
         "transformer_deepnorm", ["--encoder-layers", "100"], id="transformer_deepnorm_100l"
     ),
     pytest.param("transformer_admin", ["--encoder-layers", "60"], id="transformer_admin_60l"),
+    # issue 41: the parameters of the per-layer schemes in one run (Sub-LN's and Peri-LN's norms,
+    # as DyTs: alpha, gamma, beta; LayerScale's lambda); B2T and Mix-LN have none of their own
+    pytest.param(
+        "transformer_subln",
+        ["--peri-ln", "--dyt", "--layerscale"],
+        id="transformer_subln+periln+dyt+layerscale",
+    ),
 ]
 
 MAX_UPDATE = 7
