@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train a DeepNorm, Admin, ReZero or DS-Init Transformer on WMT16 En-De (the data of
+# Train a Transformer of one of the deep schemes (DeepNorm, Admin, ReZero, DS-Init, B2T, Sub-LN,
+# Peri-LN, Mix-LN, DyT, LayerScale) on WMT16 En-De (the data of
 # examples/wmt16_en_de_dlcl/prepare-data.sh), with the training script of that recipe:
 #
 #   ARCH=transformer_deepnorm_100l bash train.sh DATA_BIN [SAVE_DIR] [extra fairseq-train options]
@@ -10,7 +11,7 @@
 # (MAX_TOKENS, UPDATE_FREQ, MAX_UPDATE, PRECISION, ...) works here too.
 set -euo pipefail
 if [ $# -lt 1 ]; then
-    sed -n '2,10p' "$0"
+    sed -n '2,11p' "$0"
     exit 2
 fi
 export ARCH=${ARCH:-transformer_deepnorm_18l} LR=${LR:-5e-4} WARMUP=${WARMUP:-4000} BETA2=${BETA2:-0.98}
