@@ -82,10 +82,13 @@ setup(
         # fairseq-deep-export --format ctranslate2 (CTranslate2's own fairseq converter and engine)
         "export": ["ctranslate2"],
         # the authors' own code that the tests check against (tests/test_reference_*.py skip
-        # without it; CI installs it)
+        # without it; CI installs it): admin-torch (Admin's closed-form omega), hyper-connections
+        # (hyper-connections and mHC; needs einops, torch-einops-utils and torch>=2.5, Python >= 3.9,
+        # no other torch where one is installed).  torchscale==0.3.0 (DeepNorm, Sub-LN) belongs here
+        # too, but every release pins fairscale==0.4.0 and timm (-> torchvision -> a CUDA torch):
+        # install it without them, `pip install --no-deps torchscale==0.3.0` (README, CI)
         "reference": [
-            # hyper-connections and mHC (docs/deep_schemes.md); needs einops, torch-einops-utils
-            # and torch>=2.5 (Python >= 3.9), no other torch where one is installed
+            "admin-torch==0.1.0",
             'hyper-connections==0.4.11; python_version >= "3.9"',
         ],
     },

@@ -46,6 +46,11 @@ def synthetic_bin(tmp_path_factory):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one (CI has none)")
+    config.addinivalue_line(
+        "markers",
+        "reference: compares with the authors' code (torchscale, admin-torch: the reference "
+        "extra); skipped where a package is missing",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -44,6 +44,8 @@ def randomise(model, seed=0):
                 p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.5)
             elif name.endswith("admin_omega_learned"):  # what training learned (a parameter)
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+            elif name.endswith("layer_scale"):  # LayerScale's lambda
+                p.copy_(torch.rand(p.shape, generator=g) + 0.2)
 
 
 def stock_of(arch, extra):
@@ -77,6 +79,12 @@ REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, emb
     ("transformer_deepnorm", [*layers(100, 100), "--share-all-embeddings"]),
     ("transformer_admin", [*layers(100, 12), "--share-all-embeddings"]),
     ("transformer_prenorm", layers(100, 6)),
+    # issue 41: LayerScale folds into out_proj and fc2 (pre- and post-norm, beside DeepNorm's
+    # scales); Mix-LN at ratio 0 is pre-norm and at ratio 1 post-norm
+    ("transformer_layerscale", [*layers(3, 2), "--share-all-embeddings"]),
+    ("transformer_deepnorm", [*layers(3, 2), "--layerscale"]),
+    ("transformer_mixln", ["--mix-ln-ratio", "0", *layers(3, 2)]),
+    ("transformer_mixln", ["--mix-ln-ratio", "1", *layers(3, 2)]),
 ]
 
 
@@ -88,7 +96,7 @@ def test_the_fold_is_an_identity(arch, extra):
     assert why_not_transformer(_family(arch), model) is None
     assert type(stock) is TransformerModel
     assert all(type(m).__module__.split(".")[0] in ("fairseq", "torch") for m in stock.modules())
-    folds = "deepnorm" in arch or "admin" in arch or "--admin" in extra
+    folds = any(w in " ".join([arch, *extra]) for w in ("deepnorm", "admin", "layerscale"))
     assert bool(notes) == folds, notes
     assert difference < TOLERANCE if folds else difference == 0, (
         difference
@@ -112,6 +120,11 @@ def test_the_check_sees_a_scale_left_unfolded(arch, monkeypatch):
     assert stock_of(arch, layers(3, 2))[3] > 1e-2
 
 
+def test_the_check_sees_a_layerscale_left_unfolded(monkeypatch):
+    monkeypatch.setattr(reduction, "output_scales", lambda layer: [])
+    assert stock_of("transformer_layerscale", layers(3, 2))[3] > 1e-2
+
+
 REFUSED = [
     ("transformer_dlcl", layers(2, 2), "DLCL: every layer reads a weighted sum"),
     ("transformer_dlcl_postnorm", ["--dlcl-stacks", "decoder", *layers(2, 2)], "(its decoder)"),
@@ -128,6 +141,11 @@ REFUSED = [
     ("transformer_mhc", layers(2, 2), "hyper-connections: n residual streams"),
     ("transformer_resi_dual", layers(2, 2), "ResiDual: a post-LN stream and a dual stream"),
     ("transformer_ode_rk2", layers(2, 2), "ODE Transformer blocks evaluate each layer"),
+    ("transformer_b2t", layers(2, 2), "B2T adds each layer's input"),
+    ("transformer_subln", layers(2, 2), "Sub-LN (Magneto) adds a layer norm"),
+    ("transformer_periln", layers(2, 2), "Peri-LN normalises each sublayer's output"),
+    ("transformer_mixln", ["--mix-ln-ratio", "0.5", *layers(2, 2)], "Mix-LN: 1 of its 2 layers"),
+    ("transformer_dyt", layers(2, 2), "DyT replaces every layer norm"),
     ("rnmt_plus", layers(2, 2), "RNMT+ is a recurrent model"),
     ("deep_att", layers(2, 2), "Deep-Att is a recurrent model"),
     (
@@ -325,6 +343,8 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
         ("transformer_prenorm", layers(3, 2)),
         ("transformer_deepnorm", [*layers(3, 2), "--share-all-embeddings"]),
         ("transformer_admin", layers(3, 2)),
+        ("transformer_layerscale", layers(3, 2)),
+        ("transformer_mixln", ["--mix-ln-ratio", "1", *layers(3, 2)]),  # post-norm at last
     ],
 )
 def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):

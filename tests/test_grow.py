@@ -33,10 +33,13 @@ from fairseq_deep.tasks.freeze import freeze_bottom_layers
 def save_tiny(arch, extra, path, seed=1):
     """A tiny model of ``arch`` saved as fairseq-train saves it (cfg with the model's namespace)."""
     model, task = build_model(arch, extra, seed=seed)
-    with torch.no_grad():  # a trained ReZero model's alphas are not the initial 0
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # as trained: ReZero's alphas are not the initial 0, nor norms' betas
         for name, p in model.named_parameters():
-            if name.endswith("rezero_alpha"):
+            if name.endswith(("rezero_alpha", "layer_scale")):
                 p.fill_(0.5)
+            elif name.endswith("norm.bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     args = parse_model_args(arch, extra)
     cfg = OmegaConf.to_container(
         convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True
@@ -112,6 +115,7 @@ SAME = [
     ("transformer_mhc", layers(2)),  # the connections of static and dynamic ones travel alike
     ("transformer_resi_dual", layers(2)),
     ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)]),
+    ("transformer_b2t", layers(2)),  # issue 41's other schemes: IDENTITY below (grown twice each)
 ]
 
 
@@ -154,6 +158,13 @@ IDENTITY = [  # (arch, flags, grown encoder, decoder, tolerance): where the fami
     ("rnmt_plus", ["--dlcl-stacks", "both", *layers(3)], 6, 5, 0.0),
     ("transformer_denseformer", layers(2), 4, 3, 0.0),  # the readout row ignores the new layers
     ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)], 4, 3, 0.0),  # every F_i = 0
+    # issue 41: pre-norm layers with their output projections 0 (and Peri-LN's output beta)
+    ("transformer_subln", layers(2), 4, 3, 0.0),
+    ("transformer_periln", layers(2), 4, 3, 0.0),
+    ("transformer_dyt", layers(2), 4, 3, 0.0),
+    ("transformer_layerscale", layers(2), 4, 3, 0.0),
+    # Mix-LN keeps its post-norm bottom layers (1 of 2 -> 1 of 4) and adds pre-norm ones on top
+    ("transformer_mixln", ["--mix-ln-ratio", "0.5", *layers(2)], 4, 3, 0.0),
 ]
 
 
@@ -181,6 +192,8 @@ def test_identity_method_keeps_the_outputs(arch, extra, n, m, tol, tmp_path):
         ("deep_att", layers(2), "LSTM layers"),
         ("transformer_dlcl", ["--dlcl-softmax-weights", *layers(2)], "--dlcl-softmax-weights"),
         ("transformer_dsinit", layers(2), "post-norm"),
+        ("transformer_b2t", layers(2), "post-norm B2T layers"),
+        ("transformer_postnorm", ["--dyt", *layers(2)], "post-norm"),
         ("transformer_dense", layers(2), "DenseHistory"),
         ("transformer_mla3", layers(2), "multi-layer attention"),
         (

@@ -60,6 +60,8 @@ FAMILIES = families.cover(
         ("transformer_dsinit", layers(1), 2, 2, "stack"),
         ("transformer_dlcl_postnorm", layers(1), 3, 2, "interleave"),
         ("transformer_prenorm", layers(1), 2, 2, "identity"),
+        # issue 41: Mix-LN's --mix-ln-ratio rewritten for the grown depth (its post-norm layers kept)
+        ("transformer_mixln", ["--mix-ln-ratio", "0.5", *layers(2)], 4, 3, "identity"),
         ("deep_att", layers(2, 1), 3, 2, "interleave"),  # the interleaved directions of the columns
         ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
         # RNMT+'s transparent readout

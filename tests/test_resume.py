@@ -86,6 +86,14 @@ FAMILIES = families.cover(
         pytest.param("transformer_mhc", [], id="transformer_mhc"),
         pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
         pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
+        # issue 41: the parameters of the per-layer schemes in one run (Sub-LN's and Peri-LN's
+        # norms, as DyTs: alpha, gamma, beta; LayerScale's lambda); B2T and Mix-LN have none of
+        # their own
+        pytest.param(
+            "transformer_subln",
+            ["--peri-ln", "--dyt", "--layerscale"],
+            id="transformer_subln+periln+dyt+layerscale",
+        ),
     ],
     arch=lambda row: row.values[0],
     # a family none of these is of: its first tiny configuration (models/families.py)

@@ -44,6 +44,9 @@ POST_NORM = [
     "transformer_mhc",
     "transformer_resi_dual",
     "transformer_ode_rk2",
+    # issue 41's per-layer schemes, post- and pre-norm
+    *("transformer_b2t", "transformer_subln", "transformer_periln", "transformer_mixln"),
+    *("transformer_dyt", "transformer_layerscale"),
 ]
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Train a DeepNorm, Admin, ReZero, DS-Init (or DenseFormer, hyper-connections, mHC, ResiDual,
-# ODE Transformer) Transformer on WMT16 En-De (the data of
+# Train a Transformer of one of the deep schemes (DeepNorm, Admin, ReZero, DS-Init, B2T, Sub-LN,
+# Peri-LN, Mix-LN, DyT, LayerScale; DenseFormer, hyper-connections, mHC, ResiDual, ODE Transformer)
+# on WMT16 En-De (the data of
 # examples/wmt16_en_de_dlcl/prepare-data.sh), with the training script of that recipe:
 #
 #   ARCH=transformer_deepnorm_100l bash train.sh DATA_BIN [SAVE_DIR] [extra fairseq-train options]

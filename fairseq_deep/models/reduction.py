@@ -26,6 +26,12 @@ carries ``s * x`` instead of x.  With s_k the scale of sublayer k of a stack (bo
 * the last layer norm of the encoder is unchanged (the decoder's attention reads x itself); that of
   the decoder is divided by s_1 when the output projection is the (scaled) decoder embedding, so
   that the logits are unchanged; the scaled embeddings are no longer shared with the encoder's.
+
+LayerScale's lambda (``modules/norm_schemes.py``) multiplies a sublayer's output, so it folds into
+the rows and bias of the linear map that ends the sublayer (out_proj, fc2), in pre- and post-norm
+layers alike (:func:`_fold_output_scales`).  The schemes that add or replace layer norms (Sub-LN,
+Peri-LN, DyT), mix norm positions in a stack (Mix-LN between 0 and 1) or add a connection (B2T)
+do not reduce: :func:`residual_stacks` says why.
 """
 
 from typing import Callable, Dict, List, Optional, Tuple
@@ -40,6 +46,8 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..modules.norm_schemes import mixed_norm_positions, output_scales
+from ..modules.norm_schemes import why_not_standard as norm_why_not_standard
 from ..modules.residual_schemes import residual_scales, scheme_base
 from . import families
 
@@ -78,9 +86,12 @@ def residual_stacks(model: nn.Module) -> Optional[str]:
         why = stack.history.not_residual()
         if why is not None:
             return f"{why} (its {side})"
+        why = mixed_norm_positions(stack.layers)
+        if why is not None:
+            return f"{why} (its {side})"
         for layer in stack.layers:
             name = type(layer).__name__
-            why = getattr(layer, "why_not_standard", None)
+            why = getattr(layer, "why_not_standard", None) or norm_why_not_standard(layer)
             if why is None and scheme_base(layer) not in STANDARD_LAYERS:
                 why = f"its {side} layers are {name}, not fairseq's Transformer layers"
             if why is None and residual_scales(layer) is None:
@@ -137,6 +148,10 @@ def fold(model: nn.Module) -> Tuple[Dict[str, Tensor], Dict[str, object], List[s
         note = _fold_stack(state, model, side, changes)
         if note:
             notes.append(note)
+        note = _fold_output_scales(state, model, side)
+        if note:
+            notes.append(note)
+        _norm_position(model, side, changes)
     if notes and model.encoder.embed_tokens is model.decoder.embed_tokens:
         changes["share_all_embeddings"] = False  # each side's embedding took its own scale
         changes["share_decoder_input_output_embed"] = True  # implied by sharing all
@@ -223,6 +238,34 @@ def _fold_stack(
         f"{side}: {len(sublayers)} residual scales of {what} folded into the layer norms, the "
         f"input columns of q/k/v and fc1, and {where}"
     )
+
+
+def _fold_output_scales(state: Dict[str, Tensor], model: nn.Module, side: str) -> str:
+    """LayerScale (Touvron et al. 2021): lambda (W x + b) = (diag(lambda) W) x + lambda b, the rows
+    of the linear map that ends each sublayer (the attentions' out_proj, fc2) times its lambda."""
+    folded = 0
+    for i, layer in enumerate(getattr(model, side).layers):
+        for linear, scale in output_scales(layer):
+            prefix = f"{side}.layers.{i}.{linear}."
+            weight = state[prefix + "weight"]
+            state[prefix + "weight"] = (weight.double() * scale.double()[:, None]).to(weight.dtype)
+            if prefix + "bias" in state:
+                _scale(state, prefix + "bias", scale.double())
+            folded += 1
+    if not folded:
+        return ""
+    return f"{side}: {folded} LayerScale vectors folded into the rows of out_proj and fc2"
+
+
+def _norm_position(model: nn.Module, side: str, changes: Dict[str, object]):
+    """A stack whose layers all sit at another norm position than its options say (Mix-LN with
+    ratio 1: every layer post-norm, no final norm, in a pre-norm configuration) is fairseq's
+    transformer with the layers' position."""
+    stack = getattr(model, side)
+    kinds = {bool(layer.normalize_before) for layer in stack.layers}
+    configured = bool(getattr(stack.cfg, side).normalize_before)
+    if len(kinds) == 1 and kinds != {configured}:
+        changes[f"{side}_normalize_before"] = kinds.pop()
 
 
 def _scale(state: Dict[str, Tensor], key: str, factor: Tensor):

@@ -13,7 +13,8 @@ and wrap what it returns once for activation checkpointing and FSDP, as fairseq 
 whose layers depend on their depth (DeepNorm, DS-Init, Admin: a residual scale or an
 initialisation of layer l of N) is applied to what ``build_layer`` returns
 (:func:`~fairseq_deep.modules.residual_schemes.apply_schemes`), so it composes with every history
-and every layer class; a stack whose layers differ in kind (multi-layer attention) overrides
+and every layer class, and to the stack's own norms once it is built (``finish_stack``: Mix-LN's
+final norm, DyT); a stack whose layers differ in kind (multi-layer attention) overrides
 ``build_layer`` only.
 """
 
@@ -43,6 +44,7 @@ from ..modules.residual_schemes import (
     AdminProfile,
     ResidualSchemesConfig,
     apply_schemes,
+    finish_stack,
     scheme_names,
 )
 from ..modules.stream_schemes import (
@@ -206,6 +208,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens)
         _check_history(history, self.encoder_layerdrop, "encoder")
         self.history = history
+        finish_stack(self, cfg, "encoder", cfg.encoder.layers)  # the stack's own norms
 
     def build_encoder_layer(self, cfg):
         """fairseq's hook, called once per layer: builds layer ``index`` of N (without fairseq
@@ -290,6 +293,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _check_history(history, self.decoder_layerdrop, "decoder")
         self.history = history
+        finish_stack(self, cfg, "decoder", cfg.decoder.layers)
 
     def forward_embedding(self, prev_output_tokens, incremental_state=None) -> Tensor:
         """Token and position embeddings of the (last, when incremental) target positions, T x B x C."""

@@ -31,10 +31,27 @@ layer history (residual, DLCL, transparent attention, aggregation).
   initialisation.  alpha defaults to 1 (the paper's alpha is in [0, 1]).  The merged attention
   sublayer (MAtt) of the same paper is not part of this package.
 
-Combinations: DeepNorm, Admin and ReZero each replace the residual connection, so at most one
-is on; each needs a post-norm stack (ReZero: no layer norm at all); DS-Init composes with
-standard, Admin and ReZero residuals but not with DeepNorm, which sets the same weights' scale.
-A layer that has its own residual connection (``--ta-no-encoder-residual``) takes none of them.
+* **B2T connection** (Takase, Kiyono, Kobayashi, Suzuki, Findings of ACL 2023, "B2T Connection:
+  Serving Stability and Performance in Deep Transformers", Sec. 4): post-norm layers whose last
+  layer norm also takes the layer's input, skipping the inner ones: an encoder layer computes
+  h = LN(x + Attn(x)), y = LN(h + FFN(h) + x), a decoder layer adds x the same way before its
+  last norm (past both inner norms).  As the authors' code (github.com/takase/b2t_connection,
+  ``fairseq/modules/transformer_layer.py``, ``rescaling_init``), every weight matrix of a layer of
+  a stack of N starts from fairseq's initialisation times N^(-1/2).
+
+Admin's omega may also start from admin-torch's closed form instead of a profile
+(``--admin-init``, Liu et al.'s admin-torch 0.1.0 ``calculate_init``: omega^2 = (n+1)/log(n+1) - 1
+for O(log n) output change, n for O(1), 1 for O(n), n the stack's residual sublayers: 2N in the
+encoder, 3M in the decoder), which admin-torch, having removed the profiling stage, uses.
+
+The layer norm schemes (Sub-LN, Peri-LN, Mix-LN, DyT) and LayerScale are in
+:mod:`~fairseq_deep.modules.norm_schemes`; :func:`apply_schemes` applies them too.
+
+Combinations: DeepNorm, Admin, ReZero and B2T each replace the residual connection, so at most
+one is on; each needs a post-norm stack (ReZero: no layer norm at all); DS-Init composes with
+standard, Admin and ReZero residuals but not with DeepNorm, B2T or Sub-LN, which set the same
+weights' scale.  A layer that has its own residual connection (``--ta-no-encoder-residual``)
+takes none of them.
 """
 
 import itertools
@@ -46,7 +63,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,
@@ -54,7 +71,9 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..errors import UserError
+from . import norm_schemes
 from .growth import GrowError, declare_layer
+from .norm_schemes import NORM_SCHEMES, NormSchemesConfig
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +113,27 @@ class AdminConfig(FairseqDataclass):
         metadata={
             "help": "Admin (Liu et al. 2020): post-norm x = LN(x * omega + f(x)), omega learned per "
             "sublayer and initialised by profiling the first training batch"
+        },
+    )
+    admin_init: ChoiceEnum(["profile", "O(logn)", "O(1)", "O(n)"]) = field(
+        default="profile",
+        metadata={
+            "architecture": False,
+            "help": "Admin's initial omega: profiled on the first training batch (the paper), or "
+            "admin-torch's closed form for an output change of O(log n), O(1) or O(n)",
+        },
+    )
+
+
+@dataclass
+class B2TConfig(FairseqDataclass):
+    """The ``--b2t`` option (Takase et al. 2023)."""
+
+    b2t: bool = field(
+        default=False,
+        metadata={
+            "help": "B2T connection (Takase et al. 2023): post-norm layers whose last layer norm "
+            "also takes the layer's input, y = LN(h + F(h) + x), skipping the inner norms"
         },
     )
 
@@ -137,11 +177,14 @@ class DSInitConfig(FairseqDataclass):
 
 
 @dataclass
-class ResidualSchemesConfig(DeepNormConfig, AdminConfig, ReZeroConfig, DSInitConfig):
-    """Every scheme's options; composed into every Transformer family of the package."""
+class ResidualSchemesConfig(
+    DeepNormConfig, AdminConfig, ReZeroConfig, B2TConfig, DSInitConfig, NormSchemesConfig
+):
+    """Every scheme's options (this module's and norm_schemes'); composed into every Transformer
+    family of the package."""
 
 
-RESIDUAL_SCHEMES = ("deepnorm", "admin", "rezero")
+RESIDUAL_SCHEMES = ("deepnorm", "admin", "rezero", "b2t")
 
 
 def check_schemes(cfg) -> ResidualSchemesConfig:
@@ -153,10 +196,11 @@ def check_schemes(cfg) -> ResidualSchemesConfig:
         raise UserError(
             f"--{' and --'.join(chosen)} each replace the residual connection: choose one"
         )
-    if opts.deepnorm and opts.ds_init:
-        raise UserError(
-            "--deepnorm and --ds-init both set the scale of the initial weights: choose one"
-        )
+    for name in ("deepnorm", "b2t"):
+        if getattr(opts, name) and opts.ds_init:
+            raise UserError(
+                f"--{name} and --ds-init both set the scale of the initial weights: choose one"
+            )
     if chosen:
         for side in ("encoder", "decoder"):
             if _stack_options(cfg, side)[0]:
@@ -168,6 +212,9 @@ def check_schemes(cfg) -> ResidualSchemesConfig:
                 )
     if opts.ds_init and not opts.ds_init_alpha > 0:
         raise UserError(f"--ds-init-alpha must be positive, got {opts.ds_init_alpha}")
+    norm_schemes.check_norm_schemes(
+        opts, {side: _stack_options(cfg, side)[0] for side in ("encoder", "decoder")}, chosen
+    )
     return opts
 
 
@@ -232,6 +279,56 @@ class ReZeroResidual:
 
     def residual_connection(self, x, residual):
         return residual + self.rezero_alpha * x
+
+
+# The B2T layer forward passes in flight: (the layer's input, a counter of its residual calls, how
+# many it makes), set and reset by ``B2TResidual.forward`` (a context variable, as Admin's count)
+_B2T_BOTTOM: ContextVar[Tuple[Tensor, Iterator[int], int]] = ContextVar("b2t_bottom")
+
+
+class B2TResidual:
+    """``residual_connection``: residual + x, and for the layer's last sublayer also the layer's
+    input (the bottom), before the post-norm layer norm that ends the layer (Takase et al. 2023).
+
+    A layer makes two residual calls (encoder) or three (decoder with encoder output), the FFN's
+    last: ``forward`` keeps the input and counts the calls in a context variable, not on the
+    module, so the layer is re-entrant."""
+
+    #: why fairseq's own Transformer layer cannot compute this one (fairseq-deep-export)
+    why_not_standard = (
+        "B2T adds each layer's input to its last sublayer's output, past the inner layer norms "
+        "(Takase et al. 2023), a connection no standard Transformer layer has"
+    )
+
+    def forward(self, x, *args, **kwargs):
+        encoder_out = args[0] if args else kwargs.get("encoder_out")
+        calls = 2 + (getattr(self, "encoder_attn", None) is not None and encoder_out is not None)
+        token = _B2T_BOTTOM.set((x, itertools.count(), calls))
+        try:
+            return super().forward(x, *args, **kwargs)
+        finally:
+            _B2T_BOTTOM.reset(token)
+
+    def residual_connection(self, x, residual):
+        bottom, count, calls = _B2T_BOTTOM.get()
+        out = residual + x
+        return out + bottom if next(count) == calls - 1 else out
+
+
+def b2t_rescale(layer: nn.Module, num_layers: int):
+    """The authors' ``rescaling_init``: every weight matrix of the layer times N^(-1/2)."""
+    with torch.no_grad():
+        for module in layer.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.mul_(num_layers**-0.5)
+
+
+def admin_closed_form(init: str, residual_sublayers: int) -> float:
+    """omega of admin-torch 0.1.0's ``calculate_init`` for ``init`` (O(logn), O(1), O(n)) and a stack
+    of ``residual_sublayers`` (n): (n+1)/log(n+1) - 1, n or 1, square-rooted."""
+    n = residual_sublayers
+    value = {"O(logn)": (n + 1) / math.log(n + 1) - 1, "O(1)": n, "O(n)": 1.0}[init]
+    return value**0.5
 
 
 class AdminProfile:
@@ -330,7 +427,7 @@ def _mix(layer: nn.Module, mixin: type):
     if base.residual_connection not in _PLAIN_RESIDUAL:
         raise UserError(
             f"{base.__name__} has its own residual connection (e.g. --ta-no-encoder-residual); "
-            "it takes no --deepnorm, --admin or --rezero"
+            "it takes no --deepnorm, --admin, --rezero or --b2t"
         )
     key = (mixin, base)
     if key not in _CLASSES:
@@ -414,8 +511,10 @@ def apply_schemes(
     """Layer ``index`` of the ``side`` stack (``num_layers`` deep) under the schemes of ``cfg``,
     changed in place and returned.  ``profile`` is the stack's shared Admin profile."""
     opts = check_schemes(cfg)
+    depths = {s: _stack_options(cfg, s)[1] for s in ("encoder", "decoder")}
     if opts.ds_init:
         _init_ds(layer, ds_init_gain(index, opts.ds_init_alpha))
+    norm_schemes.apply_to_layer(layer, opts, side, index, depths)
     if opts.deepnorm:
         alpha, beta = deepnorm_constants(
             side, _stack_options(cfg, "encoder")[1], _stack_options(cfg, "decoder")[1]
@@ -433,19 +532,35 @@ def apply_schemes(
         layer.admin_omega_learned = nn.Parameter(torch.zeros(_sublayers(layer), layer.embed_dim))
         layer.register_buffer("admin_profiled", torch.tensor(False))
         layer.admin_profile = profile if profile is not None else AdminProfile()
+        if opts.admin_init != "profile":  # admin-torch's closed form: nothing to profile
+            sublayers = (2 if side == "encoder" else 3) * num_layers
+            layer.admin_omega.fill_(admin_closed_form(opts.admin_init, sublayers))
+            layer.admin_profiled.fill_(True)
+            layer._admin_done = True
     elif opts.rezero:
         _mix(layer, ReZeroResidual)
         layer.rezero_alpha = nn.Parameter(torch.full((1,), float(opts.rezero_init)))
         for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
             if getattr(layer, name, None) is not None:
                 setattr(layer, name, nn.Identity())
+    elif opts.b2t:
+        _mix(layer, B2TResidual)
+        b2t_rescale(layer, num_layers)
+    norm_schemes.replace_norms(layer, opts)  # DyT, last: every norm the schemes left
     return layer
+
+
+def finish_stack(stack: nn.Module, cfg, side: str, num_layers: int):
+    """The schemes' changes to a built stack outside its layers (Mix-LN's final norm, DyT's
+    replacement of the stack's own norms): :func:`~fairseq_deep.modules.norm_schemes.finish_stack`."""
+    norm_schemes.finish_stack(stack, check_schemes(cfg), side, num_layers)
 
 
 def scheme_names(cfg) -> str:
     """The schemes that are on, for logs (``deepnorm+ds_init``), or ``""``."""
     opts = ResidualSchemesConfig.from_namespace(cfg)
-    return "+".join(name for name in (*RESIDUAL_SCHEMES, "ds_init") if getattr(opts, name))
+    names = (*RESIDUAL_SCHEMES, "ds_init", *NORM_SCHEMES)
+    return "+".join(name for name in names if norm_schemes.scheme_on(opts, name))
 
 
 def unprofiled_admin_layers(model: nn.Module) -> int:
@@ -468,11 +583,7 @@ def _fairseq_layer_identity(layer: nn.Module):
         return f"its layers ({type(layer).__name__}) have a residual connection of their own"
     if not layer.normalize_before:
         return "its layers are post-norm Transformer layers (LN(x + 0) is not x)"
-    return [
-        f"{p}.{w}"
-        for p in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2")
-        for w in ("weight", "bias")
-    ]
+    return norm_schemes.identity_parameters(layer)  # Peri-LN's output norm too
 
 
 def _deepnorm_options(args, new_args, request) -> List[str]:
@@ -503,8 +614,15 @@ def _deepnorm_options(args, new_args, request) -> List[str]:
     return ["DeepNorm: alpha/beta of the new depth (every layer's residual scale changes)"]
 
 
+# fairseq's layers: a copy keeps its source's norm position (Mix-LN), Mix-LN's post-norm layers keep
+# their count
 for _layer in (TransformerEncoderLayerBase, TransformerDecoderLayerBase):
-    declare_layer(_layer, identity=_fairseq_layer_identity)
+    declare_layer(
+        _layer,
+        role=norm_schemes.role,
+        identity=_fairseq_layer_identity,
+        options=norm_schemes.mix_ln_grow_options,
+    )
 declare_layer(
     DeepNormResidual,
     options=_deepnorm_options,
@@ -517,3 +635,7 @@ declare_layer(
     identity=lambda layer: "its layers are post-norm Admin layers (LN(omega x + 0) is not x)",
 )
 declare_layer(ReZeroResidual, identity=lambda layer: ["rezero_alpha"])  # alpha 0: x + 0 F(x)
+declare_layer(
+    B2TResidual,
+    identity=lambda layer: "its layers are post-norm B2T layers (LN(x + 0 + x) is not x)",
+)

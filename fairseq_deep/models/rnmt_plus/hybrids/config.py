@@ -9,6 +9,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.utils import safe_getattr
 
 from ....errors import UserError
+from ....modules.norm_schemes import NORM_SCHEMES, scheme_on
 from ....modules.residual_schemes import RESIDUAL_SCHEMES, ResidualSchemesConfig, check_schemes
 from ..config import RNMTConfig, RNMTPlusConfig
 
@@ -105,8 +106,10 @@ def rnmt_options(args) -> RNMTPlusConfig:
 
 def check_hybrid_schemes(args):
     """The residual schemes do not apply to a hybrid: its Transformer parts are pre-norm (Chen et
-    al. 2018, Sec. 2.3), its RNMT+ parts LSTMs.  ``--ds-init`` does: it re-initialises every
-    Transformer layer of the hybrid, l counted within each Transformer part."""
+    al. 2018, Sec. 2.3), its RNMT+ parts LSTMs; nor do the layer norm schemes and LayerScale
+    (modules/norm_schemes.py), which the hybrids' Transformer parts do not apply to their stacks.
+    ``--ds-init`` does: it re-initialises every Transformer layer of the hybrid, l counted within
+    each Transformer part."""
     opts = ResidualSchemesConfig.from_namespace(args)
     for name in RESIDUAL_SCHEMES:
         if getattr(opts, name):
@@ -114,5 +117,12 @@ def check_hybrid_schemes(args):
                 f"--{name} replaces the residual connection of post-norm Transformer layers, but a hybrid's "
                 f"Transformer parts are pre-norm (Chen et al. 2018, Sec. 2.3) and its RNMT+ parts are LSTMs: "
                 f"drop --{name} (--ds-init applies to a hybrid), or use a Transformer --arch (transformer_{name})"
+            )
+    for name in NORM_SCHEMES:
+        if scheme_on(opts, name):
+            flag = "--" + name.replace("_", "-")
+            raise UserError(
+                f"{flag} changes the layer norms of the Transformer families' stacks (transformer_*); "
+                f"a hybrid's Transformer parts take --ds-init only: drop {flag}"
             )
     check_schemes(transformer_cfg(args))
