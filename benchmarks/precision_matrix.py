@@ -334,6 +334,8 @@ def generate_command(args, precision, checkpoint):
         "--batch-size",
         str(args.batch_size),
     )
+    if args.max_len is not None:
+        cmd += ["--max-len-a", "0", "--max-len-b", str(args.max_len)]
     if (
         args.decode_shards > 1
     ):  # fairseq-generate shards the batches by the distributed world: shard 0 of N
@@ -635,6 +637,14 @@ def get_parser():
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="decode at most N tokens a sentence (fairseq-generate's --max-len-a 0 --max-len-b N; "
+        "default fairseq's 200: a model trained a few updates "
+        "never stops before it, which makes decoding most of a tiny CPU run)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (at most; see --memory-gb)")
     p.add_argument(
         "--memory-gb",

@@ -2,11 +2,10 @@
 --log-format json training log read into records, fairseq-generate's output by sentence id and
 scored with sacreBLEU."""
 
-import subprocess
 import sys
 
 import pytest
-from helpers import TINY
+from helpers import TINY, run_cli
 
 from fairseq_deep import runs
 
@@ -178,7 +177,7 @@ def test_a_real_training_log_and_translation(synthetic_bin, tmp_path, monkeypatc
             }
         ),
     )
-    out = subprocess.run(train, capture_output=True, text=True, timeout=300)
+    out = run_cli(*train, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     records = runs.parse_log_lines((out.stdout + out.stderr).splitlines())
     kinds = {r["kind"] for r in records}
@@ -205,7 +204,7 @@ def test_a_real_training_log_and_translation(synthetic_bin, tmp_path, monkeypatc
             }
         ),
     )
-    gen = subprocess.run(generate, capture_output=True, text=True, timeout=300)
+    gen = run_cli(*generate, timeout=300, check=False)
     assert gen.returncode == 0, gen.stderr[-3000:]
     generated = runs.parse_generate(gen.stdout)
     n = runs.count_test_sentences(str(synthetic_bin))
