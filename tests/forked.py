@@ -15,20 +15,22 @@ once, and each command runs in a fork of it, as the program a user starts would 
 - the fork is a copy of a process that has run nothing but imports: no model, registry, logging
   handler, random state, default dtype or patch of one command reaches another (each is a fresh
   copy), ``fairseq_cli``'s modules are imported anew (their module-level logging set-up runs in the
-  fork), the plugin (``--user-dir``) is imported by the command itself as in a new process, and
-  torch gets the command's ``OMP_NUM_THREADS``.
+  fork), the plugin (``--user-dir``) is imported by the command itself as in a new process, torch
+  gets the command's ``OMP_NUM_THREADS``, and what importing fairseq does to the root logger in a
+  new interpreter (a ``basicConfig`` in one of its modules: where the program has not configured
+  logging before, fairseq's log lines go to stderr) is done where the program imports fairseq.
 
-What a fork does not reproduce is what a new interpreter does before it runs the program: the
-output of the imports (fairseq's import prints deprecation warnings on stderr, and logs before its
-command line is read), and environment variables read at start-up.  So a command runs in a real
-subprocess (:func:`eligible` says which) when its environment differs from the server's in a
-variable Python or a library reads at start-up (``PYTHON*`` other than PYTHONUNBUFFERED and a plain
-PYTHONWARNINGS action, ``LD_*``, ``TORCH*``, ``TRITON_*``, ``CUDA_*``, ``MKL_*``, ``OPENBLAS_*``),
-when it has no ``OMP_NUM_THREADS``, or
-when its interpreter is another Python; and tests that pin what a user sees on a terminal (the
-one-line errors, no warnings, no import noise: tests/test_cli_errors.py, the console scripts
-without ``--user-dir``) start real subprocesses themselves.  ``FAIRSEQ_DEEP_TESTS_FORK=0`` turns
-the forks off (every command a real subprocess, as before).
+tests/test_forked.py compares a fork with a new interpreter: the same stdout, and the same stderr
+less what a new interpreter prints while it imports fairseq (deprecation warnings).  That, and
+environment variables read at start-up, are what a fork does not reproduce.  So a command runs in
+a real subprocess (:func:`eligible` says which) when its environment differs from the server's in
+a variable Python or a library reads at start-up (``PYTHON*`` other than PYTHONUNBUFFERED and a
+plain PYTHONWARNINGS action, ``LD_*``, ``TORCH*``, ``TRITON_*``, ``CUDA_*``, ``MKL_*``,
+``OPENBLAS_*``), when it has no ``OMP_NUM_THREADS``, or when its interpreter is another Python;
+and tests that pin what a user sees on a terminal (no warnings, no import noise:
+tests/test_cli_errors.py; the console scripts without ``--user-dir``) start new interpreters
+(``run_cli(..., fresh=True)``, ``subprocess.run``).  ``FAIRSEQ_DEEP_TESTS_FORK=0`` turns the
+forks off (every command a new interpreter, as before).
 
 The server speaks JSON lines over a pipe (a request: argv, cwd, env, files; an answer: the exit
 status); a command's process group is killed on a timeout, as ``subprocess.run(timeout=...)``
@@ -39,6 +41,7 @@ in tests/); it imports nothing of the package.
 import atexit
 import io
 import json
+import logging
 import os
 import select
 import shlex
@@ -426,8 +429,12 @@ def serve():
     fresh_path = list(sys.path[1:])  # a new interpreter's sys.path, less the program's own entry
     startup_filters = len(warnings.filters)
 
-    import logging
-
+    root = logging.getLogger()
+    try:  # fairseq's import configures logging where nothing did before: the basicConfig of one of
+        import fairseq  # noqa: F401  its modules (which one, and how, differs between versions)
+    except Exception:
+        pass
+    import_logging = _basic_config_of(root)
     for name in PRELOAD:
         try:
             __import__(name)
@@ -436,8 +443,7 @@ def serve():
     for name in [m for m in sys.modules if m.startswith("fairseq_cli.")]:
         del sys.modules[name]
         delattr(sys.modules["fairseq_cli"], name.split(".", 1)[1])
-    root = logging.getLogger()  # as before any program configured it
-    for handler in list(root.handlers):
+    for handler in list(root.handlers):  # as before any program configured it
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
 
@@ -474,7 +480,7 @@ def serve():
                     os.close(control_in)
                     os.close(wake_r)
                     os.close(wake_w)
-                    _child(request, fresh_path, startup_filters)  # never returns
+                    _child(request, fresh_path, startup_filters, import_logging)  # never returns
                 children[pid] = request["id"]
         while children:
             try:
@@ -500,7 +506,7 @@ def _kill_group(pid):
         pass
 
 
-def _child(request, fresh_path, startup_filters):
+def _child(request, fresh_path, startup_filters, import_logging):
     """Run one command in this fork, as a new interpreter would run it, and exit."""
     code = 1
     try:
@@ -525,6 +531,8 @@ def _child(request, fresh_path, startup_filters):
         os.environ.update(env)
         os.chdir(request["cwd"])
         _apply_warning_options(env.get("PYTHONWARNINGS", ""), startup_filters)
+        if import_logging is not None:
+            _on_first_fairseq_import(import_logging)
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
@@ -546,7 +554,7 @@ def _child(request, fresh_path, startup_filters):
             os._exit(code)
 
 
-_OWN_FRAMES = {__file__, getattr(__import__("runpy"), "__file__", "")}
+_OWN_FRAMES = {__file__, getattr(__import__("runpy"), "__file__", ""), "<frozen runpy>"}
 
 
 def _text_stream(fd, write_through=False, line_buffering=False):
@@ -557,6 +565,40 @@ def _text_stream(fd, write_through=False, line_buffering=False):
         write_through=write_through,
         line_buffering=line_buffering,
     )
+
+
+def _basic_config_of(root):
+    """``logging.basicConfig``'s arguments that give the root logger its handler (None: none)."""
+    if len(root.handlers) != 1 or type(root.handlers[0]) is not logging.StreamHandler:
+        return None
+    handler = root.handlers[0]
+    streams = {id(sys.stderr): "stderr", id(sys.__stderr__): "stderr", id(sys.stdout): "stdout"}
+    if id(handler.stream) not in streams:
+        return None
+    formatter = handler.formatter or logging.Formatter()
+    return {
+        "stream": streams[id(handler.stream)],
+        "format": formatter._fmt,
+        "datefmt": formatter.datefmt,
+        "level": root.level,
+    }
+
+
+def _on_first_fairseq_import(config):
+    """What importing fairseq did to the root logger in a new interpreter (``basicConfig(**config)``:
+    a handler unless the program configured logging before, as fairseq_cli.train does), done where
+    the program imports fairseq (an ``import`` statement of fairseq or one of its modules)."""
+    import builtins
+
+    original = builtins.__import__
+
+    def first_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and (name == "fairseq" or name.startswith("fairseq.")):
+            builtins.__import__ = original
+            logging.basicConfig(**dict(config, stream=getattr(sys, config["stream"])))
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = first_import
 
 
 def _apply_warning_options(value, startup_filters):

@@ -36,7 +36,8 @@ def assert_user_error(proc, prog, *fragments):
 
 @pytest.fixture(scope="module")
 def trained(synthetic_bin, tmp_path_factory):
-    """A tiny transformer_dlcl after one epoch (and the finished fairseq-deep-train process)."""
+    """A tiny transformer_dlcl after one epoch (and the finished fairseq-deep-train process: a new
+    interpreter, as a user starts it, whose output test_no_noise reads)."""
     save = tmp_path_factory.mktemp("cli_errors") / "checkpoints"
     proc = run_cli(
         "fairseq-deep-train",
@@ -65,6 +66,7 @@ def trained(synthetic_bin, tmp_path_factory):
         "--save-dir",
         str(save),
         "--no-progress-bar",
+        fresh=True,
     )
     return save, proc
 
