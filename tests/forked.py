@@ -41,6 +41,7 @@ in tests/); it imports nothing of the package.
 import atexit
 import io
 import json
+import linecache
 import logging
 import os
 import select
@@ -533,9 +534,10 @@ def _child(request, fresh_path, startup_filters, import_logging):
         _apply_warning_options(env.get("PYTHONWARNINGS", ""), startup_filters)
         if import_logging is not None:
             _on_first_fairseq_import(import_logging)
-        import torch
-
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        if (
+            "torch" in sys.modules
+        ):  # imported by the server: its threads as the command's start-up sets them
+            sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
         code = _run_program(request["argv"], fresh_path)
     except SystemExit as stop:
         code = _exit_code(stop.code)
@@ -640,6 +642,9 @@ def _run_program(argv, fresh_path):
         for key in [k for k in main if k not in ("__builtins__",)]:
             del main[key]
         main.update(__name__="__main__", __doc__=None, __spec__=None, __loader__=None)
+        if "<string>" in linecache.cache:  # Python >= 3.13 keeps -c's code for its tracebacks
+            code = argv[1] if argv[1].endswith("\n") else argv[1] + "\n"
+            linecache.cache["<string>"] = (len(code), None, code.splitlines(True), "<string>")
         exec(compile(argv[1], "<string>", "exec"), main)
     else:
         sys.argv = list(argv)
