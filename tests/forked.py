@@ -543,9 +543,7 @@ def _child(request, fresh_path, startup_filters, import_logging):
         code = _exit_code(stop.code)
     except BaseException:  # what the interpreter does with an uncaught exception
         kind, value, tb = sys.exc_info()
-        while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FRAMES:
-            tb = tb.tb_next  # the program's frames only, as the interpreter prints them
-        traceback.print_exception(kind, value, tb)
+        traceback.print_exception(kind, value, _program_frames(tb))
         code = 1
     finally:
         try:
@@ -554,6 +552,20 @@ def _child(request, fresh_path, startup_filters, import_logging):
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _program_frames(tb):
+    """The traceback without this module's and runpy's frames, as the interpreter prints it."""
+    kept = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename not in _OWN_FRAMES:
+            kept.append(tb)
+        tb = tb.tb_next
+    for first, second in zip(kept, kept[1:]):
+        first.tb_next = second
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
 
 
 _OWN_FRAMES = {__file__, getattr(__import__("runpy"), "__file__", ""), "<frozen runpy>"}
