@@ -146,6 +146,7 @@ def generate_run(args, precision, checkpoint) -> runs.Run:
         args.data,
         ["--path", checkpoint, "--gen-subset", "test"],
         ["--beam", args.beam, "--batch-size", args.batch_size],
+        ["--max-len-a", "0", "--max-len-b", args.max_len] if args.max_len is not None else [],
         ["--distributed-world-size", shards, "--distributed-rank", "0"] if shards > 1 else [],
         recipes.device(args.device, precision, "generate"),
     )
@@ -357,6 +358,14 @@ def get_parser():
     p.add_argument("--log-interval", type=int, default=10)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="decode at most N tokens a sentence (fairseq-generate's --max-len-a 0 --max-len-b N; "
+        "default fairseq's 200: a model trained a few updates "
+        "never stops before it, which makes decoding most of a tiny CPU run)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (at most; see --memory-gb)")
     p.add_argument(
         "--memory-gb",

@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 # also when its virtual environment is not activated (CI's second stage runs one by its path).
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
+import forked  # noqa: E402
 import torch  # noqa: E402
 from helpers import python_module, run_cli  # noqa: E402
 
@@ -60,3 +62,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def forked_subprocesses(monkeypatch):
+    """fairseq's programs that the code under test starts with ``subprocess.run`` (a benchmark,
+    the study) run in forks of the tests' fork server (tests/forked.py), as run_cli's do."""
+    monkeypatch.setattr(subprocess, "run", forked.patched_run)
+    return forked

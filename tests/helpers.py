@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import forked
 import pytest
 import torch
 from fairseq import options, tasks
@@ -102,17 +103,26 @@ def build_family(entry, seed=0):
     return task.build_model(args), d
 
 
-def run_cli(*argv, cwd=None, check=True):
-    """Run a console script (fairseq-train, fairseq-generate, ...) the way a user would."""
+def run_cli(*argv, cwd=None, check=True, env=None, input=None, timeout=None, fresh=False):
+    """Run a command-line program (fairseq-train, fairseq-generate, python -m ..., ...) the way a
+    user would, its output captured (a ``subprocess.CompletedProcess``, text).  fairseq's programs
+    and the package's console scripts run in a fork of a process that has imported torch and
+    fairseq already (tests/forked.py: the same program, its own process, 5-10 s of imports
+    saved); ``fresh=True`` starts a new interpreter, for what only a new process shows (the output
+    of the imports, start-up, the console script as installed)."""
     # one intra-op thread per process: tiny models gain nothing from more, and parallel test
     # workers or a loaded machine make torch's thread pool thrash
-    env = dict(
-        os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
-    )
-    proc = subprocess.run([*argv], cwd=cwd, env=env, capture_output=True, text=True)
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if fresh:
+        proc = subprocess.run(
+            [*argv], cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True
+        )
+    else:
+        proc = forked.run(argv, cwd=cwd, env=env, input=input, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
 

@@ -15,12 +15,12 @@ from helpers import TINY, build_model, run_cli
 from fairseq_deep.errors import UserError, is_user_error
 
 
-def run(*argv, cwd=None, env=None, input=None):
+def run(*argv, cwd=None, env=None, input=None, fresh=False):
+    """A script as a user runs it (in a fork of the tests' fork server, tests/forked.py, or with
+    ``fresh`` a new interpreter: what the imports print shows only there)."""
     base = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
     env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(
-        list(argv), capture_output=True, text=True, cwd=cwd, env=env, input=input, timeout=300
-    )
+    return run_cli(*argv, cwd=cwd, env=env, input=input, timeout=300, check=False, fresh=fresh)
 
 
 def assert_user_error(proc, prog, *fragments):
@@ -36,7 +36,8 @@ def assert_user_error(proc, prog, *fragments):
 
 @pytest.fixture(scope="module")
 def trained(synthetic_bin, tmp_path_factory):
-    """A tiny transformer_dlcl after one epoch (and the finished fairseq-deep-train process)."""
+    """A tiny transformer_dlcl after one epoch (and the finished fairseq-deep-train process: a new
+    interpreter, as a user starts it, whose output test_no_noise reads)."""
     save = tmp_path_factory.mktemp("cli_errors") / "checkpoints"
     proc = run_cli(
         "fairseq-deep-train",
@@ -65,6 +66,7 @@ def trained(synthetic_bin, tmp_path_factory):
         "--save-dir",
         str(save),
         "--no-progress-bar",
+        fresh=True,
     )
     return save, proc
 
@@ -414,7 +416,7 @@ def test_no_tensorboardx_noise_without_tensorboardx():
         "from fairseq_deep import cli; "
         "logging.getLogger('fairseq.tasks.text_to_speech').warning('still shown'); cli.train()"
     )
-    proc = run(sys.executable, "-c", code)
+    proc = run(sys.executable, "-c", code, fresh=True)  # fairseq's import logs it
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tensorboardX" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert "still shown" in proc.stdout + proc.stderr

@@ -8,7 +8,6 @@ grown checkpoint does not spend the next run's time budget unless asked to."""
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -462,12 +461,7 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
         str(tmp_path / "heads"),
     ]
     for script in (["fairseq-deep-train"], ["fairseq-train", "--user-dir", PLUGIN_DIR]):
-        refused = subprocess.run(
-            [*script, *full[1:], *heads],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
+        refused = run_cli(*script, *full[1:], *heads, check=False)
         line = (
             last_line(refused)
             if script[0] == "fairseq-deep-train"
@@ -506,14 +500,7 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
         "--max-update",
         "4",
     ]
-    line = last_line(
-        subprocess.run(
-            [*resume, "--activation-fn", "gelu"],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-    )
+    line = last_line(run_cli(*resume, "--activation-fn", "gelu", check=False))
     assert (
         "checkpoint_last.pt holds a model whose architecture differs from this run's: --activation-fn "
         "(checkpoint relu, this run gelu)" in line
@@ -528,12 +515,7 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
 
 
 def test_model_from_is_in_the_help():
-    proc = subprocess.run(
-        ["fairseq-deep-train", "--arch", "transformer_dlcl", "--help"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    proc = run_cli("fairseq-deep-train", "--arch", "transformer_dlcl", "--help", check=False)
     assert (
         proc.returncode == 0
         and "--model-from CK.pt" in proc.stdout
@@ -543,29 +525,25 @@ def test_model_from_is_in_the_help():
 
 def test_finetune_from_a_model_of_another_architecture_is_refused(grown, synthetic_bin, tmp_path):
     root, shallow, _, _ = grown
-    proc = subprocess.run(
-        [
-            "fairseq-deep-train",
-            str(synthetic_bin),
-            "--arch",
-            "transformer_dlcl",
-            *TINY,
-            *layers(2),
-            "--share-all-embeddings",
-            "--encoder-normalize-before",
-            "--dlcl-stacks",
-            "decoder",
-            *TRAIN,
-            "--save-dir",
-            str(tmp_path / "ft"),
-            "--max-update",
-            "1",
-            "--finetune-from-model",
-            str(shallow),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    proc = run_cli(
+        "fairseq-deep-train",
+        str(synthetic_bin),
+        "--arch",
+        "transformer_dlcl",
+        *TINY,
+        *layers(2),
+        "--share-all-embeddings",
+        "--encoder-normalize-before",
+        "--dlcl-stacks",
+        "decoder",
+        *TRAIN,
+        "--save-dir",
+        str(tmp_path / "ft"),
+        "--max-update",
+        "1",
+        "--finetune-from-model",
+        str(shallow),
+        check=False,
     )
     assert "--dlcl-stacks (checkpoint both, this run decoder)" in last_line(proc)
 
@@ -579,24 +557,20 @@ def test_mismatch_names_the_tensors_that_differ(grown, synthetic_bin, tmp_path):
     key = "encoder.layers.0.fc1.weight"
     state["model"][key] = torch.zeros(64, state["model"][key].shape[1])
     torch.save(state, tmp_path / "other.pt")
-    proc = subprocess.run(
-        [
-            "fairseq-deep-train",
-            str(synthetic_bin),
-            "--model-from",
-            str(shallow),
-            *TRAIN,
-            "--save-dir",
-            str(tmp_path / "mm"),
-            "--max-update",
-            "1",
-            "--restore-file",
-            str(tmp_path / "other.pt"),
-            *RESET,
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    proc = run_cli(
+        "fairseq-deep-train",
+        str(synthetic_bin),
+        "--model-from",
+        str(shallow),
+        *TRAIN,
+        "--save-dir",
+        str(tmp_path / "mm"),
+        "--max-update",
+        "1",
+        "--restore-file",
+        str(tmp_path / "other.pt"),
+        *RESET,
+        check=False,
     )
     line = last_line(proc)
     assert (

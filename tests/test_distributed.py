@@ -13,12 +13,11 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
+from helpers import PLUGIN_DIR, dtype_marker, run_cli, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
 
@@ -102,7 +101,7 @@ def free_port() -> int:
 
 def run(argv):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(*argv, env=env, timeout=300, check=False)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     return log

@@ -482,22 +482,19 @@ def test_plain_fairseq_generate_decodes_the_stock_checkpoint_as_the_original(
     """No --user-dir, no fairseq_deep in the process, torch's default weights-only loader."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     stock_checkpoint = str(trained["stock"] / ex.STOCK_CHECKPOINT)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PLAIN_GENERATE,
-            str(synthetic_bin),
-            "--path",
-            stock_checkpoint,
-            "--beam",
-            "4",
-            *trained["generate"],
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_cli(
+        sys.executable,
+        "-c",
+        PLAIN_GENERATE,
+        str(synthetic_bin),
+        "--path",
+        stock_checkpoint,
+        "--beam",
+        "4",
+        *trained["generate"],
         env={**env, "OMP_NUM_THREADS": "1"},
         timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock, original = hypotheses(proc.stdout), trained["hypotheses"][4]

@@ -4,7 +4,6 @@ a grown checkpoint trains (with the bottom frozen), resumes and decodes through 
 scripts, and bad input ends in one line."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -378,12 +377,14 @@ def test_freeze_bottom_layers():
 
 def run_grow(*argv):
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
-    return subprocess.run(
-        [sys.executable, "-m", "fairseq_deep.grow", *map(str, argv)],
-        capture_output=True,
-        text=True,
+    return run_cli(
+        sys.executable,
+        "-m",
+        "fairseq_deep.grow",
+        *map(str, argv),
         env={**env, "OMP_NUM_THREADS": "1"},
         timeout=300,
+        check=False,
     )
 
 

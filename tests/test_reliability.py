@@ -8,7 +8,6 @@ import os
 import pickle
 import re
 import shutil
-import subprocess
 import sys
 import zipfile
 
@@ -71,7 +70,7 @@ def train_argv(data, save_dir, arch="transformer_dlcl", *extra):
 
 def run(argv):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(*argv, env=env, timeout=300, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -17,12 +17,12 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 
+import forked
 import pytest
 import torch
-from helpers import PLUGIN_DIR, dtype_marker, tiny_flags
+from helpers import PLUGIN_DIR, dtype_marker, run_cli, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
 from fairseq_deep.models import families
@@ -174,16 +174,15 @@ def inner_losses(log: str, key: str = "loss"):
 
 
 def run_to_end(argv):
-    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True)
+    proc = run_cli(*argv, env=_env(), check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout + proc.stderr
 
 
 def run_and_kill_after_first_save(argv):
-    """Start training and SIGKILL it as soon as it reports its first saved checkpoint."""
-    proc = subprocess.Popen(
-        argv, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    """Start training and SIGKILL it as soon as it reports its first saved checkpoint (in a fork of
+    the tests' fork server, tests/forked.py, as run_cli's commands)."""
+    proc = forked.popen(argv, env=_env())
     log = []
     try:
         for line in proc.stdout:
