@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from helpers import TINY, run_cli
+from helpers import TINY
 
 from fairseq_deep import runs
 from fairseq_deep.runs import recipes
