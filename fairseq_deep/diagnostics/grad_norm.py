@@ -20,6 +20,8 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..modules.transparent_attention import TransparentReadout
+
 FIRST_KEY = "_gnorm_ratio_first_sq"
 LAST_KEY = "_gnorm_ratio_last_sq"
 TA_COUNT_KEY = "_ta_weights_n"
@@ -109,8 +111,6 @@ def transparent_weights_logging(model: nn.Module, columns: str = "last") -> Dict
 
     ``columns``: ``last`` (j = M only, Fig. 4 of Bapna et al.) or ``all``.
     """
-    from ..modules.transparent_attention import TransparentReadout
-
     readouts = [m for m in unwrap_model(model).modules() if isinstance(m, TransparentReadout)]
     out: Dict[str, float] = {}
     if not readouts:

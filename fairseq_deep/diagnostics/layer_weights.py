@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..checkpoints import load_as_saved
 from ..errors import ArgumentParser, UserError, import_optional, report_user_errors
 from ..models import families
 from ..modules.layer_weight_kinds import (  # noqa: F401  (cfg_value, layer_labels: this module's API)
@@ -31,6 +32,7 @@ from ..modules.layer_weight_kinds import (  # noqa: F401  (cfg_value, layer_labe
     cfg_value,
     layer_labels,
 )
+from ..quiet import quiet_warnings
 
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
 
@@ -343,8 +345,6 @@ def write_record(
 
 def load_checkpoint(path: str):
     """``(state_dict, model_cfg)`` of a fairseq checkpoint, loaded with torch's safe unpickler."""
-    from ..checkpoints import load_as_saved
-
     # a missing, truncated or refused file: the CheckpointError of generate/interactive/hub
     ckpt = load_as_saved(path, require_model=False)
     if isinstance(ckpt, dict) and "model" in ckpt and isinstance(ckpt["model"], dict):
@@ -419,8 +419,6 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..quiet import quiet_warnings
-
     quiet_warnings()
     sys.exit(report_user_errors(main, "fairseq-deep-layer-weights"))
 

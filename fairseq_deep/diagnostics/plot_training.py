@@ -28,6 +28,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ArgumentParser, import_optional, report_user_errors
+from ..quiet import quiet_warnings
 
 Series = Dict[str, List[Tuple[float, float]]]
 
@@ -316,8 +317,6 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..quiet import quiet_warnings
-
     quiet_warnings()
     sys.exit(report_user_errors(main, "fairseq-deep-plot-training"))
 

@@ -33,6 +33,8 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
 
+from ..models.flags import add_new_flag_names
+
 logger = logging.getLogger(__name__)
 
 GROUPS = ("feedforward", "embedding", "recurrent")
@@ -83,8 +85,6 @@ class DeepAttOptimizer(FairseqOptimizer):
         """The dataclass's options, and technique-prefixed names for the two whose names say
         nothing of Deep-Att (the old ones still work, marked deprecated in --help)."""
         super().add_args(parser)
-        from ..models.flags import add_new_flag_names
-
         add_new_flag_names(
             parser,
             {
