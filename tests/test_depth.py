@@ -84,7 +84,12 @@ def test_checkpoint_activations_give_the_same_outputs_and_gradients(arch, flags)
         == {n for n, p in plain.named_parameters() if p.requires_grad}
     )
     for name in grads:
-        torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+        # float32 rounding of the recomputed sums (the dense connection adds every lower layer: its
+        # gradients are summed in another order), relative to the tensor's own scale
+        scale = grads[name].abs().max().item()
+        torch.testing.assert_close(
+            grads_ck[name], grads[name], rtol=1e-5, atol=1e-6 * scale + 1e-12, msg=name
+        )
     # Admin: the profile of the first batch (taken in the checkpointed forward, not again when
     # backward recomputes it) sets the same omegas
     for key in state:
