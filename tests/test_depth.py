@@ -85,10 +85,11 @@ def test_checkpoint_activations_give_the_same_outputs_and_gradients(arch, flags)
     )
     for name in grads:
         # float32 rounding of the recomputed sums (the dense connection adds every lower layer: its
-        # gradients are summed in another order), relative to the tensor's own scale
+        # gradients are summed in another order), relative to the tensor's own scale; 1e-7 at least
+        # (a key bias has no gradient but rounding)
         scale = grads[name].abs().max().item()
         torch.testing.assert_close(
-            grads_ck[name], grads[name], rtol=1e-5, atol=1e-6 * scale + 1e-12, msg=name
+            grads_ck[name], grads[name], rtol=1e-5, atol=max(1e-7, 1e-6 * scale), msg=name
         )
     # Admin: the profile of the first batch (taken in the checkpointed forward, not again when
     # backward recomputes it) sets the same omegas
