@@ -43,7 +43,7 @@ def test_every_step_parses(monkeypatch, step):
     elif argv[1:3] == ["-m", "fairseq_deep.study"]:
         args = study.get_parser().parse_args(argv[3:])
         assert args.train_args == "--fp16" and args.minutes * 60 < step.timeout
-        depths = [int(d) for d in args.depths.split(",")]
+        depths = study.parse_depths(args.depths) if args.depths else None  # N or E+D (modern)
         systems = [s for g in args.group for s in study.expand_group(g, depths)[1]]
         assert len(systems) <= args.jobs  # all at once: one wave within the budget
     else:

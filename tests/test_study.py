@@ -387,6 +387,138 @@ def test_depth_group_has_every_scheme_at_n_plus_n_layers():
     ]
 
 
+MODERN = [
+    "prenorm",
+    "dlcl",
+    "deepnorm",
+    "b2t",
+    "subln",
+    "periln",
+    "mixln",
+    "dyt",
+    "layerscale",
+    "denseformer",
+    "hc",
+    "mhc",
+    "resi_dual",
+    "ode_rk2",
+    "ode_rk4",
+]
+
+
+def test_modern_group_puts_every_scheme_at_each_shape(capsys):
+    """Issue 41: the modern group, its lines declared beside the presets (sweeps["modern"]): the
+    schemes after 2022 against pre-norm, DLCL and DeepNorm at 18 + 18 and 48 + 6 (or --depths):
+    each system has the shape its name says and its scheme on (fairseq's parser and the preset, as
+    fairseq-train), a depth-named preset only where its shape is the system's; pre-norm at the
+    first shape is the baseline.  --dry-run prints one fairseq-train command per system."""
+    from helpers import parse_model_args
+
+    baseline, systems = study.expand_group("modern")
+    assert baseline == "prenorm_18+18"
+    assert [s.name for s in systems] == [f"{p}_{n}" for p in MODERN for n in ("18+18", "48+6")]
+    by_name = {s.name: s for s in systems}
+    assert (by_name["b2t_18+18"].arch, by_name["b2t_18+18"].flags) == ("transformer_b2t_18l", [])
+    assert (by_name["hc_48+6"].arch, by_name["hc_48+6"].flags) == ("transformer_hc_48l", [])
+    assert (by_name["b2t_48+6"].arch, by_name["b2t_48+6"].flags) == (
+        "transformer_b2t",
+        ["--encoder-layers", "48"],
+    )
+    scheme = {  # prefix: (option, value when on)
+        "deepnorm": ("deepnorm", True),
+        "b2t": ("b2t", True),
+        "subln": ("subln", True),
+        "periln": ("peri_ln", True),
+        "mixln": ("mix_ln_ratio", "0.25"),
+        "dyt": ("dyt", True),
+        "layerscale": ("layerscale", True),
+        "denseformer": ("denseformer", True),
+        "hc": ("hyper_connections", "dynamic"),
+        "mhc": ("hyper_connections", "mhc"),
+        "resi_dual": ("resi_dual", True),
+        "ode_rk2": ("ode_method", "rk2"),
+        "ode_rk4": ("ode_method", "rk4"),
+    }
+    post = ("deepnorm", "b2t", "resi_dual")
+    for s in systems:
+        args = parse_model_args(s.arch, s.flags)
+        prefix, shape = s.name.rsplit("_", 1)
+        encoder, decoder = map(int, shape.split("+"))
+        assert (args.encoder_layers, args.decoder_layers, s.depth) == (encoder, decoder, encoder)
+        assert (s.group, s.technique) == ("modern", dict(zip(MODERN, TECHNIQUES))[prefix])
+        assert args.encoder_normalize_before == (prefix not in post), s.name
+        assert args.dlcl_stacks == ("both" if prefix == "dlcl" else "none"), s.name
+        for name, (option, on) in scheme.items():
+            assert (getattr(args, option, None) == on) == (prefix == name), (s.name, option)
+    baseline, systems = study.expand_group("modern:hc_12+6,b2t_12+6", depths=[(12, 6)])
+    assert (baseline, [s.name for s in systems]) == (
+        "prenorm_12+6",
+        ["prenorm_12+6", "b2t_12+6", "hc_12+6"],
+    )
+    assert [s.name for s in study.expand_group("modern", depths=[24])[1]][:2] == [
+        "prenorm_24",
+        "dlcl_24",
+    ]  # N: N + N layers, as the depth group
+    assert (
+        study.main(
+            ["--data", "D", "--out", "O", "--minutes", "4", "--width", "128", "--cpu", "--dry-run"]
+            + ["--group", "modern:ode_rk2_12+6,deepnorm_12+6", "--depths", "12+6"]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "modern/prenorm_12+6",
+        "modern/deepnorm_12+6",
+        "modern/ode_rk2_12+6",
+    ]
+    archs = [line.split()[line.split().index("--arch") + 1] for line in lines]
+    assert archs == ["transformer_prenorm_12l", "transformer_deepnorm", "transformer_ode_rk2"]
+    assert all("--stop-time-hours 0.0666667" in line and "--cpu" in line for line in lines)
+    assert lines[1].endswith("--encoder-layers 12")
+
+
+TECHNIQUES = [
+    "pre-norm",
+    "DLCL",
+    "DeepNorm",
+    "B2T",
+    "Sub-LN",
+    "Peri-LN",
+    "Mix-LN",
+    "DyT",
+    "LayerScale",
+    "DenseFormer",
+    "HC",
+    "mHC",
+    "ResiDual",
+    "ODE RK2",
+    "ODE RK4",
+]
+
+
+def test_depths_take_shapes_and_a_sweep_uses_presets_of_its_shape_only():
+    """--depths 6,18+18,48+6: N or E+D; a shape makes PREFIX_E+D in any sweep; an encoder sweep
+    (wang) at a depth whose preset has another shape (transformer_b2t_18l is 18 + 18) sets the
+    depth with a flag instead; the grown group takes encoder depths only."""
+    from fairseq_deep.study.systems import depth_system
+
+    assert study.parse_depths("6,18+18, 48 + 6") == [6, (18, 18), (48, 6)]
+    for bad in ("6,,18", "18x18", "0", "18+0", "a"):
+        with pytest.raises(UserError, match="--depths"):
+            study.parse_depths(bad)
+    _, wang = study.expand_group("wang:prenorm_20+6,dlcl_12+12", depths=[(20, 6), (12, 12)])
+    assert [(s.name, s.arch, s.flags) for s in wang] == [
+        ("postnorm_6", "transformer_postnorm", []),  # the group's baseline, always kept
+        ("prenorm_20+6", "transformer_prenorm_20l", []),
+        ("dlcl_12+12", "transformer_dlcl", ["--encoder-layers", "12", "--decoder-layers", "12"]),
+    ]
+    b2t = depth_system("b2t_18", "transformer_b2t", 18, "x", "B2T")
+    assert (b2t.arch, b2t.flags) == ("transformer_b2t", ["--encoder-layers", "18"])
+    with pytest.raises(UserError, match="--group li grows the encoder"):
+        study.expand_group("li", depths=[6, (12, 6)])
+
+
 def _parse(*extra):
     args = study.get_parser().parse_args(
         [

@@ -16,7 +16,8 @@ of the model's file, names all that the tools and the tests must know about it:
   (:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind`, declared beside their
   modules), which ``fairseq-deep-layer-weights`` reads;
 * ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s);
-* ``study`` and ``depth_sweep``, the built-in study groups it is in and its lines of the depth group;
+* ``study`` and ``sweeps``, the built-in study groups it is in and its lines of the groups that
+  sweep depth (``depth``, ``modern``: :func:`sweep`);
 * ``tiny_sizes`` and ``tiny``, its tiny configurations (:class:`Tiny`): the rows that every test
   matrix and the precision benchmark derive from this registry, so that a family is covered by
   every matrix the moment it is declared.
@@ -30,7 +31,7 @@ tests and benchmarks); it imports nothing above the models.
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from torch import nn
@@ -41,6 +42,14 @@ from ..modules.layer_weight_kinds import LayerWeightKind
 
 #: a line of a depth sweep of the study: (technique: its line in the plot, --arch, system prefix)
 SweepLine = Tuple[str, str, str]
+#: a family's lines of the study's sweep groups: {group: its lines}, stored as ((group, lines), ...)
+Sweeps = Mapping[str, Sequence[SweepLine]]
+
+
+def _sweeps(sweeps) -> Tuple[Tuple[str, Tuple[SweepLine, ...]], ...]:
+    """A declaration's sweeps ({group: lines} or ((group, lines), ...)) in the stored form."""
+    pairs = sweeps.items() if isinstance(sweeps, Mapping) else sweeps
+    return tuple((group, tuple(tuple(line) for line in lines)) for group, lines in pairs)
 
 
 @dataclass(frozen=True)
@@ -105,14 +114,20 @@ class Family:
     depth_options: Optional[Callable] = None
     layer_weights: Tuple[LayerWeightKind, ...] = ()
     recipe: Optional[Recipe] = None
-    #: the built-in study groups (fairseq_deep/study/groups.py) that train presets of it
+    #: the built-in study groups (fairseq_deep/study/groups.py) that train presets of it (the
+    #: groups of ``sweeps`` are added)
     study: Tuple[str, ...] = ()
-    #: its lines of the study's depth group (N encoder + N decoder layers)
-    depth_sweep: Tuple[SweepLine, ...] = ()
+    #: its lines of the study's groups that sweep depth: {group: lines}, e.g. ``{"depth": ...}``
+    #: (N encoder + N decoder layers), ``{"modern": ...}`` (the schemes after 2022)
+    sweeps: Sweeps = ()
 
     def __post_init__(self):
         if self.kind is None:
             object.__setattr__(self, "kind", self.name)
+        sweeps = _sweeps(self.sweeps)
+        object.__setattr__(self, "sweeps", sweeps)
+        extra = tuple(g for g, _ in sweeps if g not in self.study)
+        object.__setattr__(self, "study", tuple(self.study) + tuple(dict.fromkeys(extra)))
 
     def presets(self) -> List[str]:
         """Its --arch values, in the order they were registered."""
@@ -134,14 +149,13 @@ def declare(family: Family) -> Family:
     return family
 
 
-def declare_presets(
-    family: str, tiny: Sequence[Tiny] = (), depth_sweep: Sequence[SweepLine] = ()
-) -> Family:
-    """The tiny configurations and depth-sweep lines of presets of ``family`` that are registered
-    in a file of their own (the residual schemes'), declared beside them."""
+def declare_presets(family: str, tiny: Sequence[Tiny] = (), sweeps: Sweeps = ()) -> Family:
+    """The tiny configurations and study sweep lines ({group: lines}) of presets of ``family``
+    that are registered in a file of their own (the residual and stream schemes'), declared beside
+    them; a group's lines follow those declared before."""
     old = _FAMILIES[family]
     _FAMILIES[family] = replace(
-        old, tiny=old.tiny + tuple(tiny), depth_sweep=old.depth_sweep + tuple(depth_sweep)
+        old, tiny=old.tiny + tuple(tiny), sweeps=old.sweeps + _sweeps(sweeps)
     )
     return _FAMILIES[family]
 
@@ -181,9 +195,16 @@ def layer_weight_kinds() -> Dict[str, LayerWeightKind]:
     return dict(sorted(found.items()))
 
 
-def depth_sweep() -> Tuple[SweepLine, ...]:
-    """The lines of the study's depth group, family by family."""
-    return tuple(line for family in registered() for line in family.depth_sweep)
+def sweep(group: str) -> Tuple[SweepLine, ...]:
+    """The lines of the study's sweep group ``group`` (``depth``, ``modern``), family by family
+    in the order of declaration."""
+    return tuple(
+        line
+        for family in registered()
+        for name, lines in family.sweeps
+        if name == group
+        for line in lines
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -175,11 +175,19 @@ declare(
         reduction=residual_stacks,
         layer_weights=(DLCL_WEIGHTS, DENSEFORMER_WEIGHTS, HYPER_CONNECTION_WEIGHTS),
         study=("wang", "chen", "depth", "li"),
-        depth_sweep=(
-            ("post-norm", "transformer_postnorm", "postnorm"),
-            ("pre-norm", "transformer_prenorm", "prenorm"),
-            ("DLCL", "transformer_dlcl", "dlcl"),
-        ),
+        # the study's sweeps: the depth group's first lines, the baselines of the modern group
+        # (the schemes' lines are declared beside their presets: transformer_schemes.py, ...)
+        sweeps={
+            "depth": (
+                ("post-norm", "transformer_postnorm", "postnorm"),
+                ("pre-norm", "transformer_prenorm", "prenorm"),
+                ("DLCL", "transformer_dlcl", "dlcl"),
+            ),
+            "modern": (
+                ("pre-norm", "transformer_prenorm", "prenorm"),
+                ("DLCL", "transformer_dlcl", "dlcl"),
+            ),
+        },
         tiny_sizes=TINY_TRANSFORMER,
         tiny=(
             Tiny(

@@ -112,16 +112,19 @@ for _name, (_what, _defaults) in DEFAULTS.items():
         )
 
 
-# the study's depth group and the test matrices (issue 17: tiny, 3 + 2 layers; the paper's depth-18
-# presets at scale)
+# the study's depth group (and DeepNorm, a baseline of the modern group) and the test matrices
+# (issue 17: tiny, 3 + 2 layers; the paper's depth-18 presets at scale)
 declare_presets(
     "transformer_dlcl",
-    depth_sweep=(
-        ("DeepNorm", "transformer_deepnorm", "deepnorm"),
-        ("Admin", "transformer_admin", "admin"),
-        ("DS-Init", "transformer_dsinit", "dsinit"),
-        ("ReZero", "transformer_rezero", "rezero"),
-    ),
+    sweeps={
+        "depth": (
+            ("DeepNorm", "transformer_deepnorm", "deepnorm"),
+            ("Admin", "transformer_admin", "admin"),
+            ("DS-Init", "transformer_dsinit", "dsinit"),
+            ("ReZero", "transformer_rezero", "rezero"),
+        ),
+        "modern": (("DeepNorm", "transformer_deepnorm", "deepnorm"),),
+    },
     tiny=(
         Tiny(
             "transformer_deepnorm",
@@ -151,11 +154,22 @@ declare_presets(
     ),
 )
 
-# issue 41: the per-layer schemes' rows of the matrices (modules/norm_schemes.py, B2T in
-# residual_schemes.py); Mix-LN at ratio 0.5, not the paper's 0.25: the tiny 3 + 2 layers then mix
-# post- and pre-norm on both sides
+# issue 41: the per-layer schemes' lines of the study's modern group and rows of the matrices
+# (modules/norm_schemes.py, B2T in residual_schemes.py); Mix-LN at ratio 0.5 in the matrices, not
+# the paper's 0.25 (the preset's, which the study trains): the tiny 3 + 2 layers then mix post- and
+# pre-norm on both sides
 declare_presets(
     "transformer_dlcl",
+    sweeps={
+        "modern": (
+            ("B2T", "transformer_b2t", "b2t"),
+            ("Sub-LN", "transformer_subln", "subln"),
+            ("Peri-LN", "transformer_periln", "periln"),
+            ("Mix-LN", "transformer_mixln", "mixln"),
+            ("DyT", "transformer_dyt", "dyt"),
+            ("LayerScale", "transformer_layerscale", "layerscale"),
+        )
+    },
     tiny=(
         Tiny("transformer_b2t", "transformer_b2t", "transformer_b2t_18l", (144.7, 36 * 512, 0)),
         Tiny(

@@ -87,12 +87,23 @@ for _name, (_what, _options, _parent, _instead) in STREAMS.items():
             depth=_layers,
         )
 
-# the matrices' rows (models/families.py): tiny 3 + 2 layers, the ODE blocks in both stacks; the
-# paper-scale memory of the 48 + 6 presets (benchmarks/precision_matrix.estimate_gb: 188.7M
-# parameters with an 8k vocabulary; hyper-connections keep 4 streams and RK2 evaluates each layer
-# twice, so their activations count twice)
+# the study's modern group (its lines) and the matrices' rows (models/families.py): tiny 3 + 2
+# layers, the ODE blocks in both stacks; the paper-scale memory of the 48 + 6 presets
+# (benchmarks/precision_matrix.estimate_gb: 188.7M parameters with an 8k vocabulary;
+# hyper-connections keep 4 streams and RK2 evaluates each layer twice, so their activations count
+# twice)
 declare_presets(
     "transformer_dlcl",
+    sweeps={
+        "modern": (
+            ("DenseFormer", "transformer_denseformer", "denseformer"),
+            ("HC", "transformer_hc", "hc"),
+            ("mHC", "transformer_mhc", "mhc"),
+            ("ResiDual", "transformer_resi_dual", "resi_dual"),
+            ("ODE RK2", "transformer_ode_rk2", "ode_rk2"),
+            ("ODE RK4", "transformer_ode_rk4", "ode_rk4"),
+        )
+    },
     tiny=(
         Tiny(
             "transformer_denseformer",

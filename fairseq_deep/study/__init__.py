@@ -41,7 +41,17 @@ from .commands import (  # noqa: F401
     train_command,
     train_run,
 )
-from .groups import DEPTH_FAMILIES, DIVERSITY, GROUPS, DepthSweep, Grown, Rows, expand_group  # noqa: F401
+from .groups import (  # noqa: F401
+    DEPTH_FAMILIES,
+    DIVERSITY,
+    GROUPS,
+    MODERN_FAMILIES,
+    DepthSweep,
+    Grown,
+    Rows,
+    expand_group,
+    parse_depths,
+)
 from .report import markdown, plot, results  # noqa: F401
 from .runner import RunState, Study, learning_curve, parse_generate, record  # noqa: F401
-from .systems import CUSTOM, System, infer_depth, parse_system  # noqa: F401
+from .systems import CUSTOM, System, infer_depth, parse_system, shaped_system  # noqa: F401

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 from ..errors import ArgumentParser, UserError, report_user_errors
 from ..runs import model_kind
 from .commands import train_command
-from .groups import GROUPS, expand_group
+from .groups import GROUPS, expand_group, parse_depths
 from .report import markdown, plot, results
 from .runner import Study
 from .systems import CUSTOM, System, infer_depth, parse_system
@@ -65,8 +65,9 @@ def get_parser():
     p.add_argument("--baseline", help="the baseline of the --system systems (default: the first)")
     p.add_argument(
         "--depths",
-        help="comma-separated encoder depths for wang and bapna, and depths N "
-        "(N encoder + N decoder layers) for depth (e.g. 6,20)",
+        help="comma-separated encoder depths for wang and bapna, depths N (N encoder + N decoder "
+        "layers) for depth and modern (e.g. 6,20), or shapes E+D (E encoder + D decoder layers) "
+        "for any of them (e.g. 18+18,48+6)",
     )
     p.add_argument(
         "--max-update", type=int, default=0, help="updates per system (fairseq --max-update)"
@@ -134,7 +135,7 @@ def get_parser():
 
 
 def select_groups(args) -> Dict[str, Tuple[str, List[System]]]:
-    depths = [int(d) for d in args.depths.split(",")] if args.depths else None
+    depths = parse_depths(args.depths) if args.depths else None
     groups: Dict[str, Tuple[str, List[System]]] = {}
     for spec in args.group:
         baseline, systems = expand_group(spec, depths)

@@ -72,26 +72,6 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
     return System(name, arch, flags, group, technique=technique, depth=depth)
 
 
-def depth_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
-    """``family`` for 6 encoder layers (the depth-free preset), ``family_{N}l`` where that preset
-    exists, else ``family --encoder-layers N``."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import fairseq_deep  # noqa: F401  (registers the architectures)
-
-    named = f"{family}_{depth}l"
-    if depth != 6 and named in ARCH_MODEL_REGISTRY:
-        return System(name, named, [], group, technique, depth)
-    return System(
-        name,
-        family,
-        [] if depth == 6 else ["--encoder-layers", str(depth)],
-        group,
-        technique,
-        depth,
-    )
-
-
 def preset_depths(arch: str) -> Tuple[int, int]:
     """(encoder, decoder) layers that ``--arch arch`` gives when no flag sets them."""
     import argparse as _argparse
@@ -103,20 +83,38 @@ def preset_depths(arch: str) -> Tuple[int, int]:
     return int(args.encoder_layers), int(args.decoder_layers)
 
 
-def deep_both_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
-    """N encoder and N decoder layers: ``family_{N}l`` where that preset has N + N layers (a
-    preset of another shape, e.g. ``transformer_admin_60l``'s 60 + 12, is not used), the
-    depth-free ``family`` where it has them, else ``family --encoder-layers N --decoder-layers N``."""
+def shaped_system(
+    name: str, family: str, encoder: int, decoder: int, group: str, technique: str
+) -> System:
+    """``family`` with ``encoder`` + ``decoder`` layers: the depth-free preset ``family`` where it
+    has them, else ``family_{E}l`` where that preset has them (one of another shape, e.g.
+    ``transformer_admin_60l``'s 60 + 12 for 60 + 60, or ``transformer_b2t_18l``'s 18 + 18 for
+    18 + 6, is not used: a depth-named preset owns its depths), else ``family`` with
+    ``--encoder-layers E`` and/or ``--decoder-layers D`` where they differ from its own."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import fairseq_deep  # noqa: F401  (registers the architectures)
 
-    named = f"{family}_{depth}l"
-    if named in ARCH_MODEL_REGISTRY and preset_depths(named) == (depth, depth):
-        return System(name, named, [], group, technique, depth)
-    flags = (
-        []
-        if preset_depths(family) == (depth, depth)
-        else ["--encoder-layers", str(depth), "--decoder-layers", str(depth)]
-    )
-    return System(name, family, flags, group, technique, depth)
+    own = preset_depths(family)
+    named = f"{family}_{encoder}l"
+    if own != (encoder, decoder) and named in ARCH_MODEL_REGISTRY:
+        if preset_depths(named) == (encoder, decoder):
+            return System(name, named, [], group, technique, encoder)
+    flags = [] if own[0] == encoder else ["--encoder-layers", str(encoder)]
+    flags += [] if own[1] == decoder else ["--decoder-layers", str(decoder)]
+    return System(name, family, flags, group, technique, encoder)
+
+
+def depth_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
+    """N encoder layers over the preset's own decoder: ``family`` for its own depth (6),
+    ``family_{N}l`` where that preset has N + the same decoder, else ``family --encoder-layers N``
+    (:func:`shaped_system`)."""
+    return shaped_system(name, family, depth, preset_depths(family)[1], group, technique)
+
+
+def deep_both_system(name: str, family: str, depth: int, group: str, technique: str) -> System:
+    """N encoder and N decoder layers: ``family_{N}l`` where that preset has N + N layers (a
+    preset of another shape, e.g. ``transformer_admin_60l``'s 60 + 12, is not used), the
+    depth-free ``family`` where it has them, else ``family --encoder-layers N --decoder-layers N``
+    (:func:`shaped_system`)."""
+    return shaped_system(name, family, depth, depth, group, technique)
