@@ -305,11 +305,15 @@ def last_n_checkpoints(
 def average_checkpoints(inputs: List[str]):
     """The state of the first (newest) checkpoint with its model parameters replaced by the mean
     of the parameters of all ``inputs`` (accumulated in float64).  Tensors that are not floating
-    point (flags, counters) are the newest checkpoint's, not averaged."""
+    point (flags, counters) are the newest checkpoint's, not averaged.  Its history records the
+    inputs (``extra_state["averaged"]``, :mod:`fairseq_deep.patches.checkpoint_history`)."""
     import torch
+
+    from .patches.checkpoint_history import num_updates, record_averaged
 
     params_dict = collections.OrderedDict()
     new_state = None
+    updates = []
     for fpath in inputs:
         state = torch_load_checked(fpath)  # weights_only stays at torch's default
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
@@ -317,6 +321,7 @@ def average_checkpoints(inputs: List[str]):
                 f"{fpath} is not a fairseq checkpoint (it has no 'model' entry); "
                 "average checkpoints written by fairseq-train"
             )
+        updates.append(num_updates(state))
         if new_state is None:
             new_state = state
         model = state["model"]
@@ -339,7 +344,7 @@ def average_checkpoints(inputs: List[str]):
     for k, v in params_dict.items():
         averaged[k] = (v / len(inputs)).to(reference[k].dtype) if v.is_floating_point() else v
     new_state["model"] = averaged
-    return new_state
+    return record_averaged(new_state, inputs, updates)  # extra_state["averaged"]: the inputs
 
 
 def average_checkpoints_main(argv=None):

@@ -408,6 +408,7 @@ def export(
 
     from .grow import family_of, load, model_args
     from .models.reduction import SERVED_BY, fold, why_not_transformer
+    from .patches.checkpoint_history import history_of
 
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
@@ -457,7 +458,8 @@ def export(
         "folded": notes,
         "stock_options_changed": {k: plain(v) for k, v in changes.items()},
         "max_logprob_difference": difference,
-        "grown": plain((state.get("extra_state") or {}).get("grown", [])),
+        # the checkpoint's history: grown from, continued, averaged (patches/checkpoint_history)
+        **{key: plain(entries) for key, entries in history_of(state).items()},
         "ctranslate2_settings": matching_settings() if fmt == "ctranslate2" else None,
     }
 

@@ -7,6 +7,7 @@ refused in one line, and bad input leaves nothing behind."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -309,6 +310,66 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
     assert type(hub.models[0]) is TransformerModel and isinstance(
         hub.translate("w1 w2 w3", beam=2), str
     )
+
+
+def test_the_record_names_grown_continued_and_averaged(synthetic_bin, tmp_path):
+    """grow -> continue training (--restore-file, resets) -> resume -> average -> export: the
+    export's record names the growth, the continued run and the averaged inputs (fairseq-train
+    saves a fresh extra_state: patches/checkpoint_history keeps the history)."""
+    from fairseq.data import Dictionary
+    from test_grow_families import fairseq_train, save_shallow, train_config
+
+    from fairseq_deep.cli import average_checkpoints
+    from fairseq_deep.model_options import model_command
+
+    dictionary = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
+    shallow, grown = tmp_path / "shallow.pt", tmp_path / "grown.pt"
+    save_shallow("transformer_prenorm", layers(1, 1), dictionary, shallow)  # 7 updates
+    options = grow(str(shallow), str(grown), 2, 1, "stack")["model_options"]
+    save = tmp_path / "deep"
+    cfg = train_config(
+        [
+            str(synthetic_bin),
+            "--user-dir",
+            os.path.dirname(os.path.abspath(ex.__file__)),
+            "--task",
+            "translation",
+            *model_command(options),
+            *["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--seed", "1"],
+            *["--cpu", "--num-workers", "0", "--no-progress-bar", "--disable-validation"],
+            *["--no-epoch-checkpoints", "--save-dir", str(save), "--max-update", "2"],
+            *["--restore-file", str(grown), "--reset-optimizer", "--reset-lr-scheduler"],
+            "--reset-dataloader",
+        ]
+    )
+    fairseq_train(cfg)
+    shutil.copyfile(save / "checkpoint_last.pt", tmp_path / "after2.pt")
+    fairseq_train(  # the same run resumed from its own checkpoint_last.pt: nothing added
+        cfg,
+        checkpoint__restore_file="checkpoint_last.pt",
+        checkpoint__reset_optimizer=False,
+        checkpoint__reset_lr_scheduler=False,
+        checkpoint__reset_dataloader=False,
+        optimization__max_update=3,
+    )
+    inputs = [str(save / "checkpoint_last.pt"), str(tmp_path / "after2.pt")]
+    torch.save(average_checkpoints(inputs), tmp_path / "average.pt")
+
+    summary = ex.export(
+        str(tmp_path / "average.pt"), str(synthetic_bin), str(tmp_path / "out"), "fairseq"
+    )
+    assert summary == json.loads((tmp_path / "out" / ex.SUMMARY).read_text())
+    [growth] = summary["grown"]
+    assert growth["from"] == str(shallow) and growth["encoder_layers"] == [1, 2]
+    assert summary["continued"] == [
+        {
+            "from": str(grown),
+            "num_updates": 7,  # the grown checkpoint's (the shallow model's)
+            "save_dir": str(save),
+            "reset": ["dataloader", "lr_scheduler", "optimizer"],
+        }
+    ]
+    assert summary["averaged"] == [{"inputs": inputs, "num_updates": [3, 2]}]
 
 
 # -- CTranslate2: its scores are fairseq's, for each kind of fold --------------------------------
