@@ -35,6 +35,7 @@ import tempfile
 from typing import Dict, Optional, Tuple
 
 from .errors import MissingFileError, UserError, import_optional, report_user_errors
+from .serving import fairseq_hypothesis, matching_settings  # noqa: F401  (also imported from here)
 
 logger = logging.getLogger("fairseq_deep.export")
 
@@ -352,12 +353,12 @@ def test_pieces(data: str, src: str, tgt: str, dictionary, n: int):
 def time_compute_types(staged: str, data: str, src: str, tgt: str, task, timing: Dict[str, object]):
     """The compute types timed on the export (:func:`fairseq_deep.serving.time_compute_types`) on
     the first sentences of the data's test split, or why not."""
-    from .serving import time_compute_types as timed
+    from . import serving
 
     pieces = test_pieces(data, src, tgt, task.source_dictionary, int(timing.get("sentences", 32)))
     if not pieces:
         return {"skipped": f"no test split in {data} (fairseq-preprocess --testpref)"}
-    return timed(
+    return serving.time_compute_types(
         staged,
         pieces,
         device=str(timing.get("device", "cpu")),
@@ -390,35 +391,6 @@ def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantizati
         raise ExportError(
             f"CTranslate2 {ctranslate2.__version__} cannot convert this model: {reasons}"
         ) from e
-
-
-def matching_settings(
-    beam: int = 5, lenpen: float = 1.0, max_len_b: int = 200
-) -> Dict[str, object]:
-    """CTranslate2's ``translate_batch`` settings that decode as ``fairseq-generate --beam BEAM
-    --lenpen LENPEN --max-len-a 0 --max-len-b MAX_LEN_B`` does (docs/export.md): the length
-    penalty divides by the length with </s> (``return_end_token``), </s> is not allowed first
-    (fairseq's ``--min-len 1``), a search ends with ``beam`` finished hypotheses (``patience`` 1);
-    read the hypotheses with :func:`fairseq_hypothesis`."""
-    return {
-        "beam_size": beam,
-        "length_penalty": lenpen,
-        "return_end_token": True,
-        "max_decoding_length": max_len_b + 1,
-        "min_decoding_length": 1,
-        "patience": 1,
-        "return_scores": True,
-    }
-
-
-def fairseq_hypothesis(tokens, settings: Dict[str, object]):
-    """fairseq-generate's hypothesis from CTranslate2's tokens under :func:`matching_settings`:
-    without its </s>, or, where the search reached the length limit (fairseq then forces </s>
-    after max_len_b tokens), its first max_len_b tokens."""
-    tokens = list(tokens)
-    if tokens and tokens[-1] == "</s>":
-        return tokens[:-1]
-    return tokens[: int(settings["max_decoding_length"]) - 1]
 
 
 # ---------------------------------------------------------------------------------------------

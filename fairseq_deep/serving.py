@@ -1,8 +1,10 @@
-"""Serving an export with CTranslate2: fairseq-generate's length limit, and the compute type that is
-fastest on the machine at hand (docs/export.md).
+"""Serving an export with CTranslate2: fairseq-generate's hypotheses, its length limit, and the
+compute type that is fastest on the machine at hand (docs/export.md).
 
+* :func:`matching_settings`, :func:`fairseq_hypothesis`: ``translate_batch``'s settings that decode
+  as fairseq-generate does, and its hypotheses read as fairseq's;
 * :func:`translate`: a CTranslate2 translator decoding as ``fairseq-generate --beam --lenpen
-  --max-len-a --max-len-b`` does (:func:`fairseq_deep.export.matching_settings`).  fairseq's limit
+  --max-len-a --max-len-b`` does (:func:`matching_settings`).  fairseq's limit
   is per batch, ``min(int(a * src_len + b), max_positions - 1)`` tokens with ``src_len`` the
   batch's longest source with its ``</s>`` (``SequenceGenerator._generate``); CTranslate2's
   ``max_decoding_length`` is a number per call and it has no relative limit, so the sentences are
@@ -31,6 +33,35 @@ COMPUTE_TYPES = (
     "bfloat16",
     "int8_bfloat16",
 )
+
+
+def matching_settings(
+    beam: int = 5, lenpen: float = 1.0, max_len_b: int = 200
+) -> Dict[str, object]:
+    """CTranslate2's ``translate_batch`` settings that decode as ``fairseq-generate --beam BEAM
+    --lenpen LENPEN --max-len-a 0 --max-len-b MAX_LEN_B`` does (docs/export.md): the length
+    penalty divides by the length with </s> (``return_end_token``), </s> is not allowed first
+    (fairseq's ``--min-len 1``), a search ends with ``beam`` finished hypotheses (``patience`` 1);
+    read the hypotheses with :func:`fairseq_hypothesis`."""
+    return {
+        "beam_size": beam,
+        "length_penalty": lenpen,
+        "return_end_token": True,
+        "max_decoding_length": max_len_b + 1,
+        "min_decoding_length": 1,
+        "patience": 1,
+        "return_scores": True,
+    }
+
+
+def fairseq_hypothesis(tokens, settings: Dict[str, object]):
+    """fairseq-generate's hypothesis from CTranslate2's tokens under :func:`matching_settings`:
+    without its </s>, or, where the search reached the length limit (fairseq then forces </s>
+    after max_len_b tokens), its first max_len_b tokens."""
+    tokens = list(tokens)
+    if tokens and tokens[-1] == "</s>":
+        return tokens[:-1]
+    return tokens[: int(settings["max_decoding_length"]) - 1]
 
 
 def length_limit(src_len: int, max_len_a: float, max_len_b: int, max_positions: int = 1024) -> int:
@@ -77,10 +108,8 @@ def translate(
     fairseq gives each batch (:func:`batch_limits`).  Where a hypothesis reaches the limit the
     engines differ: fairseq forces </s> after ``limit`` tokens and ranks the hypothesis with that
     </s>'s probability, CTranslate2 stops after ``limit + 1`` tokens (cut back to ``limit`` by
-    :func:`~fairseq_deep.export.fairseq_hypothesis`) and ranks it with the best token's; and the
+    :func:`fairseq_hypothesis`) and ranks it with the best token's; and the
     batches are not always fairseq's (its ties in source length are ordered by target length)."""
-    from .export import fairseq_hypothesis, matching_settings
-
     n = len(pieces)
     if max_len_a == 0:
         settings = matching_settings(beam, lenpen, length_limit(0, 0, max_len_b, max_positions))
