@@ -1,9 +1,11 @@
-"""fairseq-generate against CTranslate2 (float32 and int8) on a deep model exported by
-fairseq-deep-export (issue 34): sentences/s side by side, and BLEU of each.
+"""fairseq-generate against CTranslate2, in every compute type CTranslate2 offers on the device, on
+a deep model exported by fairseq-deep-export (issues 34, 40): sentences/s side by side, and BLEU
+of each.
 
     python -m benchmarks.export_speed --multi30k /work/shared/data/multi30k [--device cpu]
         [--arch transformer_deepnorm --encoder-layers 18 --decoder-layers 6 --embed-dim 512]
         [--minutes 5] [--beam 5 --batch 32 --max-len 60 --threads 2 --repeats 3 --test-sentences 1000]
+        [--compute-types int8,float32]
 
 Steps (each kept in ``--work-dir`` and reused when run again with the same options):
 
@@ -11,10 +13,14 @@ Steps (each kept in ``--work-dir`` and reused when run again with the same optio
    ``fairseq-deep-prepare`` (a joint sentencepiece model of 8k pieces, then fairseq-preprocess);
 2. a model trained by ``fairseq-train --user-dir fairseq_deep`` for ``--minutes`` of wall-clock
    time (fairseq's ``--stop-time-hours``; brief on a CPU: the point is the engines' speed);
-3. ``fairseq-deep-export`` of its last checkpoint to CTranslate2, once per ``--quantizations``;
+3. ``fairseq-deep-export`` of its last checkpoint to CTranslate2 (float32 weights), loaded once
+   per compute type: ``--compute-types``, by default every type CTranslate2 supports on the device
+   here (``ctranslate2.get_supported_compute_types``: ``int8``, ``int8_float32``, ``int16``,
+   ``float32`` on a CPU, as its build and the CPU allow; ``float16``, ``int8_float16``,
+   ``bfloat16``, ... on a GPU).  Which is fastest depends on the CPU (docs/export.md);
 4. the Multi30K test set (test2016, 1,000 sentences) translated by fairseq-generate (the original
    checkpoint with ``--user-dir``, as one serves it without the export) and by CTranslate2 in
-   process on each export, alternating the engines ``--repeats`` times.  Same beam, batch (sentences
+   process in each compute type, alternating the engines ``--repeats`` times.  Same beam, batch (sentences
    of the same length range batched together by both), threads (``OMP_NUM_THREADS`` /
    ``intra_threads``) and length limit (fairseq: ``--max-len-a 0 --max-len-b MAX_LEN``; CTranslate2:
    ``max_decoding_length = MAX_LEN + 1`` with ``return_end_token``, fairseq's length penalty,
@@ -23,8 +29,8 @@ Steps (each kept in ``--work-dir`` and reused when run again with the same optio
 
 Reported: sentences/s and its ratio to fairseq-generate, the best round's (the least disturbed,
 on a shared machine) and the median's, sacreBLEU of the detokenized hypotheses against the raw
-references, and how many hypotheses equal fairseq-generate's.  ``--device cuda`` runs both engines
-on the GPU (and adds float16).
+references, and how many hypotheses equal fairseq-generate's; the CPU's model name.
+``--device cuda`` runs both engines on the GPU.
 A markdown table goes to stdout, every number to ``WORK_DIR/results.json``.
 """
 
@@ -169,17 +175,18 @@ def train(a, work: str, data: str) -> str:
     return checkpoint
 
 
-def export(a, work: str, data: str, checkpoint: str, quantization: str) -> str:
-    out = os.path.join(work, f"ct2_{quantization}")
+def export(a, work: str, data: str, checkpoint: str) -> str:
+    """The float32 export (each compute type converts its weights when it loads them)."""
+    out = os.path.join(work, "ct2")
     shutil.rmtree(out, ignore_errors=True)
     run(
         runs.Run.of(
             "export",
             None,
             ["--checkpoint", checkpoint, "--data", data, "--out", out],
-            ["--quantization", quantization],
+            ["--no-timing"],
         ),
-        os.path.join(work, f"export_{quantization}.log"),
+        os.path.join(work, "export.log"),
         a.threads,
     )
     return out
@@ -210,21 +217,23 @@ def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
     return found.seconds, [hyps[k] for k in range(n)]
 
 
-def ctranslate2_translate(a, model: str, pieces):
+def ctranslate2_translate(a, model: str, compute_type: str, pieces):
     import ctranslate2
 
-    from fairseq_deep.export import fairseq_hypothesis, matching_settings
+    from fairseq_deep.serving import translate
 
     translator = ctranslate2.Translator(
-        model, device=a.device, intra_threads=a.threads, inter_threads=1
+        model,
+        device=a.device,
+        compute_type=compute_type,
+        intra_threads=a.threads,
+        inter_threads=1,
     )
-    settings = matching_settings(beam=a.beam, max_len_b=a.max_len)
     start = time.perf_counter()
-    results = translator.translate_batch(pieces, max_batch_size=a.batch, **settings)
+    tokens = translate(translator, pieces, beam=a.beam, max_len_b=a.max_len, max_batch_size=a.batch)
     seconds = time.perf_counter() - start
-    hyps = [detokenize(fairseq_hypothesis(r.hypotheses[0], settings)) for r in results]
     del translator
-    return seconds, hyps
+    return seconds, [detokenize(t) for t in tokens]
 
 
 def get_parser():
@@ -253,9 +262,9 @@ def get_parser():
     harness.add_threads(p, 2)
     harness.add_rounds(p, 3, flag="--repeats")
     p.add_argument(
-        "--quantizations",
-        help="CTranslate2 weight types, comma-separated (default: "
-        "float32,int8; on a GPU float32,int8_float16,float16)",
+        "--compute-types",
+        help="CTranslate2 compute types, comma-separated (default: every one CTranslate2 "
+        "supports on the device here)",
     )
     return add_device_argument(p)
 
@@ -265,8 +274,16 @@ def main(argv=None):
     device_from_args(a)  # --device cuda without a GPU: one line, before any work
     import sacrebleu
 
-    default = "float32,int8" if a.device == "cpu" else "float32,int8_float16,float16"
-    quantizations = (a.quantizations or default).split(",")
+    from fairseq_deep.serving import candidates, cpu_name
+
+    offered = candidates(a.device)
+    compute_types = a.compute_types.split(",") if a.compute_types else offered
+    unknown = [t for t in compute_types if t not in offered]
+    if unknown:
+        raise SystemExit(
+            f"--compute-types {','.join(unknown)}: CTranslate2 offers {', '.join(offered)} "
+            f"on {a.device} here"
+        )
     work = a.work_dir
     os.makedirs(work, exist_ok=True)
     prep = prepare(a, work)
@@ -277,9 +294,9 @@ def main(argv=None):
         references = [line.strip() for line in f][: a.test_sentences]
     test = data if a.test_sentences >= 1000 else test_subset(a, work, prep)
     checkpoint = train(a, work, data)
-    models = {q: export(a, work, data, checkpoint, q) for q in quantizations}
+    model = export(a, work, data, checkpoint)
 
-    engines = ["fairseq-generate", *(f"CTranslate2 {q}" for q in quantizations)]
+    engines = ["fairseq-generate", *(f"CTranslate2 {t}" for t in compute_types)]
     hypotheses = {}
 
     def translate(engine: str):
@@ -287,7 +304,7 @@ def main(argv=None):
             if engine == "fairseq-generate":
                 t, hyps = fairseq_generate(a, work, test, checkpoint, len(pieces))
             else:
-                t, hyps = ctranslate2_translate(a, models[engine.split()[-1]], pieces)
+                t, hyps = ctranslate2_translate(a, model, engine.split()[-1], pieces)
             hypotheses.setdefault(engine, hyps)
             log(f"round {r + 1}/{a.repeats}: {engine} {len(pieces) / t:.1f} sentences/s")
             return t
@@ -316,6 +333,8 @@ def main(argv=None):
     results = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
+        "compute_types_offered": offered,
         "cpus": os.cpu_count(),
         "args": vars(a),
         "updates": updates,
@@ -328,7 +347,7 @@ def main(argv=None):
         f"{a.arch} {a.encoder_layers}+{a.decoder_layers} layers, width {a.embed_dim}, "
         f"{updates} updates ({a.minutes} min); Multi30K de-en test2016, {len(pieces)} sentences, "
         f"beam {a.beam}, batch {a.batch}, at most {a.max_len} pieces, {a.threads} threads, "
-        f"{a.device}, {a.repeats} alternated rounds: the best (the median)"
+        f"{a.device} ({cpu_name()}), {a.repeats} alternated rounds: the best (the median)"
     )
     print()
     print(

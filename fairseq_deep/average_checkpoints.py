@@ -20,6 +20,7 @@ from fairseq import checkpoint_utils
 
 from .checkpoints import load_as_saved
 from .errors import ArgumentParser, UserError, report_user_errors
+from .patches.checkpoint_history import num_updates, record_averaged
 from .quiet import quiet_warnings, script_logging
 
 logger = logging.getLogger("fairseq_deep.average_checkpoints")
@@ -50,11 +51,14 @@ def last_n_checkpoints(
 def average_checkpoints(inputs: List[str]):
     """The state of the first (newest) checkpoint with its model parameters replaced by the mean
     of the parameters of all ``inputs`` (accumulated in float64).  Tensors that are not floating
-    point (flags, counters) are the newest checkpoint's, not averaged."""
+    point (flags, counters) are the newest checkpoint's, not averaged.  Its history records the
+    inputs (``extra_state["averaged"]``, :mod:`fairseq_deep.patches.checkpoint_history`)."""
     params_dict = collections.OrderedDict()
     new_state = None
+    updates = []
     for fpath in inputs:
         state = load_as_saved(fpath)  # weights_only stays at torch's default
+        updates.append(num_updates(state))
         if new_state is None:
             new_state = state
         model = state["model"]
@@ -77,7 +81,7 @@ def average_checkpoints(inputs: List[str]):
     for k, v in params_dict.items():
         averaged[k] = (v / len(inputs)).to(reference[k].dtype) if v.is_floating_point() else v
     new_state["model"] = averaged
-    return new_state
+    return record_averaged(new_state, inputs, updates)  # extra_state["averaged"]: the inputs
 
 
 def cli_main(argv=None):

@@ -34,11 +34,14 @@ import sys
 import tempfile
 from typing import Dict, Optional, Tuple
 
+from . import serving
 from .checkpoints import family_of, load, model_args
 from .errors import MissingFileError, UserError, import_optional, report_user_errors
 from .models.reduction import SERVED_BY, fold, why_not_transformer
 from .patches.better_transformer import without_better_transformer
+from .patches.checkpoint_history import history_of
 from .quiet import quiet_warnings, script_logging
+from .serving import fairseq_hypothesis, matching_settings  # noqa: F401  (also imported from here)
 
 logger = logging.getLogger("fairseq_deep.export")
 
@@ -335,6 +338,37 @@ def converter_checkpoint(
     return {"args": argparse.Namespace(**options), "cfg": None, "model": state_dict}
 
 
+def test_pieces(data: str, src: str, tgt: str, dictionary, n: int):
+    """The first ``n`` sentences of the binarized test split of ``data`` as the pieces stand in
+    the data (without the </s> fairseq's binarizer appended); None without a test split."""
+    from fairseq.data import data_utils, indexed_dataset
+
+    for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+        prefix = os.path.join(data, f"test.{pair}.{src}")
+        if indexed_dataset.dataset_exists(prefix, impl=None):
+            dataset = data_utils.load_indexed_dataset(prefix, dictionary)
+            return [
+                [dictionary[i] for i in dataset[k][:-1].tolist()]
+                for k in range(min(n, len(dataset)))
+            ]
+    return None
+
+
+def time_compute_types(staged: str, data: str, src: str, tgt: str, task, timing: Dict[str, object]):
+    """The compute types timed on the export (:func:`fairseq_deep.serving.time_compute_types`) on
+    the first sentences of the data's test split, or why not."""
+    pieces = test_pieces(data, src, tgt, task.source_dictionary, int(timing.get("sentences", 32)))
+    if not pieces:
+        return {"skipped": f"no test split in {data} (fairseq-preprocess --testpref)"}
+    return serving.time_compute_types(
+        staged,
+        pieces,
+        device=str(timing.get("device", "cpu")),
+        threads=timing.get("threads"),
+        beam=int(timing.get("beam", 5)),
+    )
+
+
 def import_ctranslate2():
     return import_optional(
         "ctranslate2",
@@ -361,35 +395,6 @@ def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantizati
         ) from e
 
 
-def matching_settings(
-    beam: int = 5, lenpen: float = 1.0, max_len_b: int = 200
-) -> Dict[str, object]:
-    """CTranslate2's ``translate_batch`` settings that decode as ``fairseq-generate --beam BEAM
-    --lenpen LENPEN --max-len-a 0 --max-len-b MAX_LEN_B`` does (docs/export.md): the length
-    penalty divides by the length with </s> (``return_end_token``), </s> is not allowed first
-    (fairseq's ``--min-len 1``), a search ends with ``beam`` finished hypotheses (``patience`` 1);
-    read the hypotheses with :func:`fairseq_hypothesis`."""
-    return {
-        "beam_size": beam,
-        "length_penalty": lenpen,
-        "return_end_token": True,
-        "max_decoding_length": max_len_b + 1,
-        "min_decoding_length": 1,
-        "patience": 1,
-        "return_scores": True,
-    }
-
-
-def fairseq_hypothesis(tokens, settings: Dict[str, object]):
-    """fairseq-generate's hypothesis from CTranslate2's tokens under :func:`matching_settings`:
-    without its </s>, or, where the search reached the length limit (fairseq then forces </s>
-    after max_len_b tokens), its first max_len_b tokens."""
-    tokens = list(tokens)
-    if tokens and tokens[-1] == "</s>":
-        return tokens[:-1]
-    return tokens[: int(settings["max_decoding_length"]) - 1]
-
-
 # ---------------------------------------------------------------------------------------------
 # the export
 # ---------------------------------------------------------------------------------------------
@@ -403,8 +408,12 @@ def export(
     quantization: Optional[str] = None,
     source_lang: Optional[str] = None,
     target_lang: Optional[str] = None,
+    timing: Optional[Dict[str, object]] = None,
 ) -> Dict[str, object]:
-    """Export ``checkpoint`` to ``out`` (module docstring); returns the summary written there."""
+    """Export ``checkpoint`` to ``out`` (module docstring); returns the summary written there.
+    ``timing`` (``--format ctranslate2``): time CTranslate2's compute types on the data's test
+    split (``{"sentences": 32, "device": "cpu", "threads": None, "beam": 5}``, any of them;
+    :mod:`fairseq_deep.serving`), recorded as the summary's ``compute_types``; None: not."""
     import torch
     from fairseq import checkpoint_utils
 
@@ -457,7 +466,8 @@ def export(
         "folded": notes,
         "stock_options_changed": {k: plain(v) for k, v in changes.items()},
         "max_logprob_difference": difference,
-        "grown": plain((state.get("extra_state") or {}).get("grown", [])),
+        # the checkpoint's history: grown from, continued, averaged (patches/checkpoint_history)
+        **{key: plain(entries) for key, entries in history_of(state).items()},
         "ctranslate2_settings": matching_settings() if fmt == "ctranslate2" else None,
     }
 
@@ -477,6 +487,8 @@ def export(
             converter_input = os.path.join(work, STOCK_CHECKPOINT)
             torch.save(converter_checkpoint(options, tasks, stock_state), converter_input)
             convert(converter_input, data, staged, src, tgt, quantization)
+            if timing is not None:
+                summary["compute_types"] = time_compute_types(staged, data, src, tgt, task, timing)
         with open(os.path.join(staged, SUMMARY), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
         os.rename(staged, out)
@@ -520,6 +532,31 @@ def cli_main(argv=None):
     )
     parser.add_argument("--source-lang", help="source language (default: the checkpoint's)")
     parser.add_argument("--target-lang", help="target language (default: the checkpoint's)")
+    timing = parser.add_argument_group(
+        "which compute type to serve with (--format ctranslate2): the fastest depends on the CPU"
+    )
+    timing.add_argument(
+        "--no-timing",
+        action="store_true",
+        help="do not time CTranslate2's compute types on the data's test split",
+    )
+    timing.add_argument(
+        "--timing-sentences",
+        type=int,
+        default=32,
+        metavar="N",
+        help="time them on the first N test sentences (default 32)",
+    )
+    timing.add_argument(
+        "--timing-device", default="cpu", choices=("cpu", "cuda"), help="default: cpu"
+    )
+    timing.add_argument(
+        "--timing-threads",
+        type=int,
+        metavar="N",
+        help="CTranslate2's intra_threads (default: the cores available, at most 4)",
+    )
+    timing.add_argument("--timing-beam", type=int, default=5, metavar="N", help="default 5")
     args = parser.parse_args(argv)
     quiet_warnings()
     script_logging(sys.stderr)
@@ -533,6 +570,14 @@ def cli_main(argv=None):
             args.quantization,
             args.source_lang,
             args.target_lang,
+            timing=None
+            if args.no_timing or args.format != "ctranslate2"
+            else {
+                "sentences": args.timing_sentences,
+                "device": args.timing_device,
+                "threads": args.timing_threads,
+                "beam": args.timing_beam,
+            },
         )
         what = (
             "CTranslate2 model"
@@ -546,6 +591,18 @@ def cli_main(argv=None):
         )
         for note in summary["folded"]:
             print(f"  folded: {note}")
+        timed = summary.get("compute_types")
+        if timed is not None:
+            from .serving import describe_timing
+
+            print(
+                "  "
+                + (
+                    f"timing skipped: {timed['skipped']}"
+                    if "skipped" in timed
+                    else describe_timing(timed)
+                )
+            )
 
     report_user_errors(run, parser.prog)
 

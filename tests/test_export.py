@@ -7,6 +7,7 @@ refused in one line, and bad input leaves nothing behind."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -334,6 +335,66 @@ def test_a_grown_model_exports_when_its_family_does(tmp_path):
     )
 
 
+def test_the_record_names_grown_continued_and_averaged(synthetic_bin, tmp_path):
+    """grow -> continue training (--restore-file, resets) -> resume -> average -> export: the
+    export's record names the growth, the continued run and the averaged inputs (fairseq-train
+    saves a fresh extra_state: patches/checkpoint_history keeps the history)."""
+    from fairseq.data import Dictionary
+    from test_grow_families import fairseq_train, save_shallow, train_config
+
+    from fairseq_deep.cli import average_checkpoints
+    from fairseq_deep.model_options import model_command
+
+    dictionary = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
+    shallow, grown = tmp_path / "shallow.pt", tmp_path / "grown.pt"
+    save_shallow("transformer_prenorm", layers(1, 1), dictionary, shallow)  # 7 updates
+    options = grow(str(shallow), str(grown), 2, 1, "stack")["model_options"]
+    save = tmp_path / "deep"
+    cfg = train_config(
+        [
+            str(synthetic_bin),
+            "--user-dir",
+            os.path.dirname(os.path.abspath(ex.__file__)),
+            "--task",
+            "translation",
+            *model_command(options),
+            *["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--seed", "1"],
+            *["--cpu", "--num-workers", "0", "--no-progress-bar", "--disable-validation"],
+            *["--no-epoch-checkpoints", "--save-dir", str(save), "--max-update", "2"],
+            *["--restore-file", str(grown), "--reset-optimizer", "--reset-lr-scheduler"],
+            "--reset-dataloader",
+        ]
+    )
+    fairseq_train(cfg)
+    shutil.copyfile(save / "checkpoint_last.pt", tmp_path / "after2.pt")
+    fairseq_train(  # the same run resumed from its own checkpoint_last.pt: nothing added
+        cfg,
+        checkpoint__restore_file="checkpoint_last.pt",
+        checkpoint__reset_optimizer=False,
+        checkpoint__reset_lr_scheduler=False,
+        checkpoint__reset_dataloader=False,
+        optimization__max_update=3,
+    )
+    inputs = [str(save / "checkpoint_last.pt"), str(tmp_path / "after2.pt")]
+    torch.save(average_checkpoints(inputs), tmp_path / "average.pt")
+
+    summary = ex.export(
+        str(tmp_path / "average.pt"), str(synthetic_bin), str(tmp_path / "out"), "fairseq"
+    )
+    assert summary == json.loads((tmp_path / "out" / ex.SUMMARY).read_text())
+    [growth] = summary["grown"]
+    assert growth["from"] == str(shallow) and growth["encoder_layers"] == [1, 2]
+    assert summary["continued"] == [
+        {
+            "from": str(grown),
+            "num_updates": 7,  # the grown checkpoint's (the shallow model's)
+            "save_dir": str(save),
+            "reset": ["dataloader", "lr_scheduler", "optimizer"],
+        }
+    ]
+    assert summary["averaged"] == [{"inputs": inputs, "num_updates": [3, 2]}]
+
+
 # -- CTranslate2: its scores are fairseq's, for each kind of fold --------------------------------
 
 
@@ -506,11 +567,18 @@ def test_plain_fairseq_generate_decodes_the_stock_checkpoint_as_the_original(
         assert abs(score - original[key][0]) < 1e-4, (key, score, original[key][0])
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam):
-    ctranslate2 = pytest.importorskip("ctranslate2")
-    from fairseq.data import Dictionary, data_utils
+def source_pieces(synthetic_bin):
+    """The test split's sources as they stand in the data, without the </s> that fairseq's
+    binarizer appended (what CTranslate2 is given)."""
+    from fairseq.data import Dictionary
 
+    source = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
+    return ex.test_pieces(str(synthetic_bin), "src", "tgt", source, 1000)
+
+
+def ctranslate2_export(trained, synthetic_bin):
+    """The trained model exported to CTranslate2 by the script, as a user runs it (the compute
+    types timed on the test split): (folder, the script's process)."""
     out = trained["root"] / "ct2"
     if not out.exists():
         proc = run_cli(
@@ -525,10 +593,21 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
             str(out),
         )
         assert "CTranslate2 model of transformer_admin" in proc.stdout
-    source = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
-    dataset = data_utils.load_indexed_dataset(str(synthetic_bin / "test.src-tgt.src"), source)
-    # the pieces as they stand in the data, without the </s> that fairseq's binarizer appended
-    pieces = [[source[i] for i in dataset[k][:-1].tolist()] for k in range(len(dataset))]
+        trained["export_stdout"] = proc.stdout
+    return out, trained["export_stdout"]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from fairseq_deep import serving
+
+    out, stdout = ctranslate2_export(trained, synthetic_bin)
+    timed = json.loads((out / ex.SUMMARY).read_text())["compute_types"]
+    assert "compute types on this CPU" in stdout and f'compute_type="{timed["fastest"]}"' in stdout
+    assert list(timed["sentences_per_s"]) == serving.candidates("cpu")  # every type offered here
+    assert timed["sentences"] == 32 and timed["same_as_float32"]["float32"] == 32
+    pieces = source_pieces(synthetic_bin)
     settings = ex.matching_settings(beam=beam)
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     results = translator.translate_batch(pieces, max_batch_size=64, **settings)
@@ -539,6 +618,55 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
             " ".join(ex.fairseq_hypothesis(result.hypotheses[0], settings)) == original[key][1]
         ), key
         assert math.isfinite(result.scores[0])
+
+
+def test_a_length_limit_relative_to_the_source_as_fairseq_generate(trained, synthetic_bin):
+    """fairseq-generate --max-len-a 1 --max-len-b 0 in batches of 16 sentences (sorted by source
+    length: each batch's limit is its longest source + 1), and CTranslate2 through
+    serving.translate in batches of 16: every hypothesis below its batch's limit is fairseq's (89
+    of 101), and short batches cut hypotheses where fairseq cut them.  At the limit the engines
+    may differ (fairseq ranks a hypothesis cut there with a forced </s>; ties in source length
+    put a sentence in another batch): serving.translate's docstring."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import generate
+
+    from fairseq_deep import serving
+
+    out, _ = ctranslate2_export(trained, synthetic_bin)
+    results = trained["root"] / "gen_len"
+    argv = [
+        str(synthetic_bin),
+        *["--path", str(trained["checkpoint"]), "--gen-subset", "test", "--beam", "3"],
+        *["--batch-size", "16", "--required-batch-size-multiple", "1"],
+        *["--max-len-a", "1", "--max-len-b", "0", "--cpu"],
+        *["--num-workers", "0", "--results-path", str(results)],
+    ]
+    generate.main(
+        convert_namespace_to_omegaconf(
+            options.parse_args_and_arch(options.get_generation_parser(), argv)
+        )
+    )
+    found = hypotheses((results / "generate-test.txt").read_text())
+    fairseqs = [found[k][1].split() for k in range(101)]
+    pieces = source_pieces(synthetic_bin)
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    ours = serving.translate(
+        translator, pieces, beam=3, max_len_a=1.0, max_len_b=0, max_batch_size=16
+    )
+    limits = serving.batch_limits(pieces, 1.0, 0, 16)
+    assert len(set(limits)) > 3  # a limit per batch
+    below = [k for k in range(101) if max(len(ours[k]), len(fairseqs[k])) < limits[k]]
+    cut = [k for k in range(101) if k not in below]
+    assert cut and len(below) > 80, (len(cut), len(below))
+    assert [ours[k] for k in below] == [fairseqs[k] for k in below]
+    assert all(len(ours[k]) <= limits[k] for k in range(101))
+    # the limit is the batch's, as fairseq's: hypotheses of the short batches cut where fairseq
+    # cut them (a limit for the whole test set would have let them run on)
+    assert any(ours[k] == fairseqs[k] and len(ours[k]) == limits[k] < max(limits) for k in cut), [
+        (len(ours[k]), len(fairseqs[k]), limits[k]) for k in cut
+    ]
 
 
 def test_parts_that_state_nothing_are_refused():

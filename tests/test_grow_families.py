@@ -259,6 +259,9 @@ def test_grown_family_trains_resumes_and_decodes(
     before = floats(torch.load(grown, weights_only=True)["model"])
     after = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     assert after["optimizer_history"][-1]["num_updates"] == 2  # the schedule restarted from 0
+    grown_from = torch.load(grown, weights_only=True)["extra_state"]["grown"]
+    assert after["extra_state"]["grown"] == grown_from  # the history survives fairseq-train's save
+    assert [c["from"] for c in after["extra_state"]["continued"]] == [str(grown)]
     trained = floats(after["model"])
     assert_moved_a_little(before, trained)  # it started from the grown parameters, and trained them
 
@@ -273,6 +276,9 @@ def test_grown_family_trains_resumes_and_decodes(
     )
     resumed = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
     assert resumed["optimizer_history"][-1]["num_updates"] == 3
+    assert [resumed["extra_state"][k] for k in ("grown", "continued")] == [
+        after["extra_state"][k] for k in ("grown", "continued")
+    ]  # resuming its own checkpoint_last.pt adds nothing
     assert_moved_a_little(
         trained, floats(resumed["model"])
     )  # one update from the saved model, not a fresh one

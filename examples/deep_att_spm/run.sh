@@ -73,15 +73,13 @@ for SEED in $SEEDS; do
 done
 PATHS=$(IFS=:; echo "${CKPTS[*]}")
 
-# 4. Translate the test split (beam 3, no length normalisation; ensemble if several seeds),
-#    detokenize the pieces and score with sacreBLEU against the raw references.
+# 4. Translate the test split (beam 3, no length normalisation; ensemble if several seeds) and
+#    score with sacreBLEU (BLEU, chrF) against the raw references: fairseq-deep-score puts the
+#    detokenized hypotheses back in input order and stops when one is missing.
 # shellcheck disable=SC2086
 fairseq-deep-generate "$WORK/bin" "${DEVICE_ARGS[@]}" --task translation \
     --source-lang "$SRC" --target-lang "$TGT" --path "$PATHS" --gen-subset test \
     --beam "$BEAM" --unnormalized --batch-size 64 --post-process sentencepiece \
     $GEN_FLAGS > "$WORK/generate-test.out"
-grep '^D-' "$WORK/generate-test.out" | sed 's/^D-//' | sort -n -k1,1 | cut -f3 > "$WORK/test.hyp.$TGT"
-N_HYP=$(wc -l < "$WORK/test.hyp.$TGT")
-N_REF=$(wc -l < "$RAW/test.$TGT")
-[ "$N_HYP" -eq "$N_REF" ] || { echo "error: $N_HYP hypotheses for $N_REF references" >&2; exit 1; }
-sacrebleu "$RAW/test.$TGT" -i "$WORK/test.hyp.$TGT" -m bleu chrf | tee "$WORK/test.bleu"
+fairseq-deep-score "$WORK/generate-test.out" --ref "$RAW/test.$TGT" --out "$WORK/test.hyp.$TGT" \
+    | tee "$WORK/test.bleu"

@@ -2,11 +2,16 @@
 settings that give fairseq-generate's hypotheses (docs/export.md).
 
     python examples/export/translate.py OUT [--spm spm.model] [--beam 5] [--lenpen 1.0]
-        [--max-len-b 200] [--batch 32] [--threads 2] [--device cpu|cuda] < input > output
+        [--max-len-a 0] [--max-len-b 200] [--batch 32] [--threads 2] [--device cpu|cuda]
+        [--compute-type TYPE] < input > output
 
 With ``--spm``: raw sentences in, detokenized translations out (the sentencepiece model the data was
 prepared with, e.g. ``fairseq-deep-prepare``'s ``DESTDIR/spm.model``); without: the pieces in and
-out, one sentence per line, exactly as they stand in the data.
+out, one sentence per line, exactly as they stand in the data.  ``--max-len-a A --max-len-b B``
+is fairseq-generate's length limit (A x the batch's longest source + B; the recipes use 1.2 and
+10): the sentences are sorted by length and each batch of ``--batch`` gets its own
+``max_decoding_length`` (``fairseq_deep.serving.translate``).  ``--compute-type``: the one
+``fairseq-deep-export`` found fastest on this machine (its summary, ``OUT/fairseq_deep_export.json``).
 """
 
 import argparse
@@ -14,7 +19,7 @@ import sys
 
 import ctranslate2
 
-from fairseq_deep.export import fairseq_hypothesis, matching_settings
+from fairseq_deep.serving import translate
 
 
 def main(argv=None):
@@ -25,10 +30,12 @@ def main(argv=None):
     p.add_argument("--spm", help="sentencepiece model: raw text in, detokenized text out")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--lenpen", type=float, default=1.0)
+    p.add_argument("--max-len-a", type=float, default=0.0)
     p.add_argument("--max-len-b", type=int, default=200)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compute-type", default="default", help="CTranslate2's (default: the model's)")
     a = p.parse_args(argv)
     lines = sys.stdin.read().splitlines()
     if a.spm:
@@ -38,11 +45,19 @@ def main(argv=None):
         pieces = sp.encode(lines, out_type=str)
     else:
         pieces = [line.split() for line in lines]
-    translator = ctranslate2.Translator(a.model, device=a.device, intra_threads=a.threads)
-    settings = matching_settings(beam=a.beam, lenpen=a.lenpen, max_len_b=a.max_len_b)
-    results = translator.translate_batch(pieces, max_batch_size=a.batch, **settings)
-    for result in results:
-        tokens = fairseq_hypothesis(result.hypotheses[0], settings)
+    translator = ctranslate2.Translator(
+        a.model, device=a.device, compute_type=a.compute_type, intra_threads=a.threads
+    )
+    hypotheses = translate(
+        translator,
+        pieces,
+        beam=a.beam,
+        lenpen=a.lenpen,
+        max_len_a=a.max_len_a,
+        max_len_b=a.max_len_b,
+        max_batch_size=a.batch,
+    )
+    for tokens in hypotheses:
         print(sp.decode(tokens) if a.spm else " ".join(tokens))
 
 

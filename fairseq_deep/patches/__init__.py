@@ -15,7 +15,9 @@ Installed by :func:`apply` when ``fairseq_deep`` is imported (so also by plain `
   :mod:`.checkpoint_errors` (a refused, truncated or foreign checkpoint; another architecture),
   :mod:`.usage_errors` (a data folder, a dictionary, ``--memory-efficient-fp16``);
 - the hub interface in the user's own process: :mod:`.hub` (``from_pretrained`` on sentencepiece
-  data).
+  data);
+- what fairseq forgets: :mod:`.checkpoint_history` (a restored checkpoint's history, grown from,
+  continued, averaged, saved again with every checkpoint of the run).
 
 Called by the layer builders, not installed: :mod:`.better_transformer` (fairseq 0.12.2's fused
 encoder path turned off in our layers).
@@ -32,6 +34,7 @@ def apply():
     """Install the patches of the package's import (idempotent: a second call changes nothing)."""
     from . import (
         checkpoint_errors,
+        checkpoint_history,
         distributed_cpu,
         evaluation_batches,
         fully_sharded,
@@ -45,6 +48,7 @@ def apply():
         safe_loading,
         evaluation_batches,
         checkpoint_errors,
+        checkpoint_history,
         usage_errors,
         distributed_cpu,
         precision,
