@@ -27,8 +27,12 @@ import shutil
 import sys
 import time
 
+import sacrebleu
+
 from fairseq_deep import runs
+from fairseq_deep.data.synthetic import write_corpus
 from fairseq_deep.errors import ArgumentParser
+from fairseq_deep.prepare import encode_lines, read_lines, train_sentencepiece
 from fairseq_deep.progress import hms
 from fairseq_deep.runs import Part, recipes
 
@@ -111,8 +115,6 @@ def run(run: runs.Run, log_path, env, watch=None) -> runs.Result:
 
 
 def prepare(args, env):
-    from fairseq_deep.data.synthetic import write_corpus
-
     raw = os.path.join(args.workdir, "raw")
     spm_dir = os.path.join(args.workdir, "spm")
     data_bin = os.path.join(args.workdir, "data-bin")
@@ -120,8 +122,6 @@ def prepare(args, env):
     logger.info(
         "synthetic corpus: %d / %d / %d pairs in %s", args.train, args.valid, args.test, raw
     )
-
-    from fairseq_deep.prepare import encode_lines, read_lines, train_sentencepiece
 
     model_prefix = os.path.join(spm_dir, "spm")
     sp = train_sentencepiece(
@@ -231,8 +231,6 @@ def generate(args, data_bin, checkpoint, out_path, env):
 
 
 def score(hyps, ref_path, n_expected, what):
-    import sacrebleu
-
     with open(ref_path, encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f]
     if len(refs) != n_expected or sorted(hyps) != list(range(n_expected)):

@@ -1,10 +1,13 @@
 """A study's systems: :class:`System` (a row: fairseq-train ``--arch`` plus flags), a ``--system``
 value parsed, and the systems of a family at a depth (the presets' names where they exist)."""
 
+import argparse
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
+
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 from ..errors import UserError
 
@@ -74,11 +77,7 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
 
 def preset_depths(arch: str) -> Tuple[int, int]:
     """(encoder, decoder) layers that ``--arch arch`` gives when no flag sets them."""
-    import argparse as _argparse
-
-    from fairseq.models import ARCH_CONFIG_REGISTRY
-
-    args = _argparse.Namespace()
+    args = argparse.Namespace()
     ARCH_CONFIG_REGISTRY[arch](args)
     return int(args.encoder_layers), int(args.decoder_layers)
 
@@ -91,10 +90,6 @@ def shaped_system(
     ``transformer_admin_60l``'s 60 + 12 for 60 + 60, or ``transformer_b2t_18l``'s 18 + 18 for
     18 + 6, is not used: a depth-named preset owns its depths), else ``family`` with
     ``--encoder-layers E`` and/or ``--decoder-layers D`` where they differ from its own."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    import fairseq_deep  # noqa: F401  (registers the architectures)
-
     own = preset_depths(family)
     named = f"{family}_{encoder}l"
     if own != (encoder, decoder) and named in ARCH_MODEL_REGISTRY:
