@@ -342,7 +342,7 @@ def test_the_record_names_grown_continued_and_averaged(synthetic_bin, tmp_path):
     from fairseq.data import Dictionary
     from test_grow_families import fairseq_train, save_shallow, train_config
 
-    from fairseq_deep.cli import average_checkpoints
+    from fairseq_deep.average_checkpoints import average_checkpoints
     from fairseq_deep.model_options import model_command
 
     dictionary = Dictionary.load(str(synthetic_bin / "dict.src.txt"))
