@@ -63,6 +63,7 @@ setup(
         # each); unpinned, so that a CUDA build of torch keeps the triton it requires
         "test": [
             "pytest",
+            "pytest-xdist",  # -n auto: the suite on every core (README, "Tests")
             "hypothesis",
             "matplotlib",
             "tensorboardX",
