@@ -4,6 +4,7 @@
         [--group NAME]... [--system NAME=ARCH [FLAGS...]]...
         [--max-update N] [--minutes M] [--seeds K] [--jobs J] [--cpu]
         [--width W] [--lr LR] [--warmup N] [--dropout P] [--max-tokens N]
+        [--precision fp16|amp|bf16|...] [--valid-interval N|epoch] [--patience N]
         [--train-args "..."] [--gen-args "..."] [--ref FILE] [--depths 6,20]
 
 (also ``python -m fairseq_deep.study``).  For every system and seed it runs the real
