@@ -581,3 +581,27 @@ def test_a_log_says_what_stopped_training_and_the_epochs_it_completed():
     assert runs.epochs_done(records) == 1 and runs.stop_reason("\n".join(log)) == "plateau"
     resumed = "\n".join(log) + "\nStopping training due to cumulative_training_time: 0.1 > stop"
     assert runs.stop_reason(resumed) == "time" and runs.stop_reason("killed") is None
+
+
+def test_a_claim_is_judged_by_the_sign_and_the_paired_bootstrap():
+    """claims.judge: 'above' needs a higher BLEU and, with a paired test, p < ALPHA; 'not_below'
+    fails only for a significantly lower score; 'below' holds for a diverged run; a comparison
+    without a score is 'not yet run'.  Every claim names a system of its group."""
+    from fairseq_deep.study import claims
+
+    above = claims.Claim("g", "s", "above", "P")
+    assert claims.judge(above, {"bleu": 31.0}, {"bleu": 30.0}, 0.01)[0] == "holds"
+    assert claims.judge(above, {"bleu": 31.0}, {"bleu": 30.0}, 0.2)[0] == "does not hold"
+    assert claims.judge(above, {"bleu": 29.0}, {"bleu": 30.0}, 0.01)[0] == "does not hold"
+    flat = claims.Claim("g", "s", "not_below", "P")
+    assert claims.judge(flat, {"bleu": 29.5}, {"bleu": 30.0}, 0.3)[0] == "holds"
+    assert claims.judge(flat, {"bleu": 28.0}, {"bleu": 30.0}, 0.01)[0] == "does not hold"
+    below = claims.Claim("g", "s", "below", "P")
+    diverged = {"error": "FloatingPointError: Minimum loss scale reached (0.0001)."}
+    assert claims.judge(below, diverged, {"bleu": 30.0}, None) == ("holds", "training diverged")
+    assert claims.judge(below, {"error": "killed"}, {"bleu": 30.0}, None)[0] == "not yet run"
+    assert claims.judge(above, {"bleu": 31.0}, {"error": "x"}, None)[0] == "not yet run"
+    for c in claims.CLAIMS:
+        _, systems = study.expand_group(c.group)
+        names = {s.name for s in systems}
+        assert c.system in names and (c.than is None or c.than in names), c

@@ -25,7 +25,8 @@ training time saved in the checkpoint, so the budget holds across restarts).
 
 The package: :mod:`.systems` (a row), :mod:`.groups` (the built-in groups, as data),
 :mod:`.commands` (fairseq command lines), :mod:`.runner` (the runs and their steps),
-:mod:`.report` (results.json's object, results.md, plots), :mod:`.cli` (the command line).
+:mod:`.report` (results.json's object, results.md, plots), :mod:`.claims` (the papers' claims each
+group tests: docs/study.md's "At Base width on a GPU"), :mod:`.cli` (the command line).
 """
 
 from ..errors import UserError  # noqa: F401
