@@ -151,8 +151,10 @@ def updates_done(records: Sequence[Record]) -> int:
 
 
 def epochs_done(records: Sequence[Record]) -> int:
-    """The epochs a log completed: its last end-of-epoch ``train`` record's epoch (0 without one;
-    a run stopped by its budget inside an epoch does not count that epoch)."""
+    """The epochs a log trained: its last end-of-epoch ``train`` record's epoch (0 without one).
+    fairseq logs that record for an epoch that its budget (``--max-update``, ``--stop-time-hours``)
+    cut short too, so the last epoch counted may be partial; one stopped by ``--patience`` ends at
+    an epoch's end (with validation every epoch)."""
     return max(
         [0]
         + [

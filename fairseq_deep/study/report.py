@@ -134,8 +134,9 @@ def markdown(results: dict) -> str:
         f"max-tokens {s['max_tokens']}, beam {s['beam']}, checkpoint_{s['checkpoint']}; "
         "sacreBLEU and chrF on detokenized text (mean ± std over seeds); p: sacreBLEU's paired "
         "bootstrap resampling against the group's baseline (one value per seed); epochs (stop): "
-        "epochs completed and what stopped training (plateau: --patience validations without a "
-        "better loss; time, max_update: the budget); updates/s: "
+        "epochs trained (the last one partial where the budget stopped it) and what stopped "
+        "training (plateau: --patience validations without a better loss; time, max_update: the "
+        "budget); updates/s: "
         "updates per second of fairseq's training wall clock (validation included).",
         "",
     ]
