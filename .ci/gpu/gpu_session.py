@@ -164,6 +164,10 @@ def record(a):
     ledger = read_ledger(a.ledger)
     with open(a.summary) as f:
         rows = json.load(f)
+    study = ""
+    if any(row["step"].startswith("study_") for row in rows):  # first: it may refuse the window
+        added = gpu_study.record(a.summary, a.date, a.commit, a.device, a.study_ledger)
+        study = f"; {added} study entries into {a.study_ledger} (then: gpu_session.py docs)"
     setup = {s.name for s in STEPS if s.setup}
     for row in rows:
         if row["status"].startswith("skipped") or row["step"] in setup:
@@ -180,10 +184,6 @@ def record(a):
     with open(a.ledger, "w") as f:
         json.dump(ledger, f, indent=1, sort_keys=True)
         f.write("\n")
-    study = ""
-    if any(row["step"].startswith("study_") for row in rows):
-        added = gpu_study.record(a.summary, a.date, a.commit, a.device, a.study_ledger)
-        study = f"; {added} study entries into {a.study_ledger} (then: gpu_session.py docs)"
     print(
         f"{a.ledger}: {sum(measured(v) for v in ledger.values())} of {len(STEPS) - len(setup)} "
         "steps measured; next: " + (", ".join(s.name for s in pending(ledger)) or "nothing") + study
