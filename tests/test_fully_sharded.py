@@ -404,6 +404,8 @@ def test_a_sharded_state_run_resumes_and_decodes(synthetic_bin, tmp_path):
     mine, theirs = one.state_dict(), reference.state_dict()
     assert mine.keys() == theirs.keys()
     for key, value in theirs.items():
+        if key.endswith("._float_tensor"):  # fairseq's marker of a dtype: uninitialised memory
+            continue
         torch.testing.assert_close(mine[key], value, rtol=1e-5, atol=1e-6, msg=key)
     assert one.decoder.output_projection.weight is one.encoder.embed_tokens.weight
     tools = checkpoints.load(str(tmp_path / "sharded" / "checkpoint_last.pt"))
