@@ -7,7 +7,9 @@ same precision under ``c10d``), the parameter count that ``fairseq-train`` logs 
 the peak GPU memory (``torch.cuda.max_memory_allocated``) and the process's peak resident memory;
 then, for the first fully sharded mode of each model, whether ``fairseq-generate`` decodes its
 checkpoint (a tenth of the test set) and whether training resumes from it (``--max-update`` +10:
-the log says it loaded update N and the loss goes on).  ``--depths`` measures the peak memory of
+the log says it loaded update N and the loss goes on); mode ``fsdp_fp32_sharded`` saves each rank's
+shard (``--use-sharded-state``), which fairseq-generate reads as one model through this package's
+loader (fairseq issues #4275, #4307; docs/fully_sharded.md).  ``--depths`` measures the peak memory of
 DeepNorm N+N at width 512 for a few updates, with and without sharding + offload, from which the
 largest depth that fits is extrapolated (linear in N; the measured points are in the table).
 
@@ -69,6 +71,12 @@ MODES: Dict[str, tuple] = {
     "fsdp_fp32_ckpt": (["--ddp-backend", "fully_sharded", "--checkpoint-activations"], "c10d_fp32"),
     "fsdp_fp32_ckpt_offload": (
         ["--ddp-backend", "fully_sharded", "--checkpoint-activations", "--cpu-offload"],
+        "c10d_fp32",
+    ),
+    # fairseq issues #4275 and #4307: each rank saves its own shard (checkpoint_last-shard0.pt);
+    # fairseq-generate decodes it (the shards consolidated on loading) and training resumes from it
+    "fsdp_fp32_sharded": (
+        ["--ddp-backend", "fully_sharded", "--use-sharded-state"],
         "c10d_fp32",
     ),
     "c10d_fp16": (["--ddp-backend", "c10d", "--fp16"], None),
@@ -224,7 +232,8 @@ def generate_and_resume(a, row: Dict, deadline: float):
     """``fairseq-generate`` on the run's checkpoint, then training resumed from it for 10 updates."""
     save = os.path.join(a.work, row["model"], row["mode"])
     ckpt = os.path.join(save, "checkpoint_last.pt")
-    if row["status"] != 0 or not os.path.exists(ckpt) or deadline - time.monotonic() < 30:
+    saved = os.path.exists(ckpt) or os.path.exists(ckpt[: -len(".pt")] + "-shard0.pt")
+    if row["status"] != 0 or not saved or deadline - time.monotonic() < 30:
         return
     row["generate"] = generate(
         a.data, ckpt, os.path.join(save, "generate.log"), min(120, deadline - time.monotonic())

@@ -87,11 +87,43 @@ def estimate_gb(family: str, max_tokens: int, vocab: int = 8000) -> float:
     moments; AMP: 16), the activations times 1.5 (the caching allocator's slack) and the logits
     (float16 + float32 log-softmax and its gradient, 12 bytes an entry).  A planning figure, on the
     safe side: docs/precision.md lists it per family; ``gb_free`` in the runs' logs measures it."""
-    params_m, transformer, recurrent = PAPER_MEMORY[family]
+    return memory_gb(PAPER_MEMORY[family], max_tokens, vocab)
+
+
+def memory_gb(paper_memory, max_tokens: int, vocab: int = 8000) -> float:
+    """:func:`estimate_gb` of a run whose (parameters in millions, width x layers of its Transformer
+    layers, hidden size x layers x directions of its recurrent ones) are ``paper_memory``."""
+    params_m, transformer, recurrent = paper_memory
     activations = max_tokens * (transformer * TRANSFORMER_BYTES + recurrent * RECURRENT_BYTES) * 1.5
     return round(
         1.5 + params_m * 1e6 * 20 / 1e9 + activations / 1e9 + max_tokens * vocab * 12 / 1e9, 1
     )
+
+
+def system_gb(arch: str, flags=(), max_tokens: int = 4096, vocab: int = 8000) -> float:
+    """:func:`memory_gb` of a study system (``--arch arch`` with ``flags``) at its presets' width:
+    the paper memory its family declares for that preset (the declaration whose ``paper_arch`` is
+    ``arch``, else whose depth-free ``arch`` is, else the family's first), a Transformer's scaled by
+    its layers against the declared preset's (every per-layer figure is linear in depth).  A
+    planning figure on the safe side (the hybrids' declared paper sizes are wider than Base)."""
+    from fairseq_deep.study.systems import infer_depth, preset_depths
+
+    family = families.of_arch(arch)
+    tinies = family.tiny
+    base = arch[: -len(f"_{infer_depth(arch, ())}l")] if infer_depth(arch, ()) else arch
+    tiny = (
+        next((t for t in tinies if t.paper_arch == arch), None)
+        or next((t for t in tinies if t.arch == base), None)
+        or tinies[0]
+    )
+    params_m, transformer, recurrent = tiny.paper_memory
+    if family.kind == "transformer":
+        encoder, decoder = preset_depths(arch)
+        encoder = int(runs.option_value(flags, "--encoder-layers") or encoder)
+        decoder = int(runs.option_value(flags, "--decoder-layers") or decoder)
+        ratio = (encoder + decoder) / sum(preset_depths(tiny.paper_arch))
+        params_m, transformer = params_m * ratio, transformer * ratio
+    return memory_gb((params_m, transformer, recurrent), max_tokens, vocab)
 
 
 def data_languages(data):

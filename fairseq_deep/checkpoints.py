@@ -17,7 +17,12 @@ naming the file (and the option that named it), the cause and the fix:
 - a model that no loaded plugin registers (another plugin's, a newer fairseq's; fairseq would say
   ``IndexError: Replacement index 1 out of range``);
 - no model options (:func:`model_args`), a model that is not one of fairseq_deep's
-  (:func:`family_of`).
+  (:func:`family_of`);
+- a fully sharded checkpoint saved with ``--use-sharded-state`` (each rank's shard in
+  ``checkpoint_last-shardR.pt``; fairseq issues #4275, #4307) is read as one model
+  (:func:`consolidated`: fairseq-generate, -interactive and the hub through
+  :mod:`fairseq_deep.patches.checkpoint_errors`, the tools through :func:`load`), or refused in
+  one line where a shard is missing.
 
 torch's weights-only loading stays on (torch's default; :mod:`fairseq_deep.patches.safe_loading`
 allow-lists the types a fairseq checkpoint holds).
@@ -34,7 +39,7 @@ import pickle
 import re
 import traceback
 import zipfile
-from typing import Callable, Optional, Tuple, TypeVar, Union
+from typing import Callable, List, Optional, Tuple, TypeVar, Union
 
 import torch
 from fairseq import checkpoint_utils
@@ -72,7 +77,11 @@ def load(path: str, option: Optional[str] = None) -> dict:
     upgraded to this fairseq's format), with this package's checks; ``option``: the command-line
     option that named the file (``--checkpoint``), for the messages.  With the package imported,
     fairseq's function is itself wrapped in the same checks (patches/checkpoint_errors): a bad
-    file is said once, by whichever check meets it first."""
+    file is said once, by whichever check meets it first.  A fully sharded checkpoint's shards
+    are read as one (:func:`consolidated`)."""
+    state = consolidated(path, option=option)
+    if state is not None:
+        return _fairseq_state(state, path, option)
     _exists(path, option)
     state = checked(path, lambda: checkpoint_utils.load_checkpoint_to_cpu(path))
     check_registered(path, state)
@@ -87,6 +96,118 @@ def load_as_saved(path: str, option: Optional[str] = None, require_model: bool =
     _exists(path, option)
     state = checked(path, lambda: torch.load(path, map_location="cpu"))
     return _fairseq_state(state, path, option) if require_model else state
+
+
+# ---------------------------------------------------------------------------------------------
+# a fully sharded checkpoint (--ddp-backend fully_sharded --use-sharded-state), read as one
+# ---------------------------------------------------------------------------------------------
+
+_SHARD = re.compile(r"^(?P<base>.+)-shard(?P<rank>\d+)\.pt$")
+
+
+def shard_files(path: str, suffix: str = "") -> List[str]:
+    """The files of the fully sharded checkpoint that ``path`` names, in rank order: ``path``
+    itself being one of them (``checkpoint_best-shard0.pt``), or ``path`` being the name fairseq
+    gives the checkpoint as a whole (``checkpoint_best.pt``, with ``--checkpoint-suffix``
+    ``suffix``) where only its shards exist (fairseq writes ``checkpoint_best{suffix}-shardR.pt``
+    for rank R); ``[]`` for any other checkpoint."""
+    found = _SHARD.match(path)
+    if found:
+        base = found.group("base")
+    elif path.endswith(".pt") and not os.path.isfile(path):
+        base = path[: -len(".pt")] + suffix
+    else:
+        return []
+    files = []
+    while os.path.isfile(f"{base}-shard{len(files)}.pt"):
+        files.append(f"{base}-shard{len(files)}.pt")
+    return files
+
+
+def _sharded_world(state) -> Optional[int]:
+    """The world size a fully sharded checkpoint saved with --use-sharded-state was trained in
+    (None: not such a checkpoint)."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    distributed = _cfg_get(cfg, "distributed_training") if cfg is not None else None
+    if (
+        "fsdp_metadata" not in state
+        or not distributed
+        or not _cfg_get(distributed, "use_sharded_state")
+    ):
+        return None
+    return int(_cfg_get(distributed, "distributed_world_size") or 1)
+
+
+def consolidated(
+    path: str, suffix: str = "", arg_overrides=None, option: Optional[str] = None
+) -> Optional[dict]:
+    """The state of the fully sharded checkpoint ``path`` names (:func:`shard_files`) as the
+    state of one model: fairscale's ``consolidate_shard_weights`` of every rank's shard (each
+    loaded with fairseq's loader and this package's checks, ``arg_overrides`` applied as fairseq
+    applies them), with every parameter that the model shares under another name (the tied
+    embeddings) filled in; fairscale 0.4 fills in those of the last wrapped module only, so that
+    a model with wrapped layers lost its tied output projection.  The optimizer's state and the
+    shards' metadata are left out (the state decodes and seeds other tools; training resumes from
+    the shards themselves).  None where ``path`` names no such checkpoint; a missing shard, or
+    fairscale missing, is refused in one line."""
+    files = shard_files(path, suffix)
+    if not files:
+        return None
+    states = [
+        checked(f, lambda f=f: checkpoint_utils.load_checkpoint_to_cpu(f, arg_overrides))
+        for f in files
+    ]
+    world = _sharded_world(states[0])
+    if world is None:
+        raise CheckpointError(
+            f"{_where(files[0], option)} is not a shard of a fully sharded checkpoint (no "
+            "--use-sharded-state in its options): give the checkpoint fairseq-train wrote"
+        )
+    base = files[0][: -len("-shard0.pt")]
+    if len(files) != world:
+        raise CheckpointError(
+            f"{_where(path, option)}: a fully sharded checkpoint of {world} shards "
+            f"(--use-sharded-state), {len(files)} found ({base}-shard0.pt ...): copy every "
+            f"{os.path.basename(base)}-shardR.pt, R = 0 ... {world - 1}, into {os.path.dirname(base) or '.'}"
+        )
+    from .errors import import_optional
+
+    fsdp = import_optional(
+        "fairscale.nn.data_parallel",
+        f"reading the fully sharded checkpoint {base}-shardR.pt",
+        "fairscale (pip install -e '.[scale]')",
+    ).FullyShardedDataParallel
+    metadata = [s["fsdp_metadata"] for s in states]
+    full = fsdp.consolidate_shard_weights(
+        shard_weights=[s["model"] for s in states], shard_metadata=metadata, strict=False
+    )
+    for module in metadata[0]["param_metadata"]:
+        prefix = module["fsdp_path"] + "." if module["fsdp_path"] else ""
+        for source, target in module["shared_param_info"]:
+            if prefix + source in full:
+                full[prefix + target] = full[prefix + source]
+    state = {
+        k: v for k, v in states[0].items() if k not in ("fsdp_metadata", "last_optimizer_state")
+    }
+    state["model"] = full
+    check_registered(files[0], state)
+    return state
+
+
+def check_consolidated(model, state_dict: dict, path: str):
+    """A model loaded (not strictly) from :func:`consolidated`'s state holds every parameter: each
+    of its own that the state lacks is another name of one the state has (a tied embedding), and
+    the state holds nothing the model lacks; else a CheckpointError naming the first keys."""
+    own = model.state_dict()
+    loaded = {own[k].data_ptr() for k in own if k in state_dict}
+    missing = [k for k in own if k not in state_dict and own[k].data_ptr() not in loaded]
+    unexpected = [k for k in state_dict if k not in own]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: the fully sharded checkpoint's parameters do not fit the model as this code "
+            f"builds it ({len(missing)} missing ({', '.join(missing[:3])}), {len(unexpected)} "
+            f"unexpected ({', '.join(unexpected[:3])})): load it with the versions that wrote it"
+        )
 
 
 def _raised_by_torch_load(exc: BaseException) -> bool:

@@ -302,14 +302,21 @@ def test_markdown_table_shows_means_p_values_and_failures():
     results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["1"]["updates_per_second"] = 2.5
     results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["2"]["updates_per_second"] = 2.25
     results["groups"]["wang"]["systems"]["postnorm_6"]["recipe"] = "Adam (0.9, 0.98)"
+    results["groups"]["wang"]["systems"]["postnorm_6"]["precision"] = "fp16"
+    results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["1"].update(
+        epochs=3, stopped="plateau"
+    )
+    results["groups"]["wang"]["systems"]["postnorm_6"]["seeds"]["2"].update(
+        epochs=4, stopped="time"
+    )
     md = study.markdown(results)
     assert (
-        "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 2.5/2.25 | "
-        "3.000/3.500 | Adam (0.9, 0.98) |" in md
+        "| postnorm_6 | `transformer_postnorm` |  | 6 | 20.00 ± 1.00 | 40.00 ± 2.00 | baseline | 5/5 | 3 (plateau)/4 "
+        "(time) | 2.5/2.25 | 3.000/3.500 | Adam (0.9, 0.98) | fp16 |" in md
     )
     assert (
-        "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | - | 2.000 | - | seed 2: failed "
-        "fairseq-train: RuntimeError: boom |" in md
+        "| dlcl_20 | `transformer_dlcl_20l` |  | 20 | 25.00 | 45.00 | 0.0010 | 5 | - | - | 2.000 | - | - | seed 2: "
+        "failed fairseq-train: RuntimeError: boom |" in md
     )
 
 
@@ -669,3 +676,64 @@ def test_a_training_runs_progress_line_has_progress_pys_eta(tmp_path):
     assert re.search(r"ETA 0:01:\d\d \(--max-update 100\)$", line), line
     runner.args = argparse.Namespace(max_update=0, minutes=2)
     assert runner.progress_line(run).endswith("(--stop-time-hours 0.0333333)")
+
+
+def test_epoch_validation_patience_and_precision_per_system():
+    """Issue 38: ``--valid-interval epoch`` leaves fairseq's per-epoch validation and saving (no
+    update interval), ``--patience`` is fairseq's, ``--precision`` gives every system its training
+    flag and fairseq-generate the decoding one, and a system naming its own precision keeps it."""
+    args = _parse("--valid-interval", "epoch", "--patience", "3", "--precision", "fp16")
+    plain = study.train_command(args, study.parse_system("a=transformer_dlcl"), 1, "S")
+    assert "--validate-interval-updates" not in plain and "--save-interval-updates" not in plain
+    assert _value(plain, "--patience") == "3" and "--no-epoch-checkpoints" in plain
+    assert "--fp16" in plain and "--amp" not in plain
+    own = study.parse_system("b=rnmt_plus --amp")
+    amp = study.train_command(args, own, 1, "S")
+    assert "--amp" in amp and "--fp16" not in amp
+    assert study.commands.precision(args, own) == "amp"
+    decode = study.generate_command(args, "C", study.commands.precision(args, own))
+    assert "--fp16" in decode  # fairseq-generate has no --amp: AMP-trained models decode in fp16
+    every = study.train_command(_parse("--valid-interval", "7"), own, 1, "S")
+    assert _value(every, "--validate-interval-updates") == "7" and "--patience" not in every
+    assert "--fp16" not in every and "--bf16" not in study.generate_command(_parse(), "C")
+    with pytest.raises(SystemExit):
+        _parse("--valid-interval", "often")
+
+
+def test_a_log_says_what_stopped_training_and_the_epochs_it_completed():
+    from fairseq_deep import runs
+
+    log = [
+        '2026-01-01 10:00:00 | INFO | train | {"epoch": 1, "train_loss": "9.1", "train_num_updates": "10"}',
+        '2026-01-01 10:00:01 | INFO | valid | {"epoch": 2, "valid_loss": "8.5", "valid_num_updates": "15"}',
+        "2026-01-01 10:00:01 | INFO | fairseq_cli.train | early stop since valid performance hasn't "
+        "improved for last 3 runs",
+    ]
+    records = runs.parse_log_lines(log)
+    assert runs.epochs_done(records) == 1 and runs.stop_reason("\n".join(log)) == "plateau"
+    resumed = "\n".join(log) + "\nStopping training due to cumulative_training_time: 0.1 > stop"
+    assert runs.stop_reason(resumed) == "time" and runs.stop_reason("killed") is None
+
+
+def test_a_claim_is_judged_by_the_sign_and_the_paired_bootstrap():
+    """claims.judge: 'above' needs a higher BLEU and, with a paired test, p < ALPHA; 'not_below'
+    fails only for a significantly lower score; 'below' holds for a diverged run; a comparison
+    without a score is 'not yet run'.  Every claim names a system of its group."""
+    from fairseq_deep.study import claims
+
+    above = claims.Claim("g", "s", "above", "P")
+    assert claims.judge(above, {"bleu": 31.0}, {"bleu": 30.0}, 0.01)[0] == "holds"
+    assert claims.judge(above, {"bleu": 31.0}, {"bleu": 30.0}, 0.2)[0] == "does not hold"
+    assert claims.judge(above, {"bleu": 29.0}, {"bleu": 30.0}, 0.01)[0] == "does not hold"
+    flat = claims.Claim("g", "s", "not_below", "P")
+    assert claims.judge(flat, {"bleu": 29.5}, {"bleu": 30.0}, 0.3)[0] == "holds"
+    assert claims.judge(flat, {"bleu": 28.0}, {"bleu": 30.0}, 0.01)[0] == "does not hold"
+    below = claims.Claim("g", "s", "below", "P")
+    diverged = {"error": "FloatingPointError: Minimum loss scale reached (0.0001)."}
+    assert claims.judge(below, diverged, {"bleu": 30.0}, None) == ("holds", "training diverged")
+    assert claims.judge(below, {"error": "killed"}, {"bleu": 30.0}, None)[0] == "not yet run"
+    assert claims.judge(above, {"bleu": 31.0}, {"error": "x"}, None)[0] == "not yet run"
+    for c in claims.CLAIMS:
+        _, systems = study.expand_group(c.group)
+        names = {s.name for s in systems}
+        assert c.system in names and (c.than is None or c.than in names), c

@@ -3,36 +3,50 @@
 A GPU is lent to a session rarely and for 15 minutes of device time, start-up (a few minutes),
 idle time and every call included, 10 minutes a command, with no package registry and only the
 checkout on the machine (``../shared/gpu/README.md``).  This script turns that into one prepared
-call of about 8 minutes that measures the most valuable things first and brings back one tarball
-whatever happens inside it; what a window did not reach is what the next window runs, told by the
-ledger of what has been measured (``.ci/gpu/ledger.json``, committed):
+call of about 8 minutes that measures the most valuable things first and brings back what it
+measured whatever happens inside it; what a window did not reach is what the next window runs,
+told by the ledgers of what has been measured (``.ci/gpu/ledger.json`` for the steps,
+``.ci/gpu/study_ledger.json`` for the study's groups: committed):
 
-    # here, on the CPU machine, once: fairseq's and fairscale's cp312 wheels and binarized
-    # Multi30K de-en into .gpu/ (git-ignored; 24 MiB, the device tool carries 64 MiB)
+    # here, on the CPU machine, in the checkout the session was started in (the device tool
+    # sends that one), once: fairseq's and fairscale's cp312 wheels and Multi30K de-en's raw
+    # text into .gpu/ (git-ignored; 22 MiB, the device tool carries 64 MiB)
     python .ci/gpu/gpu_session.py stage
-    python .ci/gpu/gpu_session.py plan              # what the next window runs (the ledger's gaps)
-    # then one call of the device tool, carry [".gpu"] (the stage prints it):
+    python .ci/gpu/gpu_session.py plan              # the next window: its group, its commands
+    # then one call of the device tool, carry [".gpu"] (plan and stage print it):
     python3 .ci/gpu/gpu_session.py run --out $OUT
-    # back here: the window's results into the ledger (then commit it with the docs' tables)
-    python .ci/gpu/gpu_session.py record OUT/window/summary.json --commit $(git rev-parse --short HEAD)
+    # back here: the window's results into the ledgers, docs/study.md's section from them
+    python .ci/gpu/gpu_session.py record OUT/window/summary.json --commit C --device "NVIDIA H100 ..."
+    python .ci/gpu/gpu_session.py docs
 
-A window takes the steps of :data:`STEPS` that the ledger does not hold as measured (exit 0), in
-order (``--steps A,B`` names them instead, ``--all`` ignores the ledger).  Steps marked
-``concurrent`` (correctness: tests, training runs whose losses are compared, not timed) start at once
-and share the GPU, within ``--concurrent-budget`` seconds; then the timed steps run one after
-another, alone on the GPU, until ``--budget`` (default 500 s, under the tool's 600 s with the
-wheels' install before it).  A step's timeout is cut to what is left and a step that would get less
-than 30 s is skipped.  Each step runs in its own process group in ``--work/window/STEP`` and is
-killed with its children at its timeout.  At the end (or on SIGTERM) the window writes
-``OUT/window/summary.md`` and ``summary.json`` (each step: exit status, seconds, the command) and
-``OUT/window.tar.gz``: every file of the work folders but checkpoints and binarized data, text
-files over 256 KiB cut to their last 256 KiB.  Each step's stdout+stderr goes to
-``--work/window/STEP/STEP.log``, inside the tarball (the device tool brings back few files).
+A window runs, in order: the data (``data``: Multi30K de-en prepared on the GPU machine,
+sentencepiece 8k joint, from the raw text that travels), then the next group of the study that
+the study ledger holds no entry of (a step of its own, alone on the GPU: :mod:`gpu_study`), then
+the steps of :data:`STEPS` that the ledger does not hold as measured (exit 0), in order, where
+the budget leaves room (``--steps A,B`` names steps instead, ``--all`` ignores the ledgers).
+Steps marked ``concurrent`` (correctness: tests, training runs whose losses are compared, not
+timed) start together and share the GPU, within ``--concurrent-budget`` seconds of the window's
+start; then the timed steps run one after another, alone on the GPU, until ``--budget`` (default
+500 s, under the tool's 600 s with the wheels' install before it).  A step's timeout is cut to
+what is left and a step that would get less than 30 s is skipped.  Each step runs in its own
+process group in ``--work/window/STEP`` and is killed with its children at its timeout.  The
+study's ``results.json`` and ``results.md`` are copied to ``OUT/window/STEP.results.*`` as each
+system ends; at the end (or on SIGTERM) the window writes ``OUT/window/summary.md`` and
+``summary.json`` (each step: exit status, seconds, the command) and ``OUT/window.tar.gz``: every
+file of the work folders but checkpoints and binarized data, text files over 256 KiB cut to their
+last 256 KiB.  Each step's stdout+stderr goes to ``--work/window/STEP/STEP.log``, inside the
+tarball (the device tool brings back few files).
 
-The plan's steps are :mod:`gpu_steps`, the runner of a window :mod:`gpu_window`; this file is the
-command line and the ledger.  Plain files beside each other, run as a script (Python puts this
-folder first on ``sys.path``); the steps' own scripts run from the repository root, the checkout
-first on ``PYTHONPATH`` (fairscale's wheel brings a top-level package named ``benchmarks`` too).
+``run --tiny`` runs the window's data step and study group on this CPU at tiny size (width 16, a
+few updates, the raw text of ``--raw``): the window's own script and commands, checked before a
+GPU is spent on them (tests/test_gpu_session.py).  Its results are no measurement: ``record``
+refuses them for the committed study ledger (give ``--study-ledger FILE`` to look at them).
+
+The plan's steps are :mod:`gpu_steps`, the study's groups :mod:`gpu_study`, the runner of a
+window :mod:`gpu_window`; this file is the command line and the steps' ledger.  Plain files beside
+each other, run as a script (Python puts this folder first on ``sys.path``); the steps' own
+scripts run from the repository root, the checkout first on ``PYTHONPATH`` (fairscale's wheel
+brings a top-level package named ``benchmarks`` too).
 
 The concurrent steps fit one 80 GB GPU (issue 24): the precision matrices cap their concurrent runs
 by an estimate of each run's GPU memory (``precision_matrix.estimate_gb``, the figures in
@@ -48,11 +62,11 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 from datetime import date
 from typing import Dict, List, Optional
 
+import gpu_study
 from gpu_steps import ROOT, STEPS, Step, expand
 from gpu_window import Phase
 
@@ -60,10 +74,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GPU_DIR = os.path.join(ROOT, ".gpu")
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 LEDGER = os.path.join(HERE, "ledger.json")
+#: Multi30K's raw files that a window prepares (train, validation, the test set of the references)
+RAW_FILES = [
+    f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")
+]
 
 
 def stage(a):
-    """Fill ``.gpu/``: the wheels, Multi30K binarized (sentencepiece 8k joint), the raw references."""
+    """Fill ``.gpu/``: the wheels and Multi30K de-en's raw text (a window prepares it there)."""
     wheels = os.path.join(a.gpu_dir, "wheels")
     os.makedirs(wheels, exist_ok=True)
     found = glob.glob(os.path.join(a.wheels, "*.whl"))
@@ -73,39 +91,13 @@ def stage(a):
         )
     for w in found:
         shutil.copy(w, wheels)
-    data = os.path.join(a.gpu_dir, "m30k")
-    if not os.path.isfile(os.path.join(data, "spm.model")):
-        src, tgt = a.pair.split("-")
-        m = a.multi30k
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fairseq_deep.prepare",
-                "-s",
-                src,
-                "-t",
-                tgt,
-                "--trainpref",
-                f"{m}/train",
-                "--validpref",
-                f"{m}/val",
-                "--testpref",
-                f"{m}/{a.test}",
-                "--destdir",
-                data,
-                "--vocab-size",
-                str(a.vocab_size),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            raise SystemExit(
-                f"gpu_session.py stage: fairseq_deep.prepare failed:\n{done.stderr[-3000:]}"
-            )
-        shutil.copy(os.path.join(m, f"{a.test}.{tgt}.gz"), os.path.join(data, "ref.gz"))
-    shutil.rmtree(os.path.join(data, "spm"), ignore_errors=True)  # the pieces: data-bin has them
+    raw = os.path.join(a.gpu_dir, "multi30k")
+    os.makedirs(raw, exist_ok=True)
+    missing = [f for f in RAW_FILES if not os.path.isfile(os.path.join(a.multi30k, f))]
+    if missing:
+        raise SystemExit(f"gpu_session.py stage: {a.multi30k} lacks {', '.join(missing)}")
+    for name in RAW_FILES:
+        shutil.copy(os.path.join(a.multi30k, name), raw)
     size = sum(
         os.path.getsize(p)
         for p in glob.glob(os.path.join(a.gpu_dir, "**", "*"), recursive=True)
@@ -123,8 +115,8 @@ def stage(a):
 #: (the checkout first on PYTHONPATH: fairscale's wheel brings a top-level package named benchmarks too)
 DEVICE_COMMAND = (
     "python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/wheels/*.whl"
-    " && export PYTHONPATH=$PWD:/tmp/site && nvidia-smi -L && python3 .ci/gpu/gpu_session.py run "
-    "--out $OUT"
+    " && export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 && nvidia-smi -L && python3 "
+    ".ci/gpu/gpu_session.py run --out $OUT"
 )
 
 
@@ -141,20 +133,46 @@ def measured(entry: Optional[Dict]) -> bool:
 
 
 def pending(ledger: Dict[str, Dict]) -> List[Step]:
-    """The steps a window runs: those the ledger does not hold as measured, in :data:`STEPS`' order;
-    a step that takes a window of its own once nothing else is left."""
-    left = [s for s in STEPS if not measured(ledger.get(s.name))]
+    """The steps of :data:`STEPS` a window runs after its group: those the ledger does not hold as
+    measured, in order (the setup steps aside: every window runs them); a step that takes a window
+    of its own once nothing else is left."""
+    left = [s for s in STEPS if not s.setup and not measured(ledger.get(s.name))]
     return [s for s in left if not s.own_window] or left[:1]
 
 
+def window(ledger: Dict[str, Dict], study_ledger: List[Dict]) -> List[Step]:
+    """What the next window runs: the setup steps, the study's next group (the first part without
+    an entry in the study ledger), then :func:`pending`'s steps; with every group run, the steps
+    alone (a step of a window of its own once nothing else is left)."""
+    setup = [s for s in STEPS if s.setup]
+    part = gpu_study.next_part(study_ledger)
+    if part is None:
+        return setup + pending(ledger)
+    group = [s for s in gpu_study.steps() if s.name == part.name]
+    return setup + group + [s for s in pending(ledger) if not s.own_window]
+
+
+def all_steps() -> List[Step]:
+    """Every step: the setup, the study's parts, then :data:`STEPS`' others."""
+    return [s for s in STEPS if s.setup] + gpu_study.steps() + [s for s in STEPS if not s.setup]
+
+
 def record(a):
-    """The summary of a window (``OUT/window/summary.json``) into the ledger: a step that ran gets
-    its status, the date, the commit and the device; one the window skipped stays as it was."""
+    """The summary of a window (``OUT/window/summary.json``) into the ledgers: a step that ran gets
+    its status, the date, the commit and the device in ledger.json (a skipped one and the setup
+    stay as they were); a study group's results go into the study ledger, one entry per system."""
     ledger = read_ledger(a.ledger)
     with open(a.summary) as f:
         rows = json.load(f)
+    study = ""
+    if any(row["step"].startswith("study_") for row in rows):  # first: it may refuse the window
+        added = gpu_study.record(a.summary, a.date, a.commit, a.device, a.study_ledger)
+        study = f"; {added} study entries into {a.study_ledger} (then: gpu_session.py docs)"
+    setup = {s.name for s in STEPS if s.setup}
     for row in rows:
-        if row["status"].startswith("skipped"):
+        if row["status"].startswith("skipped") or row["step"] in setup:
+            continue
+        if row["step"].startswith("study_"):  # the study ledger's (below)
             continue
         ledger[row["step"]] = {
             "date": a.date,
@@ -167,13 +185,97 @@ def record(a):
         json.dump(ledger, f, indent=1, sort_keys=True)
         f.write("\n")
     print(
-        f"{a.ledger}: {sum(measured(v) for v in ledger.values())} of {len(STEPS)} steps measured; next: "
-        + (", ".join(s.name for s in pending(ledger)) or "nothing")
+        f"{a.ledger}: {sum(measured(v) for v in ledger.values())} of {len(STEPS) - len(setup)} "
+        "steps measured; next: " + (", ".join(s.name for s in pending(ledger)) or "nothing") + study
     )
+
+
+def plan(a):
+    """The next window (its group, its device call, its commands), then every group and step."""
+    ledger, study_ledger = read_ledger(a.ledger), gpu_study.read_ledger(a.study_ledger)
+    steps = window(ledger, study_ledger)
+    part = gpu_study.next_part(study_ledger)
+    where = argparse.Namespace(work="/tmp/gpu_session", raw=".gpu/multi30k", vocab_size=8000)
+    values = dict(values_of(where), py="python3")
+    print('The next window (carry [".gpu"], timeout_s 560; .gpu/ from gpu_session.py stage):')
+    print(f"  {DEVICE_COMMAND}")
+    if part is not None:
+        print(
+            f"runs the data, then the study's {part.group} group"
+            + (f" (window {part.index} of {part.of})" if part.of > 1 else "")
+            + f": {part.name}, {len(part.systems)} systems side by side "
+            f"({', '.join(part.systems)}; {part.memory_gb:g} GB estimated), "
+            f"{gpu_study.MINUTES:g} minutes each or to a plateau; its command:"
+        )
+        work = f"{where.work}/window/{part.name}"
+        argv = expand(gpu_study.study_argv(part), dict(values, work=work))
+        print("  " + " ".join(shlex.quote(x) for x in argv))
+    rest = [s.name for s in steps if not s.setup and not s.first]
+    print("then, where the budget leaves room: " + (", ".join(rest) or "nothing"))
+    print("\nThe study's groups (gpu_study.py; the ledger .ci/gpu/study_ledger.json):")
+    done = {e["part"]: e for e in study_ledger}
+    for p in gpu_study.parts():
+        e = done.get(p.name)
+        state = f"run {e['date']} at {e['commit']} on {e['device']}" if e else "to run"
+        print(f"  {p.name:22} {len(p.systems)} systems, {p.memory_gb:5.1f} GB  {state}")
+    print("\nThe steps (gpu_steps.py; the ledger .ci/gpu/ledger.json):")
+    for step in STEPS:
+        entry = ledger.get(step.name)
+        done_ = (
+            f"measured {entry['date']} at {entry['commit']} on {entry['device']}"
+            if measured(entry)
+            else "every window"
+            if step.setup
+            else "to run"
+        )
+        kind = (
+            "setup"
+            if step.setup
+            else "own window"
+            if step.own_window
+            else "concurrent"
+            if step.concurrent
+            else "timed"
+        )
+        print(f"  {step.name:22} {kind:10} {step.timeout:4d} s  {done_}")
+    return 0
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+#: where a window finds Multi30K's raw text (stage puts it there) and its vocabulary's size
+VALUES = {"raw": os.path.join(GPU_DIR, "multi30k"), "vocab": "8000"}
+
+
+def values_of(a) -> Dict[str, str]:
+    """The placeholders' values of a window: the raw text, where it is prepared, the data."""
+    prepared = os.path.join(a.work, "m30k")
+    return {
+        "py": sys.executable,
+        "raw": a.raw,
+        "prepared": prepared,
+        "vocab": str(a.vocab_size),
+        "data": os.path.join(prepared, "data-bin"),
+        "spm": os.path.join(prepared, "spm.model"),
+        "ref": os.path.join(a.raw, "test_2016_flickr.en.gz"),
+    }
+
+
+def tiny(step: Step) -> Step:
+    """A step of the window at tiny size on this CPU: the study's groups with
+    :data:`gpu_study.TINY_ARGS` after their own options; the setup as it is."""
+    if step.setup:
+        return step
+    return Step(
+        step.name,
+        step.issue,
+        step.argv + gpu_study.TINY_ARGS,
+        step.timeout,
+        first=True,
+        live=step.live,
+    )
 
 
 def get_parser():
@@ -187,9 +289,6 @@ def get_parser():
     s.add_argument("--gpu-dir", default=GPU_DIR)
     s.add_argument("--wheels", default=os.path.join(SHARED, "gpu", "wheels"))
     s.add_argument("--multi30k", default=os.path.join(SHARED, "data", "multi30k"))
-    s.add_argument("--pair", default="de-en")
-    s.add_argument("--test", default="test_2016_flickr")
-    s.add_argument("--vocab-size", type=int, default=8000)
     r = sub.add_parser("run", help="run a window (on the GPU machine)")
     r.add_argument(
         "--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench_runs", "gpu_out"))
@@ -197,9 +296,8 @@ def get_parser():
     r.add_argument(
         "--work", default="/tmp/gpu_session", help="checkpoints and logs (not brought back)"
     )
-    r.add_argument("--data", default=os.path.join(GPU_DIR, "m30k", "data-bin"))
-    r.add_argument("--spm", default=os.path.join(GPU_DIR, "m30k", "spm.model"))
-    r.add_argument("--ref", default=os.path.join(GPU_DIR, "m30k", "ref.gz"))
+    r.add_argument("--raw", default=VALUES["raw"], help="Multi30K de-en's raw text (stage's)")
+    r.add_argument("--vocab-size", type=int, default=int(VALUES["vocab"]))
     r.add_argument("--budget", type=float, default=500, help="seconds for the whole window")
     r.add_argument(
         "--concurrent-budget",
@@ -208,21 +306,34 @@ def get_parser():
         help="seconds for the concurrent steps; the timed ones get the rest",
     )
     r.add_argument(
-        "--steps", help="comma-separated step names: run these (default: what the ledger lacks)"
+        "--steps", help="comma-separated step names: run these (default: what the ledgers lack)"
     )
-    r.add_argument("--all", action="store_true", help="every step, whatever the ledger holds")
+    r.add_argument("--all", action="store_true", help="every step, whatever the ledgers hold")
     r.add_argument("--ledger", default=LEDGER)
+    r.add_argument("--study-ledger", default=gpu_study.STUDY_LEDGER)
     r.add_argument("--list", action="store_true", help="list the steps and stop")
     r.add_argument("--dry-run", action="store_true", help="print the commands and stop")
-    sub.add_parser(
-        "plan", help="what the next window runs (the steps the ledger lacks)"
-    ).add_argument("--ledger", default=LEDGER)
-    c = sub.add_parser("record", help="a window's summary.json into the ledger")
+    r.add_argument(
+        "--tiny",
+        action="store_true",
+        help="on this CPU: the data step and the study group of the window at tiny size (width "
+        "16, a few updates), a check of the window's script; the other steps are left out",
+    )
+    pl = sub.add_parser("plan", help="what the next window runs (what the ledgers lack)")
+    pl.add_argument("--ledger", default=LEDGER)
+    pl.add_argument("--study-ledger", default=gpu_study.STUDY_LEDGER)
+    c = sub.add_parser("record", help="a window's summary.json into the ledgers")
     c.add_argument("summary")
     c.add_argument("--commit", required=True, help="the commit the window ran")
-    c.add_argument("--device", default="one NVIDIA GPU")
+    c.add_argument("--device", required=True, help="the GPU, as the device tool names it")
     c.add_argument("--date", default=date.today().isoformat())
     c.add_argument("--ledger", default=LEDGER)
+    c.add_argument("--study-ledger", default=gpu_study.STUDY_LEDGER)
+    d = sub.add_parser(
+        "docs", help="docs/study.md's section 'At Base width on a GPU' from the ledger"
+    )
+    d.add_argument("--study-ledger", default=gpu_study.STUDY_LEDGER)
+    d.add_argument("--doc", default=gpu_study.DOC)
     return p
 
 
@@ -233,28 +344,25 @@ def main(argv=None):
     if a.command == "record":
         return record(a)
     if a.command == "plan":
-        ledger = read_ledger(a.ledger)
-        for step in STEPS:
-            entry = ledger.get(step.name)
-            done = (
-                f"measured {entry['date']} at {entry['commit']} on {entry['device']}"
-                if measured(entry)
-                else "to run"
-            )
-            kind = "own window" if step.own_window else "concurrent" if step.concurrent else "timed"
-            print(f"{step.name:22} {kind:10} {step.timeout:4d} s  {done}")
+        return plan(a)
+    if a.command == "docs":
+        changed = gpu_study.write_doc(a.study_ledger, a.doc)
+        print(f"{a.doc}: {'rewritten' if changed else 'unchanged'} from {a.study_ledger}")
         return 0
-    values = {"py": sys.executable, "data": a.data, "spm": a.spm, "ref": a.ref}
-    steps = STEPS if a.all else pending(read_ledger(a.ledger))
+    values = values_of(a)
+    every = all_steps()
+    steps = every if a.all else window(read_ledger(a.ledger), gpu_study.read_ledger(a.study_ledger))
     if a.steps:
         wanted = a.steps.split(",")
-        unknown = set(wanted) - {s.name for s in STEPS}
+        unknown = set(wanted) - {s.name for s in every}
         if unknown:
             raise SystemExit(
                 f"gpu_session.py: no step {', '.join(sorted(unknown))}; the steps are "
-                + ", ".join(s.name for s in STEPS)
+                + ", ".join(s.name for s in every)
             )
-        steps = [s for s in STEPS if s.name in wanted]
+        steps = [s for s in every if s.setup or s.name in wanted]
+    if a.tiny:
+        steps = [tiny(s) for s in steps if s.setup or s.first]
     for step in steps if (a.list or a.dry_run) else []:
         line = f"{step.name} (issue {step.issue}, {step.timeout} s{', concurrent' if step.concurrent else ''})"
         print(
@@ -272,10 +380,11 @@ def main(argv=None):
     if a.list or a.dry_run:
         return 0
     signal.signal(signal.SIGTERM, _interrupt)
-    Phase(
+    phase = Phase(
         "window", steps, a.out, a.work, values, a.budget, concurrent_budget=a.concurrent_budget
-    ).run()
-    return 0
+    )
+    phase.run()
+    return 0 if all(r["status"] == "exit 0" for r in phase.rows) or not a.tiny else 1
 
 
 if __name__ == "__main__":

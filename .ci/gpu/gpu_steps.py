@@ -2,14 +2,16 @@
 
 A step is one command line, run from the repository root by :mod:`gpu_window` within the window's
 budget; :mod:`gpu_session` picks the steps the ledger does not hold as measured.  The steps' own
-scripts are the benchmarks (``{py} -m benchmarks.NAME``), the ``-m gpu`` tests and the study;
-tests/test_gpu_session.py parses every step's command line with its script's own parser.
+scripts are fairseq-deep-prepare (the data, every window: :data:`DATA`), the benchmarks (``{py} -m
+benchmarks.NAME``) and the ``-m gpu`` tests; the study's groups are steps too, one per window
+(:mod:`gpu_study`).  tests/test_gpu_session.py parses every step's command line with its script's
+own parser.
 """
 
 import glob
 import os
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 #: the repository root (the steps run there)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,8 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @dataclass
 class Step:
     """One command of the plan.  ``argv`` may hold ``{py}`` (the Python running this script),
-    ``{data}`` (binarized data), ``{spm}``, ``{ref}`` (raw test references), ``{work}`` (the
-    step's own folder).  A ``concurrent`` step starts at once and runs beside the others; the
+    ``{raw}`` (Multi30K's raw text, carried), ``{prepared}`` (where :data:`DATA` prepares it),
+    ``{vocab}``, ``{data}`` (binarized data), ``{spm}``, ``{ref}`` (raw test references),
+    ``{work}`` (the step's own folder).  A ``setup`` step runs first in every window, alone,
+    whatever the ledger holds (a failed one skips the rest); a ``first`` step (a study group) runs
+    next, alone; a ``concurrent`` step starts with the others of its kind and runs beside them; the
     others are timed and run alone, once every concurrent step has ended."""
 
     name: str
@@ -29,6 +34,11 @@ class Step:
     concurrent: bool = False
     #: takes a window of its own: a window runs it only when nothing else is pending (or when named)
     own_window: bool = False
+    setup: bool = False
+    first: bool = False
+    #: files of its work folder that the window copies into its output folder as they change
+    #: (``OUT/window/STEP.FILE``): what it has measured comes back even if the call is cut
+    live: Tuple[str, ...] = ()
 
 
 def expand(argv: List[str], values: Dict[str, str]) -> List[str]:
@@ -57,22 +67,44 @@ COLLAPSE_FAMILIES = ["deep_att_ff+deep_att_optim", "deep_ed_ff"]
 #: beside them they stay under the 80 GB of an H100
 COLLAPSE_MEMORY_GB, MATRIX_MEMORY_GB = 40, 34
 
-#: the study: the central comparison of each paper, one seed, 4.5 minutes per system at width 256
-#: (16 systems at once; the baselines postnorm_6, baseline_6, transformer, noff_2x2 and baseline
-#: come with their groups)
-STUDY_GROUPS = [
-    "wang:postnorm_20,prenorm_20,dlcl_20,dlcl_postnorm_20",
-    "bapna:baseline_16,ta_16",
-    "chen:rnmt_plus",
-    "zhou:ff_5x3,noff_5x3",
-    "dou:hierarchical,mla2",
-]
+#: Multi30K de-en, sentencepiece 8k joint, prepared on the GPU machine from the raw text that
+#: travels in .gpu/multi30k (gpu_session.py stage): every window's first step
+DATA = Step(
+    "data",
+    38,
+    [
+        "{py}",
+        "-m",
+        "fairseq_deep.prepare",
+        "-s",
+        "de",
+        "-t",
+        "en",
+        "--trainpref",
+        "{raw}/train",
+        "--validpref",
+        "{raw}/val",
+        "--testpref",
+        "{raw}/test_2016_flickr",
+        "--destdir",
+        "{prepared}",
+        "--vocab-size",
+        "{vocab}",
+        "--workers",
+        "8",
+        "--quiet",
+    ],
+    90,
+    setup=True,
+)
 
-#: Everything a GPU window measures, most valuable first (issue 31's order): the -m gpu tests, the
-#: 1,000-update fp16 runs and fully sharded training beside each other; then the speed ratios one
-#: at a time (the issue's targets); then the 40-update precision matrix and the study, which take a
-#: window of their own.  The timeouts of the timed steps are each step's own need.
+#: Everything a GPU window measures besides the study's groups (which come first, one a window:
+#: gpu_study.py), most valuable first (issue 31's order): the -m gpu tests, the 1,000-update fp16
+#: runs and fully sharded training beside each other; then the speed ratios one at a time (the
+#: issue's targets); then the 40-update precision matrix, which takes a window of its own.  The
+#: timeouts of the timed steps are each step's own need.
 STEPS: List[Step] = [
+    DATA,
     Step(
         "gpu_tests",
         31,
@@ -134,6 +166,28 @@ STEPS: List[Step] = [
             "260",
         ),
         280,
+        concurrent=True,
+    ),
+    # fairseq issues #4275, #4307: a fully sharded run saved with --use-sharded-state (a shard per
+    # GPU) decodes with fairseq-generate (the shards consolidated on loading) and resumes
+    Step(
+        "fsdp_sharded_state",
+        38,
+        _bench(
+            "fsdp_check",
+            "--data",
+            "{data}",
+            "--work",
+            "{work}/runs",
+            "--json",
+            "{work}/fsdp_sharded.json",
+            "--only",
+            "dlcl_30_6:c10d_fp32",
+            "dlcl_30_6:fsdp_fp32_sharded",
+            "--budget",
+            "200",
+        ),
+        220,
         concurrent=True,
     ),
     # timed, alone: in the order of the issue's targets.  dlcl_speed got 140 s for 60 updates
@@ -307,40 +361,6 @@ STEPS: List[Step] = [
             "{work}",
         ),
         470,
-        concurrent=True,
-        own_window=True,
-    ),
-    Step(
-        "study",
-        31,
-        [
-            "{py}",
-            "-m",
-            "fairseq_deep.study",
-            "--data",
-            "{data}",
-            "--spm",
-            "{spm}",
-            "--ref",
-            "{ref}",
-            "--out",
-            "{work}",
-            *[w for g in STUDY_GROUPS for w in ("--group", g)],
-            "--depths",
-            "6,16,20",
-            "--width",
-            "256",
-            "--minutes",
-            "4.5",
-            "--seeds",
-            "1",
-            "--jobs",
-            "16",
-            "--train-args=--fp16",
-            "--progress-every",
-            "60",
-        ],
-        480,
         concurrent=True,
         own_window=True,
     ),

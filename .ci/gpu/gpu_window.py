@@ -1,13 +1,16 @@
 """A GPU window run within its budget: the steps of one phase, each in its own process group, and
 the report and tarball written whatever happens (:class:`Phase`; gpu_session.py's ``run``).
 
-Steps marked ``concurrent`` start at once and share the GPU, within the concurrent budget; then the
-timed steps run one after another, alone on the GPU, until the budget.  A step's timeout is cut to
-what is left and a step that would get less than ``min_step`` seconds is skipped; each is killed
-with its children at its timeout.  At the end (or on SIGTERM: :exc:`KeyboardInterrupt`) the phase
-writes ``OUT/NAME/summary.md`` and ``summary.json`` (each step: exit status, seconds, the command)
-and ``OUT/NAME.tar.gz``: every file of the work folders but checkpoints and binarized data, text
-files over 256 KiB cut to their last 256 KiB.  Each step's stdout+stderr goes to
+The ``setup`` steps run first, one at a time (a failed one skips the rest of the phase), then the
+``first`` ones (a study group), each alone; then the steps marked ``concurrent`` start at once and
+share the GPU, within the concurrent budget (counted from the phase's start); then the timed steps
+run one after another, alone on the GPU, until the budget.  A step's timeout is cut to what is left
+and a step that would get less than ``min_step`` seconds is skipped; each is killed with its
+children at its timeout.  A step's ``live`` files are copied to ``OUT/NAME/STEP.FILE`` whenever
+they change, while it runs.  At the end (or on SIGTERM: :exc:`KeyboardInterrupt`) the phase writes
+``OUT/NAME/summary.md`` and ``summary.json`` (each step: exit status, seconds, the command) and
+``OUT/NAME.tar.gz``: every file of the work folders but checkpoints and binarized data, text files
+over 256 KiB cut to their last 256 KiB.  Each step's stdout+stderr goes to
 ``WORK/NAME/STEP/STEP.log``, inside the tarball (the device tool brings back few files).
 """
 
@@ -16,6 +19,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -54,11 +58,17 @@ class Phase:
         self.min_step = min_step
         self.rows: List[Dict] = []
         self.running: List[tuple] = []  # (row, Popen, own deadline)
+        self.failed_setup: Optional[str] = None
+        self.copied: Dict[str, float] = {}  # live file -> the mtime copied
 
     def _start(self, step: Step) -> Optional[tuple]:
-        left = (self.concurrent_deadline if step.concurrent else self.deadline) - time.monotonic()
+        alone = step.setup or step.first or not step.concurrent
+        left = (self.deadline if alone else self.concurrent_deadline) - time.monotonic()
         row = {"step": step, "status": "skipped", "seconds": 0.0, "timeout": 0.0}
         self.rows.append(row)
+        if self.failed_setup:
+            row["status"] = f"skipped (the setup step {self.failed_setup} failed)"
+            return None
         if left < self.min_step:
             row["status"] = f"skipped ({left:.0f} s left of the budget)"
             return None
@@ -94,37 +104,59 @@ class Phase:
         )
         print(f"[{self.name}] {row['step'].name}: {row['status']}", flush=True)
 
+    def _copy_live(self, step: Step):
+        """The step's ``live`` files that changed since last copied, into the output folder."""
+        for name in step.live:
+            source = os.path.join(self.work, step.name, name)
+            try:
+                mtime = os.path.getmtime(source)
+            except OSError:
+                continue
+            if self.copied.get(source) != mtime:
+                target = os.path.join(self.out, f"{step.name}.{name}")
+                shutil.copyfile(source, target + ".tmp")
+                os.replace(target + ".tmp", target)
+                self.copied[source] = mtime
+
     def _wait(self, items: list):
         """Wait until every item of ``items`` has ended or reached its deadline."""
         while items:
             now = time.monotonic()
             for item in list(items):
                 row, proc, end = item
+                self._copy_live(row["step"])
                 if proc.poll() is not None or now >= end:
                     self._finish(row, proc, "" if proc.poll() is not None else "timed out")
+                    self._copy_live(row["step"])
                     items.remove(item)
             if items:
                 time.sleep(0.5)
 
     def run(self):
         os.makedirs(self.out, exist_ok=True)
-        try:
+        order = {True: 0, False: 1}
+        try:  # setup, then first, then concurrent, then timed steps
             for step in sorted(
-                self.steps, key=lambda st: not st.concurrent
-            ):  # concurrent ones first
-                if not step.concurrent and self.running:
+                self.steps,
+                key=lambda st: (order[st.setup], order[st.first], order[st.concurrent]),
+            ):
+                alone = step.setup or step.first or not step.concurrent
+                if alone and self.running:
                     self._wait(self.running)  # a timed step runs alone
                     self.running = []
                 started = self._start(step)
                 if started is not None:
                     self.running.append(started)
-                    if not step.concurrent:
+                    if alone:
                         self._wait([started])
                         self.running.remove(started)
+                        if step.setup and started[0]["status"] != "exit 0":
+                            self.failed_setup = step.name
             self._wait(self.running)
         except KeyboardInterrupt:  # SIGTERM or Ctrl-C: stop what runs, still write the report
             for row, proc, _ in self.running:
                 self._finish(row, proc, "stopped (SIGTERM)")
+                self._copy_live(row["step"])
         finally:
             self.report()
 

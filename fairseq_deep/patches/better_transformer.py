@@ -13,6 +13,12 @@ same checkpoints on both stacks.  No function of fairseq's is replaced and nothi
 at import; the models import this module alone (it imports neither fairseq nor the rest of the
 package).
 
+Under fully sharded training (fairscale's FSDP flattens each wrapped layer's parameters into one
+``flat_param``) a state dict holds no weight of the layer's own, and 0.12.2's
+``_load_from_state_dict``, which reads them to fill the fused copies, raised a ``KeyError``: a run
+saved with ``--use-sharded-state`` did not resume (docs/fully_sharded.md).  Such a layer loads with
+empty stand-ins for the weights it reads, dropped again with the fused copies.
+
 Versions: fairseq 0.12.2; on later fairseq (ve-fairseq 0.12.3), which removed the path, it only
 drops the keys of 0.12.2 checkpoints.
 
@@ -21,6 +27,8 @@ compute the same, decoding alone equals decoding in a padded batch), tests/test_
 tests/test_aggregation.py (``without_better_transformer_keys``: a baseline of fairseq's own
 ``transformer`` written on 0.12.2, loaded by ``--init-from-pretrained``).
 """
+
+import torch
 
 #: the fused copies that fairseq 0.12.2's TransformerEncoderLayerBase adds for its fast path
 BETTER_TRANSFORMER_PARAMS = (
@@ -33,6 +41,16 @@ BETTER_TRANSFORMER_PARAMS = (
     "fc2_weight",
     "fc2_bias",
 )
+
+#: the weights 0.12.2's ``_load_from_state_dict`` reads from the state dict to make the fused copies
+READ_BY_FAST_PATH = tuple(
+    f"{module}.{name}"
+    for module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    + ("self_attn.out_proj", "fc1", "fc2")
+    for name in ("weight", "bias")
+)
+#: what stands in for them where the layer's parameters are flat (fully sharded): dropped on loading
+_STAND_IN = torch.empty(0)
 
 
 def without_better_transformer(layer):
@@ -50,7 +68,19 @@ def without_better_transformer(layer):
         layer.can_use_fastpath = False
     if _drop_better_transformer_keys not in layer._load_state_dict_pre_hooks.values():
         layer._register_load_state_dict_pre_hook(_drop_better_transformer_keys)
+    if hasattr(layer, "load_to_BT") and "_load_from_state_dict" not in vars(layer):  # 0.12.2
+        layer._load_from_state_dict = _load_flat_safe.__get__(layer)
     return layer
+
+
+def _load_flat_safe(layer, state_dict, prefix, *args):
+    """The layer's own ``_load_from_state_dict`` (0.12.2's and its subclasses'), with empty
+    stand-ins for the weights 0.12.2's reads where fully sharded training flattened the layer's
+    parameters (its q_proj has no weight of its own: the wrapper's flat_param holds it)."""
+    if "weight" not in layer.self_attn.q_proj._parameters:
+        for name in READ_BY_FAST_PATH:
+            state_dict.setdefault(prefix + name, _STAND_IN)
+    type(layer)._load_from_state_dict(layer, state_dict, prefix, *args)
 
 
 def _drop_better_transformer_keys(state_dict, prefix, *args):
@@ -58,6 +88,9 @@ def _drop_better_transformer_keys(state_dict, prefix, *args):
     copies and before torch matches keys, so neither stack sees them as unexpected."""
     for name in BETTER_TRANSFORMER_PARAMS:
         state_dict.pop(prefix + name, None)
+    for name in READ_BY_FAST_PATH:
+        if state_dict.get(prefix + name) is _STAND_IN:
+            del state_dict[prefix + name]
 
 
 def without_better_transformer_keys(state_dict):

@@ -10,6 +10,10 @@ Replaces, each by a wrapper that calls fairseq's function and rewrites only its 
 - ``fairseq.checkpoint_utils.load_model_ensemble_and_task`` (fairseq-generate, -interactive, the
   hub): parameters that do not fit the model as this code builds it (torch's "Error(s) in loading
   state_dict", or 0.12.2's ``KeyError`` of a missing q/k/v weight) -> the file and the first keys;
+  a fully sharded checkpoint saved with ``--use-sharded-state``, which fairseq misreads (its first
+  shard's flat parameters loaded into the model: "Missing key(s) ... Unexpected key(s):
+  flat_param_0"; fairseq issues #4275, #4307), is read as one by the one loader
+  (:func:`fairseq_deep.checkpoints.consolidated`), or refused in one line where a shard is missing;
 - ``fairseq.trainer.Trainer.load_checkpoint`` (``--restore-file``, a resumed ``--save-dir``,
   ``--finetune-from-model``; fairseq compares tensor shapes only, then says "please ensure that
   the architectures match"): every architecture option of our models is compared with the
@@ -31,6 +35,7 @@ tests/test_continue.py (``test_a_changed_architecture_option_is_named_with_both_
 """
 
 import contextvars
+import inspect
 import logging
 import re
 import traceback
@@ -38,7 +43,14 @@ import typing
 
 from fairseq import checkpoint_utils
 
-from ..checkpoints import check_registered, checked, saved_model_options
+from ..checkpoints import (
+    check_consolidated,
+    check_registered,
+    checked,
+    consolidated,
+    saved_model_options,
+    shard_files,
+)
 from ..errors import CheckpointError
 from ..model_options import check_same_architecture, describe, differences
 from ..progress import hms
@@ -66,9 +78,19 @@ def load_checkpoint_to_cpu_checked(path, *args, **kwargs):
 def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
     """fairseq's ``load_model_ensemble_and_task`` (fairseq-generate, -interactive, the hub):
     parameters that do not fit the model (a checkpoint of other model code: a newer fairseq or
-    fairseq_deep, another plugin) raise CheckpointError naming the file and the keys."""
+    fairseq_deep, another plugin) raise CheckpointError naming the file and the keys.  A fully
+    sharded checkpoint saved with ``--use-sharded-state`` (fairseq issues #4275, #4307: fairseq
+    loads its first shard's flat parameters into the model, or consolidates the shards only when
+    told their number and then loses the tied embeddings) is read as one
+    (:func:`~fairseq_deep.checkpoints.consolidated`), whatever ``--checkpoint-shard-count``."""
+    original = fairseq_original(load_model_ensemble_and_task_checked)
+    bound = inspect.signature(original).bind(filenames, *args, **kwargs)
+    bound.apply_defaults()
+    given = bound.arguments
+    if given["state"] is None and any(shard_files(f, given["suffix"]) for f in filenames):
+        return _load_sharded(original, given)
     try:
-        return fairseq_original(load_model_ensemble_and_task_checked)(filenames, *args, **kwargs)
+        return original(filenames, *args, **kwargs)
     except KeyError as e:
         # fairseq 0.12.2's encoder layer reads its q/k/v weights from the state dict before torch
         # matches the keys: a missing one is a KeyError there
@@ -93,6 +115,27 @@ def load_model_ensemble_and_task_checked(filenames, *args, **kwargs):
             f"other model code (a newer or older fairseq or fairseq_deep, another plugin). Load it with "
             f"the versions that wrote it"
         ) from e
+
+
+def _load_sharded(original, given: dict):
+    """fairseq's loader on each file in turn, a fully sharded one as :func:`consolidated` reads
+    it (loaded not strictly: fairscale keeps a tied parameter under one name; then checked)."""
+    ensemble, cfg, task = [], None, given["task"]
+    for filename in given["filenames"]:
+        state = consolidated(filename, given["suffix"], given["arg_overrides"])
+        models, cfg, task = original(
+            [filename],
+            given["arg_overrides"],
+            task,
+            given["strict"] if state is None else False,
+            given["suffix"],
+            given["num_shards"] if state is None else 1,
+            state,
+        )
+        if state is not None:
+            check_consolidated(models[0], state["model"], filename)
+        ensemble += models
+    return ensemble, cfg, task
 
 
 def _state_dict_mismatch(text: str) -> typing.List[str]:

@@ -28,6 +28,7 @@ from .logs import (  # noqa: F401
     Record,
     Series,
     count_overflows,
+    epochs_done,
     last_error,
     last_update,
     parse_loaded_update,
@@ -36,6 +37,7 @@ from .logs import (  # noqa: F401
     parse_params,
     parse_record,
     series,
+    stop_reason,
     timed_records,
     updates_done,
 )

@@ -150,9 +150,32 @@ def updates_done(records: Sequence[Record]) -> int:
     )
 
 
+def epochs_done(records: Sequence[Record]) -> int:
+    """The epochs a log trained: its last end-of-epoch ``train`` record's epoch (0 without one).
+    fairseq logs that record for an epoch that its budget (``--max-update``, ``--stop-time-hours``)
+    cut short too, so the last epoch counted may be partial; one stopped by ``--patience`` ends at
+    an epoch's end (with validation every epoch)."""
+    return max(
+        [0]
+        + [
+            int(r["epoch"])
+            for r in records
+            if r["kind"] == "train" and isinstance(r.get("epoch"), int)
+        ]
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # what fairseq prints as text
 # --------------------------------------------------------------------------------------------
+
+#: fairseq_cli.train's lines when training stops (``should_stop_early``, ``validate_and_save``),
+#: and what each says stopped it
+_STOPS = (
+    ("early stop since valid performance hasn't improved", "plateau"),
+    ("Stopping training due to cumulative_training_time", "time"),
+    ("Stopping training due to num_updates", "max_update"),
+)
 
 #: fairseq_cli.train's "num. shared model params: 1,234 (num. trained: 1,234)"
 _PARAMS = re.compile(r"num\. shared model params: ([\d,]+)")
@@ -173,6 +196,15 @@ def parse_loaded_update(text: str) -> Optional[int]:
     updates)``: a resumed run); None where it loaded none."""
     found = _LOADED.findall(text)
     return int(found[-1]) if found else None
+
+
+def stop_reason(text: str) -> Optional[str]:
+    """What stopped a fairseq-train run, from its log (the last stop of a resumed one): "plateau"
+    (``--patience`` validations without a better loss), "time" (``--stop-time-hours``),
+    "max_update" (``--max-update``); None where the log names none (killed, failed, or ended by
+    ``--max-epoch``)."""
+    found = [(text.rfind(line), reason) for line, reason in _STOPS if line in text]
+    return max(found)[1] if found else None
 
 
 def count_overflows(text: str) -> int:

@@ -125,15 +125,20 @@ def hypotheses_by_id(generate_out: str) -> Dict[int, str]:
     return read_generate(generate_out).detok
 
 
-def score(hyps: Sequence[str], refs: Sequence[str]) -> Dict[str, float]:
-    """sacreBLEU's corpus BLEU and chrF: ``{"bleu": ..., "chrf": ...}``."""
-    import sacrebleu
+def score(hyps: Sequence[str], refs: Sequence[str]) -> Dict[str, Union[float, str]]:
+    """sacreBLEU's corpus BLEU and chrF and their signatures (the settings and sacreBLEU's
+    version, to be quoted with the score): ``{"bleu": ..., "chrf": ..., "bleu_signature":
+    "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0", "chrf_signature": ...}``."""
+    from sacrebleu.metrics import BLEU, CHRF
 
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    bleu, chrf = BLEU(), CHRF()
     return {
-        "bleu": sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score,
-        "chrf": sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score,
+        "bleu": bleu.corpus_score(list(hyps), [list(refs)]).score,
+        "chrf": chrf.corpus_score(list(hyps), [list(refs)]).score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
     }
 
 

@@ -4,6 +4,7 @@
         [--group NAME]... [--system NAME=ARCH [FLAGS...]]...
         [--max-update N] [--minutes M] [--seeds K] [--jobs J] [--cpu]
         [--width W] [--lr LR] [--warmup N] [--dropout P] [--max-tokens N]
+        [--precision fp16|amp|bf16|...] [--valid-interval N|epoch] [--patience N]
         [--train-args "..."] [--gen-args "..."] [--ref FILE] [--depths 6,20]
 
 (also ``python -m fairseq_deep.study``).  For every system and seed it runs the real
@@ -24,7 +25,8 @@ training time saved in the checkpoint, so the budget holds across restarts).
 
 The package: :mod:`.systems` (a row), :mod:`.groups` (the built-in groups, as data),
 :mod:`.commands` (fairseq command lines), :mod:`.runner` (the runs and their steps),
-:mod:`.report` (results.json's object, results.md, plots), :mod:`.cli` (the command line).
+:mod:`.report` (results.json's object, results.md, plots), :mod:`.claims` (the papers' claims each
+group tests: docs/study.md's "At Base width on a GPU"), :mod:`.cli` (the command line).
 """
 
 from ..errors import UserError  # noqa: F401

@@ -1,6 +1,7 @@
 """fairseq-deep-study's command line: its options, the groups and systems they select, and
 :func:`main` (run, then results.json, results.md and the plots)."""
 
+import argparse
 import json
 import logging
 import os
@@ -11,7 +12,8 @@ from typing import Dict, List, Tuple
 
 from ..errors import ArgumentParser, UserError, report_user_errors
 from ..runs import model_kind
-from .commands import train_command
+from ..runs.recipes import PRECISIONS
+from .commands import EPOCH, train_command
 from .groups import GROUPS, expand_group, parse_depths
 from .report import markdown, plot, results
 from .runner import Study
@@ -103,8 +105,26 @@ def get_parser():
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument(
         "--valid-interval",
+        type=_valid_interval,
+        metavar="N|epoch",
+        help="updates between validations and saved checkpoints (default: max-update/10, or 500), "
+        "or 'epoch': at the end of every epoch (and where the budget stops training)",
+    )
+    p.add_argument(
+        "--patience",
         type=int,
-        help="updates between validations and saved checkpoints (default: max-update/10, or 500)",
+        default=0,
+        metavar="N",
+        help="stop a system once its validation loss has not improved for N validations in a row "
+        "(fairseq --patience; results say 'plateau'); default 0: train to the budget",
+    )
+    p.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default="fp32",
+        help="every system's precision (fairseq-train's flag, and fairseq-generate's: --fp16 for "
+        "fp16 and amp, --bf16 for bf16); a system whose flags or --train-args name one (--amp, "
+        "--bf16, ...) keeps its own",
     )
     p.add_argument("--log-interval", type=int, default=50)
     p.add_argument("--beam", type=int, default=5)
@@ -132,6 +152,18 @@ def get_parser():
         "--dry-run", action="store_true", help="print the fairseq-train commands and stop"
     )
     return p
+
+
+def _valid_interval(value: str):
+    if value == EPOCH:
+        return EPOCH
+    try:
+        every = int(value)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of updates or 'epoch', got {value!r}")
+    return every
 
 
 def select_groups(args) -> Dict[str, Tuple[str, List[System]]]:
@@ -165,12 +197,29 @@ def select_groups(args) -> Dict[str, Tuple[str, List[System]]]:
     return groups
 
 
+def write_results(study: Study, out: str) -> dict:
+    """results.json and results.md of the runs so far (a run not yet ended: its status), each
+    written whole (a reader never sees half a file); the summary object."""
+    summary = results(study)
+    for name, text in (
+        ("results.json", json.dumps(summary, indent=1)),
+        ("results.md", markdown(summary)),
+    ):
+        path = os.path.join(out, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return summary
+
+
 def main(argv=None) -> int:
     args = get_parser().parse_args(argv)
     if not args.max_update and not args.minutes:
         raise UserError("give a budget: --max-update N and/or --minutes M")
     if args.jobs < 1 or args.seeds < 1:
         raise UserError("--jobs and --seeds must be at least 1")
+    if args.patience < 0:
+        raise UserError("--patience must be 0 (none) or a number of validations")
     args.train_args_list = shlex.split(args.train_args)
     args.gen_args_list = shlex.split(args.gen_args)
     if args.max_update:
@@ -199,12 +248,9 @@ def main(argv=None) -> int:
         args.jobs,
         args.out,
     )
+    study.ended = lambda run: write_results(study, args.out)
     study.run()
-    summary = results(study)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(markdown(summary))
+    summary = write_results(study, args.out)
     plots_written = plot(study, summary, os.path.join(args.out, "plots"))
     logger.info(
         "wrote %s, %s and %d plots",

@@ -4,18 +4,40 @@ system, and fairseq-generate's run; :class:`fairseq_deep.runs.Run` values (``*_c
 command lines)."""
 
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 from ..models import families
 from ..runs import Part, Run, grow, has_option, recipes, restore_flags
 from .systems import System
 
+#: validation and a saved checkpoint at the end of every epoch (``--valid-interval epoch``)
+EPOCH = "epoch"
 
-def interval(args) -> int:
-    """Updates between validations (and saved checkpoints)."""
+#: fairseq-train's precision flags, most specific first, and the precision each names
+#: (:data:`fairseq_deep.runs.recipes.PRECISIONS`)
+PRECISION_FLAGS = (
+    ("--memory-efficient-fp16", "memory_efficient_fp16"),
+    ("--amp", "amp"),
+    ("--bf16", "bf16"),
+    ("--fp16", "fp16"),
+)
+
+
+def interval(args) -> Union[int, str]:
+    """Updates between validations (and saved checkpoints), or :data:`EPOCH`."""
     if args.valid_interval:
         return args.valid_interval
     return max(1, args.max_update // 10) if args.max_update else 500
+
+
+def precision(args, system: System) -> str:
+    """The precision a system trains in: the one its own flags or ``--train-args`` name
+    (``--amp``, ``--bf16``, ...), else ``--precision``'s."""
+    own = system.flags + list(getattr(args, "train_args_list", []))
+    for flag, name in PRECISION_FLAGS:
+        if has_option(own, flag):
+            return name
+    return getattr(args, "precision", None) or "fp32"
 
 
 def _paper_recipe(arch: str):
@@ -78,24 +100,16 @@ def train_run(args, system: System, seed: int, save_dir: str) -> Run:
     if not has_option(own, "--criterion"):
         run += recipes.label_smoothed(args.label_smoothing)
     every = interval(args)
-    run += Part(
-        "checkpoints",
-        [
-            "--max-tokens",
-            args.max_tokens,
-            "--seed",
-            seed,
-            "--save-dir",
-            save_dir,
-            "--no-epoch-checkpoints",
-            "--save-interval-updates",
-            every,
-            "--keep-interval-updates",
-            "1",
-            "--validate-interval-updates",
-            every,
-        ],
-    )
+    words = ["--max-tokens", args.max_tokens, "--seed", seed, "--save-dir", save_dir]
+    words.append("--no-epoch-checkpoints")
+    if every != EPOCH:  # else fairseq's default: validate and save at the end of every epoch
+        words += ["--save-interval-updates", every, "--keep-interval-updates", "1"]
+        words += ["--validate-interval-updates", every]
+    if getattr(args, "patience", 0):
+        words += ["--patience", args.patience]
+    run += Part("checkpoints", words)
+    if not any(has_option(own, flag) for flag, _ in PRECISION_FLAGS):
+        run += Part("precision", recipes.PRECISIONS[precision(args, system)][0])
     run += recipes.json_log(args.log_interval)
     run += ["--skip-invalid-size-inputs-valid-test"]
     run += budget(args.max_update, args.minutes)
@@ -170,8 +184,10 @@ def stage_commands(
     return [(name, run.argv(), done) for name, run, done in steps], final.argv()
 
 
-def generate_run(args, checkpoint: str) -> Run:
-    """fairseq-generate of the test set with ``checkpoint``."""
+def generate_run(args, checkpoint: str, system_precision: str = "fp32") -> Run:
+    """fairseq-generate of the test set with ``checkpoint``, in the decoding precision of the
+    system's training precision (``--fp16`` for fp16 and AMP, ``--bf16`` for bf16:
+    :data:`fairseq_deep.runs.recipes.PRECISIONS`)."""
     run = Run.of(
         "generate",
         args.data,
@@ -194,11 +210,12 @@ def generate_run(args, checkpoint: str) -> Run:
         run += ["--post-process", "sentencepiece"]
     elif args.remove_bpe:
         run += ["--post-process", args.remove_bpe]
+    run += Part("precision", recipes.PRECISIONS[system_precision][1])
     if args.cpu:
         run += recipes.cpu()
     return run.plus(Part("gen_args", args.gen_args_list))
 
 
-def generate_command(args, checkpoint: str) -> List[str]:
+def generate_command(args, checkpoint: str, system_precision: str = "fp32") -> List[str]:
     """``python -m fairseq_cli.generate`` of :func:`generate_run`."""
-    return generate_run(args, checkpoint).argv()
+    return generate_run(args, checkpoint, system_precision).argv()

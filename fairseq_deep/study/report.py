@@ -2,13 +2,15 @@
 standard deviations over seeds, sacreBLEU's paired bootstrap against each group's baseline), the
 markdown table of ``results.md`` and the PNG plots under ``plots/``."""
 
+import hashlib
+import json
 import os
 import statistics
 from dataclasses import asdict
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .. import runs
-from .commands import recipe_text
+from .commands import interval, precision, recipe_text
 from .groups import GROUPS
 from .runner import Study, learning_curve
 
@@ -36,6 +38,9 @@ def results(study: Study) -> dict:
             "test_size": study.n_test,
             "cpu": a.cpu,
             "recipe": a.recipe,
+            "precision": getattr(a, "precision", "fp32"),
+            "valid_interval": interval(a),
+            "patience": getattr(a, "patience", 0),
         },
         "groups": {},
     }
@@ -55,6 +60,7 @@ def results(study: Study) -> dict:
                 "seeds": seeds,
                 "seeds_done": len(ok),
                 "recipe": recipe_text(a, s.arch, s.flags + a.train_args_list),
+                "precision": precision(a, s),
             }
             for metric in ("bleu", "chrf"):
                 values = [r[metric] for r in ok]
@@ -69,21 +75,38 @@ def results(study: Study) -> dict:
             base_hyps = study.read_hyps(base_run) if base_run else None
             if base_hyps is None:
                 continue
-            others = {}
-            for s in systems:
-                if s.name == baseline:
-                    continue
-                run = next(r for r in by_system[s.name] if r.seed == seed)
-                hyps = study.read_hyps(run)
-                if hyps is not None:
-                    others[s.name] = hyps
             refs = study.read_run_refs(base_run)
-            for name, p in runs.paired_bootstrap(
-                base_hyps, others, refs, a.bootstrap_samples
-            ).items():
-                rows[name].setdefault("paired_bs", {})[str(seed)] = p
+            for s in systems:
+                run = next(r for r in by_system[s.name] if r.seed == seed)
+                p = None if s.name == baseline else paired(study, run, base_hyps, refs)
+                if p is not None:
+                    rows[s.name].setdefault("paired_bs", {})[str(seed)] = p
         out["groups"][gname] = {"baseline": baseline, "systems": rows}
     return out
+
+
+def paired(study: Study, run, base_hyps: List[str], refs: List[str]) -> Optional[Dict]:
+    """sacreBLEU's paired bootstrap of a finished run against its baseline's hypotheses
+    ({"bleu_p", "chrf_p"}; None while the run has none), kept in the run's ``paired_bs.json`` for
+    these baseline hypotheses and sample count, so that results written as each run ends test
+    each system once (sacreBLEU draws the same resamples for every system: its seed is fixed)."""
+    hyps = study.read_hyps(run)
+    if hyps is None:
+        return None
+    key = {
+        "baseline": hashlib.sha1("\n".join(base_hyps).encode("utf-8")).hexdigest(),
+        "samples": study.args.bootstrap_samples,
+    }
+    path = run.path("paired_bs.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if {k: kept.get(k) for k in key} == key:
+            return kept["p"]
+    p = runs.paired_bootstrap(base_hyps, {"system": hyps}, refs, key["samples"])["system"]
+    with open(path, "w") as f:
+        json.dump({**key, "p": p}, f, indent=1)
+    return p
 
 
 def _fmt(mean, std, seeds):
@@ -110,7 +133,10 @@ def markdown(results: dict) -> str:
         f"recipe {s.get('recipe', 'shared')} (each system's optimiser and schedule: the recipe column), "
         f"max-tokens {s['max_tokens']}, beam {s['beam']}, checkpoint_{s['checkpoint']}; "
         "sacreBLEU and chrF on detokenized text (mean ± std over seeds); p: sacreBLEU's paired "
-        "bootstrap resampling against the group's baseline (one value per seed); updates/s: "
+        "bootstrap resampling against the group's baseline (one value per seed); epochs (stop): "
+        "epochs trained (the last one partial where the budget stopped it) and what stopped "
+        "training (plateau: --patience validations without a better loss; time, max_update: the "
+        "budget); updates/s: "
         "updates per second of fairseq's training wall clock (validation included).",
         "",
     ]
@@ -121,9 +147,9 @@ def markdown(results: dict) -> str:
             "",
             f"Baseline: `{group['baseline']}`.",
             "",
-            "| system | --arch | flags | enc. layers | BLEU | chrF | p (BLEU) | updates | updates/s | "
-            "best valid loss | recipe | note |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| system | --arch | flags | enc. layers | BLEU | chrF | p (BLEU) | updates | epochs (stop) | "
+            "updates/s | best valid loss | recipe | precision | note |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, row in group["systems"].items():
             done = [r for r in row["seeds"].values() if r and "bleu" in r]
@@ -134,6 +160,14 @@ def markdown(results: dict) -> str:
                 else (" / ".join(f"{v['bleu_p']:.4f}" for v in p.values()) if p else "-")
             )
             updates = "/".join(str(r.get("updates")) for r in done) or "-"
+            epochs = (
+                "/".join(
+                    f"{r['epochs']}" + (f" ({r['stopped']})" if r.get("stopped") else "")
+                    for r in done
+                    if r.get("epochs") is not None
+                )
+                or "-"
+            )
             valid = (
                 "/".join(
                     f"{r['best_valid_loss']:.3f}"
@@ -159,7 +193,8 @@ def markdown(results: dict) -> str:
                 f"| {name} | `{row['arch']}` | {flags} | {depth} | "
                 f"{_fmt(row['bleu_mean'], row['bleu_std'], row['seeds_done'])} | "
                 f"{_fmt(row['chrf_mean'], row['chrf_std'], row['seeds_done'])} | {p_text} | {updates} | "
-                f"{rate} | {valid} | {row.get('recipe') or '-'} | {notes.replace('|', '/')} |"
+                f"{epochs} | {rate} | {valid} | {row.get('recipe') or '-'} | "
+                f"{row.get('precision') or '-'} | {notes.replace('|', '/')} |"
             )
         lines.append("")
     return "\n".join(lines)

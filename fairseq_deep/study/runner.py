@@ -10,12 +10,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import runs
 from ..errors import UserError
 from ..progress import TrainingProgress
 from .commands import generate_run, stage_runs, train_run
+from .commands import precision as precision_of
 from .systems import System
 
 logger = logging.getLogger("fairseq_deep.study")
@@ -93,12 +94,22 @@ def write_lines(path: str, lines: List[str]):
         f.writelines(line + "\n" for line in lines)
 
 
-def record(run: RunState, hyps: List[str], refs: List[str], n_test: int, checkpoint: str):
-    """The result of a scored run: scores, updates, validation losses, the learning curve, training
-    time; written to ``result.json`` (which a second invocation finds and keeps)."""
+def record(
+    run: RunState,
+    hyps: List[str],
+    refs: List[str],
+    n_test: int,
+    checkpoint: str,
+    precision: str = "fp32",
+):
+    """The result of a scored run: scores (and sacreBLEU's signatures), updates, epochs, what
+    stopped training, validation losses, the learning curve, training time, the precision; written
+    to ``result.json`` (which a second invocation finds and keeps)."""
     write_lines(run.path("hyp.txt"), hyps)
     write_lines(run.path("ref.txt"), refs)
-    records = runs.parse_log(run.path("train.log"))
+    with open(run.path("train.log"), encoding="utf-8", errors="replace") as f:
+        log = f.read()
+    records = runs.parse_log_lines(log.splitlines())
     series = runs.series(records)
     valid = [v for _, v in series.get("valid_loss", [])]
     with open(run.path("train.done")) as f:
@@ -109,14 +120,20 @@ def record(run: RunState, hyps: List[str], refs: List[str], n_test: int, checkpo
         "test_size": n_test,
         # the last validation comes after the last train_inner record (a --minutes stop)
         "updates": runs.updates_done(records),
+        "epochs": runs.epochs_done(records),
+        # plateau (--patience), time (--minutes), max_update; None: the log names no stop
+        "stopped": runs.stop_reason(log),
+        "precision": precision,
         "best_valid_loss": min(valid) if valid else None,
         "last_valid_loss": valid[-1] if valid else None,
         "train_seconds": round(train_s, 1),
         "checkpoint": os.path.basename(checkpoint),
     }
     result["curve"], result["updates_per_second"] = learning_curve(series)
-    for d in run.system.stages:  # the updates of the earlier stages too (each stage counts from 0)
-        result["updates"] += runs.updates_done(runs.parse_log(run.path(f"stage_{d}.log")))
+    for d in run.system.stages:  # the earlier stages' updates and epochs too (each counts from 0)
+        stage = runs.parse_log(run.path(f"stage_{d}.log"))
+        result["updates"] += runs.updates_done(stage)
+        result["epochs"] += runs.epochs_done(stage)
     with open(run.path("result.json"), "w") as f:
         json.dump(result, f, indent=1)
     run.result, run.status = result, "done"
@@ -141,6 +158,9 @@ class Study:
             for seed in range(1, args.seeds + 1)
         ]
         self.lock = threading.Lock()
+        #: called with each run as it ends (done or failed), one at a time: fairseq-deep-study
+        #: rewrites results.json and results.md then, so that a study cut short keeps its table
+        self.ended: Optional[Callable[[RunState], None]] = None
         # the running fairseq processes: stop() (Ctrl-C, SIGTERM) ends them and starts no more
         self.processes = runs.Processes()
         self.stopping = self.processes.stopping
@@ -212,7 +232,8 @@ class Study:
         checkpoint = run.path(f"checkpoint_{self.args.checkpoint}.pt")
         if not os.path.exists(checkpoint):
             checkpoint = run.path("checkpoint_last.pt")
-        result = self.execute(generate_run(self.args, checkpoint), run.path("generate.out"), False)
+        decode = generate_run(self.args, checkpoint, precision_of(self.args, run.system))
+        result = self.execute(decode, run.path("generate.out"), False)
         generated = result.generated
         if not result.ok:
             run.fail("fairseq-generate: " + result.error())
@@ -265,7 +286,7 @@ class Study:
         decoded = self.decode(run)
         scored = decoded and self.score(run, decoded[0])
         if scored:
-            record(run, *scored, self.n_test, decoded[1])
+            record(run, *scored, self.n_test, decoded[1], precision_of(self.args, run.system))
 
     def _guarded(self, run: RunState):
         if self.stopping.is_set():
@@ -276,6 +297,12 @@ class Study:
             logger.exception("%s failed", run.label)
             run.fail(f"{type(e).__name__}: {e}")
         self.log_progress(only=run)
+        if self.ended is not None and not self.stopping.is_set():
+            with self.lock:  # one at a time: what it writes, it writes whole
+                try:
+                    self.ended(run)
+                except Exception:  # noqa: BLE001 - a partial table must not stop the runs
+                    logger.exception("writing the results after %s failed", run.label)
 
     # -- progress ------------------------------------------------------------------------------
     def progress_line(self, run: RunState) -> str:
