@@ -89,6 +89,32 @@ def load_as_saved(path: str, option: Optional[str] = None, require_model: bool =
     return _fairseq_state(state, path, option) if require_model else state
 
 
+def peek(path: str, option: Optional[str] = None) -> Optional[dict]:
+    """The state of the checkpoint ``path`` as saved, its tensors mapped from the file rather than
+    read (``torch.load(mmap=True)``: fast whatever the model's size), with this package's checks:
+    what the console scripts check before fairseq prints or creates anything (a missing, truncated,
+    foreign or unregistered checkpoint; its model options).  None for a file of torch's legacy
+    format, which cannot be mapped (fairseq's loader checks it when it reads it)."""
+    _exists(path, option)
+    with open(path, "rb") as f:
+        legacy = f.read(1) == b"\x80"  # a pickle: torch's format before the zip archive
+    if legacy:
+        return None
+    state = checked(path, lambda: torch.load(path, map_location="cpu", mmap=True))
+    check_registered(path, state)
+    return _fairseq_state(state, path, option)
+
+
+def check_paths(args):
+    """fairseq-generate's and -interactive's ``--path`` (checkpoints separated by ``:``), each
+    :func:`peek`-ed: a mistake is said before fairseq prints its configuration."""
+    from fairseq import utils
+
+    for path in utils.split_paths(getattr(args, "path", None) or ""):
+        if path and "://" not in path:  # a local file (fairseq's PathManager also reads URLs)
+            peek(path, "--path")
+
+
 def _raised_by_torch_load(exc: BaseException) -> bool:
     return any(
         f.filename.replace("\\", "/").endswith("torch/serialization.py")

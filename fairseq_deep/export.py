@@ -522,7 +522,7 @@ def cli_main(argv=None):
     parser.add_argument("--target-lang", help="target language (default: the checkpoint's)")
     args = parser.parse_args(argv)
     quiet_warnings()
-    script_logging(sys.stderr)
+    script_logging(sys.stderr, level="WARNING")  # its one line, the summary or the refusal, alone
 
     def run():
         summary = export(

@@ -479,6 +479,11 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
             "--encoder-attention-heads (checkpoint 2, this run 4), "
             "--decoder-attention-heads (checkpoint 2, this run 4)." in line
         )
+        if (
+            script[0] == "fairseq-deep-train"
+        ):  # issue 40: the refusal is all it says, and it made nothing
+            assert (refused.stdout + refused.stderr).strip() == line
+            assert not (tmp_path / "heads").exists()
     assert not (tmp_path / "heads" / "checkpoint_last.pt").exists()
 
     # the command as printed: nothing retyped
