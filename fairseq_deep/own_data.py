@@ -164,6 +164,12 @@ class Speed:
     def validation_s(self, sentences: int, words: float, test_words: float) -> float:
         return sentences / self.batch * self.forward_s * words / max(1e-9, test_words)
 
+    def update_s(self, max_tokens: int) -> float:
+        """One training update of ``max_tokens`` tokens: a forward and a backward (twice a
+        forward's work) of that many.  fairseq stops at --stop-time-hours after the update it is
+        in, so the last one runs past it."""
+        return 3 * self.forward_s * max_tokens / (self.batch * self.pieces)
+
 
 def measure_speed(args, vocab: int, words: float, beam: int, device: str) -> Speed:
     """Times the model of ``args`` (fairseq-train's parsed arguments of the recipe; built as
@@ -231,13 +237,16 @@ def reserve_parts(
     valid_words: float,
     startup_s: float,
     device: str = "cpu",
+    max_tokens: int = 0,
 ) -> Dict[str, float]:
     """Seconds of the budget for what is not training, at the ``speed`` measured: three start-ups
-    (fairseq-train, averaging, fairseq-generate; ``startup_s`` each), the validation
-    fairseq-train runs after its time is up, and decoding the whole test set (at most: see
-    :meth:`Speed.decoding_s`).  ``*_words``: mean raw words per sentence."""
+    (fairseq-train, averaging, fairseq-generate; ``startup_s`` each), the update in progress when
+    the time is up (of ``max_tokens``) and the validation fairseq-train runs then, and decoding the
+    whole test set (at most: see :meth:`Speed.decoding_s`).  ``*_words``: mean raw words per
+    sentence."""
     return {
         "start-ups": 3 * startup_s + (10 if device == "cpu" else 30),
+        "last update": speed.update_s(max_tokens),
         "validation": speed.validation_s(valid_sentences, valid_words, test_words),
         "decoding": speed.decoding_s(test_sentences),
     }
@@ -402,7 +411,14 @@ def setup(
     )  # this process's start: python, torch, fairseq
     speed = measure(args, s.vocab, test_words, s.beam, device)
     parts = reserve_parts(
-        speed, test_sentences, test_words, valid_sentences, valid_words, startup, device
+        speed,
+        test_sentences,
+        test_words,
+        valid_sentences,
+        valid_words,
+        startup,
+        device,
+        s.max_tokens,
     )
     budget = int(round(s.minutes * 60))
     decode_all = parts["decoding"]

@@ -36,14 +36,17 @@ generate ends as usual with what it decoded (its "Translated N sentences" and BL
 examples/own_data/run.sh sets it so that the run ends within ``MINUTES``.
 
 How much of the test set a deadline leaves time for is measured, never guessed: after each batch
-decoded, the speed measured so far on this machine and this model (source tokens per second of
-the batches decoded) gives the time of the batches still to come (:func:`decoding_plan`).  When
-they end before the deadline, all of them are decoded (said once, after the first batch, as
+decoded, the speed measured so far on this machine and this model (sentences per second of the
+batches decoded) gives the time of the batches still to come (:func:`decoding_plan`).  When they
+end before the deadline, all of them are decoded (said once, after the first batch, as
 :data:`DECODE_WHOLE` with the speed); only when they do not is the rest thinned to an evenly
 spaced subset of its batches sized by that speed (fairseq's batches are in order of length, so
 every length is in it), said as :data:`DECODE_SUBSET` with the speed, the estimate and the time
-that would decode all.  The plan is made again after every batch, so a first batch slower than
-the rest (start-up) costs no sentences later.
+that would decode all.  The plan is made again after every batch.  Sentences, not source tokens,
+are the unit: on Multi30k (1,000 sentences, a 30-layer encoder at width 128 on a CPU) the first
+batch, the shortest, decoded 18.5 sentences/s and the whole set 20.9, where its 164 source
+tokens/s foretold twice the time for the rest (most of a step's cost, the beam's bookkeeping and
+the output layer over the vocabulary, does not grow with the source).
 
 A fixed subset: :data:`DECODE_FRACTION_ENV` (``FAIRSEQ_DEEP_DECODE_FRACTION=f``, 0 < f < 1)
 decodes an evenly spaced fraction f of the test set's sentences in fairseq's order, which is by
@@ -396,10 +399,10 @@ def evenly_spaced(n: int, fraction: float) -> list:
 
 
 def decoding_plan(work: Sequence[float], rate: float, seconds_left: float) -> List[int]:
-    """Which of the batches still to decode (``work``: each one's source tokens, in fairseq's
-    order, by length) to decode in ``seconds_left`` at ``rate`` (source tokens per second, measured
-    on the batches decoded so far): all of them when they fit, else an evenly spaced subset of
-    them holding about ``seconds_left * rate`` tokens (none when no time is left)."""
+    """Which of the batches still to decode (``work``: each one's sentences, in fairseq's order,
+    by length) to decode in ``seconds_left`` at ``rate`` (sentences per second, measured on the
+    batches decoded so far): all of them when they fit, else an evenly spaced subset of them
+    holding about ``seconds_left * rate`` sentences (none when no time is left)."""
     total = float(sum(work))
     everything = list(range(len(work)))
     if not work or rate <= 0 or total / rate <= seconds_left:

@@ -183,8 +183,11 @@ def test_budget_and_sizes_follow_the_device_and_the_environment():
     with pytest.raises(UserError, match="MINUTES=0 and MAX_UPDATE=0"):
         own_data.settings_from_env({"MINUTES": "0"}, "cpu")
     # the reserve (run.sh trains for the rest): start-ups, validation and decoding at the speed measured
-    parts = own_data.reserve_parts(SPEED, 1000, 11, 500, 22, startup_s=20)
+    parts = own_data.reserve_parts(SPEED, 1000, 11, 500, 22, startup_s=20, max_tokens=2560)
     assert parts["start-ups"] == 70 and parts["decoding"] == SPEED.decoding_s(1000)
+    assert parts["last update"] == pytest.approx(
+        3 * 0.2 * 2560 / (128 * 10)
+    )  # 2 batches' forward, x 3
     assert parts["validation"] == pytest.approx(500 / 128 * 0.2 * 2)  # sentences twice as long
     assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
     assert "--max-update" not in own_data.train_command(cpu, "transformer_dlcl", "d", "s", [])

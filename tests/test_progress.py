@@ -182,12 +182,10 @@ def fake_generate(batches):
     return types.SimpleNamespace(tasks=tasks, progress_bar=bars)
 
 
-def decode(module, seconds_per_batch, clock, sizes=None):
+def decode(module, seconds_per_batch, clock):
     """fairseq's loop: every batch the bar yields is decoded (the fake clock advances: by
-    ``seconds_per_batch``, or by the next of a list of them); ``sizes``: the dataset's
-    ``src_sizes`` (source tokens by sentence id).  The ids of the batches decoded."""
-    dataset = types.SimpleNamespace(src_sizes=sizes) if sizes is not None else None
-    itr = module.tasks.setup_task(None).get_batch_iterator(dataset=dataset)
+    ``seconds_per_batch``, or by the next of a list of them).  The sizes of the batches decoded."""
+    itr = module.tasks.setup_task(None).get_batch_iterator(dataset=None)
     times = iter(seconds_per_batch if isinstance(seconds_per_batch, list) else [])
     decoded = []
     for sample in module.progress_bar.progress_bar(
@@ -234,21 +232,20 @@ def test_the_speed_measured_decides_between_the_whole_test_set_and_a_subset(capl
     assert P.decoding_plan([10.0] * 10, rate=1.0, seconds_left=0.0) == []
     assert P.decoding_plan([], rate=1.0, seconds_left=0.0) == []
     caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
-    # ten batches of 10 sentences of 2 source tokens each, in fairseq's order (by length)
+    # ten batches of 10 sentences, in fairseq's order (by length)
     batches = [list(range(i, i + 10)) for i in range(0, 100, 10)]
-    sizes = [2] * 100
-    # fast: 1 s a batch (20 tokens/s) from t=1000 with 60 s left: all of them, said once with the speed
+    # fast: 1 s a batch from t=1000 with 60 s left: all of them, said once with the speed
     clock = Clock()
     clock.t = 1000.0
     fast = fake_generate(batches)
     install_decoding_progress(fast, interval=0, clock=clock, deadline=1060.0, wall_clock=clock)
-    assert decode(fast, 1.0, clock, sizes) == [10] * 10
+    assert decode(fast, 1.0, clock) == [10] * 10
     assert lines(caplog) == [
-        f"{P.DECODE_WHOLE}: at 10.0 sentences/s (20 source tokens/s), measured on the 1 batch decoded "
+        f"{P.DECODE_WHOLE}: at 10.0 sentences/s, measured on the 1 batch decoded "
         "here, the 90 sentences left take about 9 s, and 59 s are left before the deadline "
         "(FAIRSEQ_DEEP_DEADLINE)"
     ]
-    # slow: 10 s a batch (2 tokens/s), 60 s left: after the first batch, 50 s of the 90 s that the
+    # slow: 10 s a batch, 60 s left: after the first batch, 50 s of the 90 s that the
     # other nine would take: five of them (evenly spaced, so every length), no batch cut by the
     # deadline, and the line says how much more time would decode all
     caplog.clear()
@@ -260,10 +257,10 @@ def test_the_speed_measured_decides_between_the_whole_test_set_and_a_subset(capl
     slow.progress_bar.progress_bar = lambda itr, **kw: (
         decoded_ids.append(s["id"][0]) or s for s in real(itr, **kw)
     )
-    assert decode(slow, 10.0, clock, sizes) == [10] * 6 and clock.t == 1060.0
+    assert decode(slow, 10.0, clock) == [10] * 6 and clock.t == 1060.0
     assert decoded_ids == [0, 20, 40, 60, 80, 90]  # every length: from the shortest to the longest
     assert lines(caplog) == [
-        f"{P.DECODE_SUBSET} (the speed measured): at 1.0 sentences/s (2 source tokens/s), measured on the "
+        f"{P.DECODE_SUBSET} (the speed measured): at 1.0 sentences/s, measured on the "
         "1 batch decoded here, the 90 sentences left would take about 90 s, and 50 s are left before the "
         "deadline (FAIRSEQ_DEEP_DEADLINE): decoding 60 of 100 sentences, evenly spaced batches of the "
         "test set sorted by length (every length is in it); about 40 s more would decode all"

@@ -26,7 +26,7 @@ deadline's warning read back).
 
 import logging
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from ..progress import (
     DEADLINE_ENV,
@@ -59,7 +59,7 @@ class _CountingBar:
     given a ``deadline`` (a time of ``wall_clock``), decodes the batches that the speed measured
     says end before it and starts no batch after it (see the module's docstring): skipped batches
     are never given to fairseq's loop, and at the deadline it ends early, with a warning, as if the
-    data had.  ``batches``: each batch's (sentences, source tokens) in fairseq's order, when known."""
+    data had.  ``batches``: each batch's sentences in fairseq's order, when known."""
 
     def __init__(
         self,
@@ -67,7 +67,7 @@ class _CountingBar:
         progress: DecodingProgress,
         deadline: Optional[float] = None,
         wall_clock: Callable[[], float] = time.time,
-        batches: Optional[List[Tuple[int, float]]] = None,
+        batches: Optional[List[int]] = None,
     ):
         self._bar = bar
         self._progress = progress
@@ -75,7 +75,7 @@ class _CountingBar:
         self._wall_clock = wall_clock
         self._batches = batches
         self._skip = set()
-        self._decoded = [0, 0.0, 0.0, 0]  # batches, sentences, source tokens, seconds
+        self._decoded = [0, 0, 0.0]  # batches, sentences, seconds
         self._said = None  # DECODE_WHOLE or DECODE_SUBSET, once said
         self._whole = progress.total_sentences  # the plan's subset changes the progress's total
 
@@ -114,25 +114,25 @@ class _CountingBar:
         done = self._decoded
         done[0] += 1
         done[1] += sentences
-        done[2] += batches[index][1]
-        done[3] += seconds
-        if done[3] <= 0:
+        done[2] += seconds
+        if done[2] <= 0:
             return
-        rate = done[2] / done[3]  # source tokens per second, on this machine and this model
+        rate = done[1] / done[2]  # sentences per second, on this machine and this model
         rest = list(range(index + 1, len(batches)))
         left = self._deadline - self._wall_clock()
         if left <= 0:  # the deadline has passed: it stops decoding, and says so
             return
-        chosen = [rest[i] for i in decoding_plan([batches[j][1] for j in rest], rate, left)]
+        chosen = [rest[i] for i in decoding_plan([batches[j] for j in rest], rate, left)]
         self._skip = set(rest) - set(chosen)
         p = self._progress
-        p.total_sentences = p.sentences + sum(batches[j][0] for j in chosen)
-        rest_s = sum(batches[j][1] for j in rest) / rate
+        p.total_sentences = p.sentences + sum(batches[j] for j in chosen)
+        rest_sentences = sum(batches[j] for j in rest)
+        rest_s = rest_sentences / rate
         measured = (
-            f"at {done[1] / done[3]:,.1f} sentences/s ({rate:,.0f} source tokens/s), measured on the "
-            f"{done[0]:,} batch{'es' if done[0] > 1 else ''} decoded here, the "
-            f"{sum(batches[j][0] for j in rest):,} sentences left {{}} about {rest_s:,.0f} s, and "
-            f"{max(0.0, left):,.0f} s are left before the deadline ({DEADLINE_ENV})"
+            f"at {rate:,.1f} sentences/s, measured on the {done[0]:,} "
+            f"batch{'es' if done[0] > 1 else ''} decoded here, the {rest_sentences:,} sentences left "
+            f"{{}} about {rest_s:,.0f} s, and {max(0.0, left):,.0f} s are left before the deadline "
+            f"({DEADLINE_ENV})"
         )
         if not self._skip and self._said is None and rest:
             self._said = DECODE_WHOLE
@@ -141,7 +141,7 @@ class _CountingBar:
             self._said = DECODE_SUBSET
             logger.warning(
                 f"{DECODE_SUBSET} (the speed measured): {measured.format('would take')}: decoding "
-                f"{p.total_sentences:,} of {sum(b[0] for b in batches):,} sentences, evenly spaced batches of "
+                f"{p.total_sentences:,} of {sum(batches):,} sentences, evenly spaced batches of "
                 f"the test set sorted by length (every length is in it); about {rest_s - left:,.0f} s more "
                 "would decode all"
             )
@@ -193,16 +193,10 @@ def _sentences_in(epoch_batch_iterator) -> Optional[int]:
         return None
 
 
-def _batch_sizes(epoch_batch_iterator, dataset) -> Optional[List[Tuple[int, float]]]:
-    """Each batch's (sentences, source tokens) in fairseq's order (sentences where the dataset has
-    no ``src_sizes``), or None for another iterator."""
+def _batch_sizes(epoch_batch_iterator) -> Optional[List[int]]:
+    """Each batch's sentences in fairseq's order, or None for another iterator."""
     try:
-        batches = epoch_batch_iterator.frozen_batches
-        sizes = getattr(dataset, "src_sizes", None)
-        return [
-            (len(b), float(sum(sizes[int(i)] for i in b)) if sizes is not None else float(len(b)))
-            for b in batches
-        ]
+        return [len(b) for b in epoch_batch_iterator.frozen_batches]
     except Exception:  # noqa: BLE001 - another iterator: the deadline alone
         return None
 
@@ -257,7 +251,7 @@ def install_decoding_progress(
             if fraction is not None and hasattr(dataset, "ordered_indices"):
                 _decode_a_subset(dataset, fraction)
             itr = get_batch_iterator(*a, **kw)
-            recorded.append((itr, dataset))
+            recorded.append(itr)
             return itr
 
         task.get_batch_iterator = recording
@@ -265,12 +259,12 @@ def install_decoding_progress(
 
     def progress_bar(iterator, *args, **kwargs):
         bar = real_bars.progress_bar(iterator, *args, **kwargs)
-        total = _sentences_in(recorded[-1][0]) if recorded else None
+        total = _sentences_in(recorded[-1]) if recorded else None
         try:
             batches = len(iterator)
         except TypeError:
             batches = None
-        sizes = _batch_sizes(*recorded[-1]) if recorded else None
+        sizes = _batch_sizes(recorded[-1]) if recorded else None
         return _CountingBar(
             bar,
             DecodingProgress(total, batches, interval=interval, clock=clock),
