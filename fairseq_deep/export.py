@@ -35,7 +35,13 @@ import tempfile
 from typing import Dict, Optional, Tuple
 
 from .checkpoints import family_of, load, model_args
-from .errors import MissingFileError, UserError, import_optional, report_user_errors
+from .errors import (
+    ArgumentParser,
+    MissingFileError,
+    UserError,
+    import_optional,
+    report_user_errors,
+)
 from .models.reduction import SERVED_BY, fold, why_not_transformer
 from .patches.better_transformer import without_better_transformer
 from .quiet import quiet_warnings, script_logging
@@ -486,7 +492,7 @@ def export(
 
 
 def cli_main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # argparse's errors in one line, as every console script's
         prog="fairseq-deep-export",
         description="Export a fairseq_deep model whose function is a standard Transformer's "
         "(pre-/post-norm presets, DeepNorm, Admin, DS-Init, the families' baselines) "
