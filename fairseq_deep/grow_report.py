@@ -59,6 +59,13 @@ NOT_REPEATED = {
 }
 
 
+def _word(value) -> str:
+    """A value as it was typed: ``--stop-time-hours 1``, not the configuration's ``1.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
     """The shallow run's training options (those of fairseq-train's parser whose value in the
     checkpoint's configuration ``cfg`` differs from the parser's default) as arguments: its task,
@@ -116,7 +123,7 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
             isinstance(value, list) and len(value) == 1 and _same(value[0], default)
         ):
             continue
-        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        text = ",".join(map(_word, value)) if isinstance(value, (list, tuple)) else _word(value)
         name = max(action.option_strings, key=len)
         argv += [f"{name}={text}"] if text.startswith("-") else [name, text]
     return argv
