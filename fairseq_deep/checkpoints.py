@@ -42,7 +42,7 @@ import zipfile
 from typing import Callable, List, Optional, Tuple, TypeVar, Union
 
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, utils
 
 from .errors import CheckpointError, MissingFileError
 
@@ -208,6 +208,32 @@ def check_consolidated(model, state_dict: dict, path: str):
             f"builds it ({len(missing)} missing ({', '.join(missing[:3])}), {len(unexpected)} "
             f"unexpected ({', '.join(unexpected[:3])})): load it with the versions that wrote it"
         )
+
+
+def peek(path: str, option: Optional[str] = None) -> Optional[dict]:
+    """The state of the checkpoint ``path`` as saved, its tensors mapped from the file rather than
+    read (``torch.load(mmap=True)``: fast whatever the model's size), with this package's checks:
+    what the console scripts check before fairseq prints or creates anything (a missing, truncated,
+    foreign or unregistered checkpoint; its model options).  None for a file of torch's legacy
+    format, which cannot be mapped (fairseq's loader checks it when it reads it)."""
+    _exists(path, option)
+    with open(path, "rb") as f:
+        legacy = f.read(1) == b"\x80"  # a pickle: torch's format before the zip archive
+    if legacy:
+        return None
+    state = checked(path, lambda: torch.load(path, map_location="cpu", mmap=True))
+    check_registered(path, state)
+    return _fairseq_state(state, path, option)
+
+
+def check_paths(args):
+    """fairseq-generate's and -interactive's ``--path`` (checkpoints separated by ``:``), each
+    :func:`peek`-ed: a mistake is said before fairseq prints its configuration."""
+    for path in utils.split_paths(getattr(args, "path", None) or ""):
+        # a local file (fairseq's PathManager also reads URLs); a fully sharded checkpoint's
+        # shards are checked as they are read (:func:`consolidated`)
+        if path and "://" not in path and not shard_files(path):
+            peek(path, "--path")
 
 
 def _raised_by_torch_load(exc: BaseException) -> bool:

@@ -27,8 +27,10 @@ import os
 import sys
 from typing import List
 
+from .checkpoints import check_paths
 from .errors import UserError, report_user_errors
 from .model_from import take_model_from
+from .model_options import check_restore
 from .patches.arguments import option_value
 from .patches.scripts import install_generate, install_interactive, install_parsing, install_train
 from .quiet import PLUGIN_DIR, quiet_warnings, script_logging
@@ -87,12 +89,21 @@ REQUIRED = {
 }
 
 
-def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None):
+#: what each script checks of its parsed arguments before fairseq prints its configuration or
+#: creates anything: the checkpoint fairseq-train would restore (its architecture options against
+#: this run's), the checkpoints of --path
+CHECKS = {
+    "train": (check_restore,),
+    "generate": (check_paths,),
+    "interactive": (check_paths,),
+}
+
+
+def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None, checks=()):
     quiet_warnings()
     script_logging(log_stream)
-    install_parsing(
-        required
-    )  # --arch ARCH --help; argparse's errors in one line; REQUIRED once parsed
+    # --arch ARCH --help; argparse's errors in one line; REQUIRED and CHECKS once parsed
+    install_parsing(required, checks)
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types
     # allow-listed) is already imported; fairseq's import of the --user-dir finds it loaded.
     sys.argv = with_user_dir(sys.argv)
@@ -123,6 +134,7 @@ def train():
         needs_arch=True,
         prepare_argv=take_model_from,
         required=REQUIRED["train"],
+        checks=CHECKS["train"],
     )
 
 
@@ -131,13 +143,20 @@ def generate():
 
     # a progress line with the ETA every 30 s; no batch started after FAIRSEQ_DEEP_DEADLINE
     install_generate()
-    _run(
-        fairseq_generate.cli_main, log_stream=None, required=REQUIRED["generate"]
-    )  # it configures logging itself
+    _run(  # it configures logging itself
+        fairseq_generate.cli_main,
+        log_stream=None,
+        required=REQUIRED["generate"],
+        checks=CHECKS["generate"],
+    )
 
 
 def interactive():
     from fairseq_cli import interactive as fairseq_interactive
 
     install_interactive()  # every line one hypothesis; sentencepiece data without --bpe
-    _run(fairseq_interactive.cli_main, required=REQUIRED["interactive"])
+    _run(
+        fairseq_interactive.cli_main,
+        required=REQUIRED["interactive"],
+        checks=CHECKS["interactive"],
+    )

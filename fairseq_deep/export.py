@@ -36,7 +36,13 @@ from typing import Dict, Optional, Tuple
 
 from . import serving
 from .checkpoints import family_of, load, model_args
-from .errors import MissingFileError, UserError, import_optional, report_user_errors
+from .errors import (
+    ArgumentParser,
+    MissingFileError,
+    UserError,
+    import_optional,
+    report_user_errors,
+)
 from .models.reduction import SERVED_BY, fold, why_not_transformer
 from .patches.better_transformer import without_better_transformer
 from .patches.checkpoint_history import history_of
@@ -498,7 +504,7 @@ def export(
 
 
 def cli_main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # argparse's errors in one line, as every console script's
         prog="fairseq-deep-export",
         description="Export a fairseq_deep model whose function is a standard Transformer's "
         "(pre-/post-norm presets, DeepNorm, Admin, DS-Init, the families' baselines) "
@@ -559,7 +565,7 @@ def cli_main(argv=None):
     timing.add_argument("--timing-beam", type=int, default=5, metavar="N", help="default 5")
     args = parser.parse_args(argv)
     quiet_warnings()
-    script_logging(sys.stderr)
+    script_logging(sys.stderr, level="WARNING")  # its one line, the summary or the refusal, alone
 
     def run():
         summary = export(

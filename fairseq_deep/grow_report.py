@@ -1,15 +1,20 @@
 """What ``fairseq-deep-grow`` says when it has grown a model: the grown model, what became of the
 shallow run's training time, and the two commands that continue training it, one taking the
 model options from the grown checkpoint (``--model-from``), one with every model option written
-out (:func:`fairseq_deep.model_options.model_command`); both with the shallow run's training
-options (:func:`training_options`), so that they run as printed."""
+out (:func:`fairseq_deep.model_options.model_command`).  Both restart the learning rate as
+examples/grow/run.sh does (a fresh optimizer and schedule, a warm-up of a quarter of the shallow
+run's: :func:`fairseq_deep.runs.recipes.restart`), take the shallow run's other training options
+(:func:`training_options`), and leave the budget (``--max-update``, ``--stop-time-hours``,
+``--max-epoch``) to the reader as shell variables, named in a line of their own (:func:`continued`):
+the shallow run's budget was for a shallower model."""
 
 import os
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .model_options import model_command, options_of
 from .progress import hms
-from .runs import Part, Run, restore_flags
+from .runs import Part, Run, Variable, recipes, restore_flags
 
 #: the groups of a fairseq configuration, in the order an option's value is looked up
 GROUPS = (
@@ -52,6 +57,13 @@ NOT_REPEATED = {
     "optimizer",
     "lr_scheduler",
 }
+
+
+def _word(value) -> str:
+    """A value as it was typed: ``--stop-time-hours 1``, not the configuration's ``1.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
@@ -111,10 +123,85 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
             isinstance(value, list) and len(value) == 1 and _same(value[0], default)
         ):
             continue
-        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        text = ",".join(map(_word, value)) if isinstance(value, (list, tuple)) else _word(value)
         name = max(action.option_strings, key=len)
         argv += [f"{name}={text}"] if text.startswith("-") else [name, text]
     return argv
+
+
+#: fairseq-train's options that bound a run, and the shell variables the next command reads them from
+BUDGET = {
+    "--max-update": "MAX_UPDATE",
+    "--stop-time-hours": "STOP_TIME_HOURS",
+    "--max-epoch": "MAX_EPOCH",
+}
+
+
+@dataclass
+class Continued:
+    """The shallow run's training options as the next run takes them (:func:`continued`):
+    ``training`` (all but the warm-up and the budget), ``warmup`` (its ``--warmup-updates``, if
+    any), ``budget`` (``{option: its value}``, each left to a :data:`BUDGET` variable)."""
+
+    training: List[str]
+    warmup: Optional[str]
+    budget: Dict[str, str]
+    known: bool = True  # False: the checkpoint held no configuration to read them from
+
+    def parts(self) -> Tuple[Part, ...]:
+        restart = (recipes.restart(self.warmup),) if self.warmup is not None else ()
+        words = [w for option in self.budget for w in (option, Variable(BUDGET[option]))]
+        return (Part("training", self.training), *restart, Part("budget", words))
+
+    def note(self) -> str:
+        """The line that says what the next command takes and leaves to the reader."""
+        if self.warmup is not None:
+            restart = recipes.restart(self.warmup)[1]
+            how = (
+                f"a learning-rate restart as examples/grow/run.sh's (a fresh optimizer and schedule, "
+                f"--warmup-updates {restart}: a quarter of the shallow run's {self.warmup})"
+            )
+        else:
+            how = "a fresh optimizer and schedule (--reset-optimizer --reset-lr-scheduler)"
+        if not self.known:
+            return (
+                f"next: {how}; the checkpoint holds no training options: give yours, a budget "
+                "(--max-update, --stop-time-hours) and a warm-up of a quarter of the shallow run's "
+                "(--warmup-updates), as examples/grow/run.sh does"
+            )
+        if self.budget:
+            names = " ".join(f"{BUDGET[o]}=..." for o in self.budget)
+            was = " ".join(f"{o} {v}" for o, v in self.budget.items())
+            budget = (
+                f"the budget is yours: set {names} first (the shallow run's was {was}, for a "
+                "shallower model; examples/grow/run.sh gives each stage STAGE_UPDATES)"
+            )
+        else:
+            budget = "the shallow run had no budget (--max-update, --stop-time-hours): add one"
+        return f"next: {how}, the shallow run's other training options; {budget}"
+
+
+def continued(shallow: Optional[List[str]]) -> Continued:
+    """The shallow run's training options ``shallow`` (:func:`training_options`) split for the
+    next run: its ``--warmup-updates`` (replaced by the restart's), its budget (:data:`BUDGET`,
+    left to shell variables) and the rest (taken as they are)."""
+    training, warmup, budget = [], None, {}
+    words = list(shallow or [])
+    i = 0
+    while i < len(words):
+        name, sep, value = words[i].partition("=")
+        if not sep and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value, step = words[i + 1], 2
+        else:
+            step = 1
+        if name in BUDGET and (sep or step == 2):
+            budget[name] = value
+        elif name == "--warmup-updates" and (sep or step == 2):
+            warmup = value
+        else:
+            training += words[i : i + step]
+        i += step
+    return Continued(training, warmup, budget, known=shallow is not None)
 
 
 def training_time_line(summary: Dict) -> str:
@@ -145,10 +232,8 @@ def report(summary: Dict, out: str) -> str:
     missing = (
         "" if shallow is not None else " <training options: --optimizer, --lr, --max-tokens, ...>"
     )
-    lines.append(
-        "continue training (the model's options taken from the grown checkpoint, the shallow run's "
-        "training options):"
-    )
+    lines.append(continued(shallow).note())
+    lines.append("continue training (the model's options taken from the grown checkpoint):")
     lines.append(f"  {from_checkpoint.shell()}{missing}")
     lines.append("the same with every model option written out:")
     lines.append(f"  {written_out.shell()}{missing}")
@@ -158,11 +243,12 @@ def report(summary: Dict, out: str) -> str:
 def next_runs(summary: Dict, out: str, shallow: Optional[List[str]]) -> Tuple[Run, Run]:
     """The two runs that continue training the grown model ``out``: its model options taken from
     the checkpoint (``--model-from``), or written out; both restore it with a fresh optimizer,
-    schedule and data and train with the shallow run's options ``shallow``."""
+    schedule and data, and train with the shallow run's options ``shallow`` as :func:`continued`
+    takes them (a learning-rate restart, the budget left to shell variables)."""
     rest = (
         restore_flags(out),
         ["--save-dir", os.path.splitext(out)[0] + "_checkpoints"],
-        Part("training", shallow or []),
+        *continued(shallow).parts(),
     )
     data = summary.get("data") or "DATA"
     return (

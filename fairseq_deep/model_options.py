@@ -22,6 +22,7 @@ where the opposite default would be silent.
 import argparse
 import copy
 import dataclasses
+import os
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -138,8 +139,10 @@ def family(ns) -> Optional[str]:
 
 
 def resolved(ns: argparse.Namespace) -> argparse.Namespace:
-    """A copy of ``ns`` with its ``--arch``'s preset applied: the defaults of options that a
-    checkpoint of older code lacks, as the model's ``build_model`` fills them."""
+    """A copy of ``ns`` with its ``--arch``'s preset applied (the defaults of options that a
+    checkpoint of older code lacks, as the model's ``build_model`` fills them) and what fairseq's
+    Transformer ``build_model`` derives (:func:`derive_as_built`), so that the options of a
+    command line compare with those a checkpoint saved after its model was built."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
     ns = copy.deepcopy(ns)
@@ -149,7 +152,28 @@ def resolved(ns: argparse.Namespace) -> argparse.Namespace:
             preset(ns)
         except Exception:  # noqa: BLE001 - what the preset refuses was accepted when it was saved
             pass
+    derive_as_built(ns)
     return ns
+
+
+def derive_as_built(ns: argparse.Namespace):
+    """What fairseq's Transformer ``build_model`` (``TransformerModel`` and
+    ``TransformerModelBase``, every fairseq 0.12) sets from other options in the options it is
+    given, which a checkpoint then saves: ``--share-decoder-input-output-embed`` under
+    ``--share-all-embeddings`` (or ``--merge-src-tgt-embed``), the layer counts of
+    ``--encoder-layers-to-keep``/``--decoder-layers-to-keep``; in place, for the models built
+    by it (fairseq's and ours: the Transformer families)."""
+    from fairseq.models.transformer import TransformerModelBase
+
+    cls = model_class(ns)
+    if cls is None or not issubclass(cls, TransformerModelBase):
+        return
+    if getattr(ns, "share_all_embeddings", False) or getattr(ns, "merge_src_tgt_embed", False):
+        ns.share_decoder_input_output_embed = True
+    for side in ("encoder", "decoder"):
+        keep = getattr(ns, f"{side}_layers_to_keep", None)
+        if keep:
+            setattr(ns, f"{side}_layers", len(str(keep).split(",")))
 
 
 def _same(a, b) -> bool:
@@ -241,6 +265,41 @@ def check_same_architecture(path: str, saved, current):
             f"--save-dir (the checkpoint was not modified); options that may change when training goes on "
             f"(dropout, label smoothing, learning rate, ...) are not compared"
         )
+
+
+def restored_checkpoint(args) -> Optional[Tuple[str, str]]:
+    """(the checkpoint, the option that names it) that fairseq-train with ``args`` restores, by
+    fairseq's rule (``checkpoint_utils.load_checkpoint``): ``--restore-file`` when given, else
+    ``SAVE_DIR/checkpoint_last.pt`` when it exists, else on a first launch ``--continue-once`` or
+    ``--finetune-from-model``; None when training starts afresh (a ``--restore-file`` that does
+    not exist too: fairseq then starts afresh and says so)."""
+    restore = getattr(args, "restore_file", None) or "checkpoint_last.pt"
+    if restore != "checkpoint_last.pt":
+        return (restore, "--restore-file") if os.path.isfile(restore) else None
+    last = os.path.join(getattr(args, "save_dir", None) or "checkpoints", "checkpoint_last.pt")
+    if os.path.isfile(last):
+        return last, "--save-dir"
+    for option in ("continue_once", "finetune_from_model"):
+        path = getattr(args, option, None)
+        if path:
+            return path, "--" + option.replace("_", "-")  # missing: peek says so
+    return None
+
+
+def check_restore(args):
+    """The architecture options of fairseq-train's ``args`` against the checkpoint it would restore
+    (:func:`restored_checkpoint`), before fairseq prints its configuration, builds the model or
+    creates ``--save-dir``: a difference (or a checkpoint that cannot be read) is the only thing
+    said.  The trainer checks again when it loads the file (patches/checkpoint_errors)."""
+    from .checkpoints import peek, saved_model_options
+
+    found = restored_checkpoint(args)
+    if found is None:
+        return
+    path, option = found
+    state = peek(path, option if option != "--save-dir" else None)
+    if state is not None:
+        check_same_architecture(path, saved_model_options(state), args)
 
 
 def model_command(ns) -> List[str]:

@@ -6,24 +6,28 @@
 
 ``setup`` checks every argument before any work (the languages, the raw files, the architecture,
 and the whole fairseq-train command line through fairseq's own parser), sizes the run for the
-device (CPU: width 256, a 30-minute budget; CUDA: Base width, 8 hours or 50,000 updates) and
-prints shell assignments for run.sh: the training and decoding commands, and the seconds to
-keep for what follows training (its start-up and last validation, averaging, decoding).  run.sh
-gives training what is left of ``MINUTES`` after preparation and that reserve, as fairseq's
+device (CPU: width 128, a 30-minute budget; CUDA: Base width, 8 hours or 50,000 updates), times
+the recipe's model on this machine (:func:`measure_speed`: steps of beam search and a forward of a
+batch, a freshly initialised model of the architecture and width) and prints shell assignments
+for run.sh: the training and decoding commands, and the seconds to keep for what follows training
+(its start-up and last validation, averaging, decoding at the speed measured).  run.sh gives
+training what is left of ``MINUTES`` after preparation and that reserve, as fairseq's
 ``--stop-time-hours``.  ``checkpoint`` averages the last epoch checkpoints of the second half of
 training (and the final one), or names ``checkpoint_best.pt`` when there are too few.  ``score``
 puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
 its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
 
-Decoding's estimate may take at most :data:`DECODE_SHARE` of the budget: a test set that would take
-more is decoded in part, and ``setup`` says so with the MINUTES that decode it all; training warns
-after its first updates when the budget cannot reach the end of warm-up (progress.BudgetCheck,
-told the recipe's figures through ``FAIRSEQ_DEEP_RECIPE_BUDGET`` to name the MINUTES that would).
+Decoding's reserve may take at most :data:`DECODE_SHARE` of the budget (``setup`` says when the
+measured bound is more, with the MINUTES that keep enough for all); training warns after its
+first updates when the budget cannot reach the end of warm-up (progress.BudgetCheck, told the
+recipe's figures through ``FAIRSEQ_DEEP_RECIPE_BUDGET`` to name the MINUTES that would).
 
 The budget's end is a guarantee, not the estimate: run.sh gives fairseq-deep-generate a deadline
-(``FAIRSEQ_DEEP_DEADLINE``: the run's start + MINUTES - :data:`END_MARGIN_S`) after which it starts
-no batch, and ``score`` then scores the sentences decoded against their own references and says so
-in its line.
+(``FAIRSEQ_DEEP_DEADLINE``: the run's start + MINUTES - :data:`END_MARGIN_S`).  Decoding measures
+its own speed on its first batches, decodes the whole test set when the time left allows, and
+only otherwise an evenly spaced subset sized by that speed (:func:`fairseq_deep.progress.decoding_plan`),
+saying so with the speed; it starts no batch after the deadline.  ``score`` then scores the
+sentences decoded against their own references and says so in its line.
 """
 
 import argparse
@@ -34,7 +38,7 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import ArgumentParser, UserError, report_user_errors
 from .prepare import check_aligned, check_inputs
@@ -71,22 +75,14 @@ COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECI
 DECODE_BATCH = 128
 #: sentencepiece pieces per raw word (an estimate that errs long for European languages)
 PIECES_PER_WORD = 1.3
-#: seconds of one decoder step of a batch (128 sentences, beam 5) at width 128 with 6 decoder layers
-#: on a CPU, and of validating one sentence of 11 words.  Measured on Multi30k de-en (1,000 test
-#: sentences, a model of 36 updates that writes to the length bound) on a 2-core machine shared with
-#: 6 other busy processes: decoding 1.9 s a step (5.6 sentences/s at first, 2.1 by the longest
-#: batches; 8 minutes in all), validation 0.01-0.035 s a sentence.  A quiet machine is several times
-#: faster and a trained model stops early, so 1.5 s errs long on most machines.  (A timing taken at
-#: the start, tried, swung tenfold with the machine's load within minutes.)
-CPU_STEP = 1.5
-CPU_VALID_SENTENCE = 0.04
+#: decoder steps of beam search timed by :func:`measure_speed` (then scaled to the length bound)
+PROBE_STEPS = 8
 #: seconds of the budget after decoding's deadline: fairseq-generate's summary and exit, and scoring
 END_MARGIN_S = 15
-#: the most of the budget that decoding's estimate may take: the budget is for training, so a test
-#: set that would take more is decoded in part (an evenly spaced fraction of its sentences in
-#: fairseq's order by length: every length in it; progress.DECODE_FRACTION_ENV), and the script
-#: says so.  (A 12-minute run on held-out data kept 438 s for decoding 1,000 sentences and
-#: start-ups, and trained 238 s.)
+#: the most of the budget that decoding's reserve may take: the budget is for training.  Decoding
+#: itself decides how much of the test set the time left allows, from its own speed (progress's
+#: decoding plan): all of it when it fits, else an evenly spaced subset.  (A 12-minute run on
+#: held-out data once kept 438 s for decoding 1,000 sentences and start-ups, and trained 238 s.)
 DECODE_SHARE = 0.2
 
 
@@ -145,46 +141,115 @@ def settings_from_env(env: Dict[str, str], device: str) -> Settings:
     return s
 
 
-def reserve_seconds(*args, **kwargs) -> int:
-    """:func:`reserve_parts` summed, in whole seconds."""
-    return int(math.ceil(sum(reserve_parts(*args, **kwargs).values())))
+@dataclass
+class Speed:
+    """Decoding and validation measured on this machine with this model (:func:`measure_speed`),
+    for a batch of ``batch`` sentences of ``pieces`` source pieces: ``encoder_s``, its encoder;
+    ``step_s``, one decoder step of beam search; ``forward_s``, the teacher-forced forward of the
+    batch (validation's work)."""
+
+    encoder_s: float
+    step_s: float
+    forward_s: float
+    pieces: float
+    batch: int = DECODE_BATCH
+
+    def decoding_s(self, sentences: int) -> float:
+        """At most: every batch decoded to the length bound (1.2 x the source + 10 steps, as the
+        recipe's --max-len-a/-b, and the end of sentence), as an untrained model does; a trained
+        one ends most sentences well before it."""
+        steps = 1.2 * self.pieces + 10 + 1
+        return math.ceil(sentences / self.batch) * (self.encoder_s + steps * self.step_s)
+
+    def validation_s(self, sentences: int, words: float, test_words: float) -> float:
+        return sentences / self.batch * self.forward_s * words / max(1e-9, test_words)
+
+    def update_s(self, max_tokens: int) -> float:
+        """One training update of ``max_tokens`` tokens: a forward and a backward (twice a
+        forward's work) of that many.  fairseq stops at --stop-time-hours after the update it is
+        in, so the last one runs past it."""
+        return 3 * self.forward_s * max_tokens / (self.batch * self.pieces)
+
+
+def measure_speed(args, vocab: int, words: float, beam: int, device: str) -> Speed:
+    """Times the model of ``args`` (fairseq-train's parsed arguments of the recipe; built as
+    fairseq-train builds it, with a dictionary of ``vocab`` pieces, freshly initialised) on this
+    machine, on a batch of :data:`DECODE_BATCH` sentences of ``words`` raw words in pieces (random
+    ones: the time of a step does not depend on what it reads): its encoder, :data:`PROBE_STEPS`
+    steps of fairseq's beam search (``beam``; the encoder's time taken off) and one forward.
+    Nothing is written."""
+    import torch
+    from fairseq import tasks
+    from fairseq.data import Dictionary
+    from fairseq.sequence_generator import SequenceGenerator
+
+    d = Dictionary()
+    while len(d) < vocab:
+        d.add_symbol(f"w{len(d)}")
+    task = tasks.translation.TranslationTask(args, d, d)
+    torch.manual_seed(1)
+    model = task.build_model(args).eval().to(device)
+    if device != "cpu" and getattr(args, "fp16", False):
+        model.half()
+    elif device != "cpu" and getattr(args, "bf16", False):
+        model.to(torch.bfloat16)
+    pieces = max(2, round(PIECES_PER_WORD * words) + 1)  # the end of sentence included
+    gen = torch.Generator().manual_seed(1)
+
+    def batch(n):
+        src = torch.randint(d.nspecial, len(d), (n, pieces), generator=gen)
+        src[:, -1] = d.eos()
+        prev = torch.cat([src[:, -1:], src[:, :-1]], dim=1)
+        lengths = torch.full((n,), pieces)
+        return src.to(device), lengths.to(device), prev.to(device)
+
+    def timed(fn):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    search = SequenceGenerator([model], d, beam_size=beam, max_len_a=0, max_len_b=PROBE_STEPS)
+    with torch.no_grad():
+        model(*batch(2))  # the first call's allocations are not a step's
+        src, lengths, prev = batch(DECODE_BATCH)
+        encoder_s = timed(lambda: model.encoder(src, src_lengths=lengths))
+        forward_s = timed(lambda: model(src, lengths, prev))
+        net_input = {"src_tokens": src, "src_lengths": lengths}
+        search_s = timed(lambda: search.generate([model], {"net_input": net_input}))
+    steps = PROBE_STEPS + 1  # fairseq's last step writes the end of sentence
+    return Speed(
+        encoder_s=encoder_s,
+        step_s=max(0.0, search_s - encoder_s) / steps,
+        forward_s=forward_s,
+        pieces=pieces,
+    )
 
 
 def reserve_parts(
+    speed: Speed,
     test_sentences: int,
     test_words: float,
     valid_sentences: int,
     valid_words: float,
-    width: int,
-    layers: int,
     startup_s: float,
     device: str = "cpu",
-    beam: int = 5,
+    max_tokens: int = 0,
 ) -> Dict[str, float]:
-    """Seconds of the budget kept for what is not training: three start-ups (fairseq-train,
-    averaging, fairseq-generate; ``startup_s`` each), the validation fairseq-train runs after its
-    time is up, and decoding: a batch of DECODE_BATCH sentences takes at most 1.2 x its source + 10
-    steps (--max-len-a/-b); a step's cost grows with width^1.5 (matrix products and the overhead
-    of small ones), the decoder layers and the beam.  ``*_words``: mean raw words per sentence."""
-    if device != "cpu":  # a GPU decodes a batch step in milliseconds: start-ups dominate
-        return {
-            "start-ups": 3 * startup_s + 30,
-            "validation": 0.002 * valid_sentences,
-            "decoding": 0.01 * test_sentences,
-        }
-    scale = (width / 128) ** 1.5 * max(1, layers) / 6
-    steps = 1.2 * PIECES_PER_WORD * test_words + 10
-    decode = math.ceil(test_sentences / DECODE_BATCH) * steps * CPU_STEP * scale * max(1, beam) / 5
-    valid = valid_sentences * CPU_VALID_SENTENCE * scale * valid_words / 11
-    return {"start-ups": 3 * startup_s + 10, "validation": valid, "decoding": decode}
-
-
-def decode_fraction(decode_s: float, budget_s: float, share: float = DECODE_SHARE) -> float:
-    """The fraction of the test set to decode: 1 unless decoding all of it (``decode_s``, the
-    estimate) would take more than ``share`` of the budget (``budget_s``; 0: no time budget)."""
-    if budget_s <= 0 or decode_s <= share * budget_s:
-        return 1.0
-    return share * budget_s / decode_s
+    """Seconds of the budget for what is not training, at the ``speed`` measured: three start-ups
+    (fairseq-train, averaging, fairseq-generate; ``startup_s`` each), the update in progress when
+    the time is up (of ``max_tokens``) and the validation fairseq-train runs then, and decoding the
+    whole test set (at most: see :meth:`Speed.decoding_s`).  ``*_words``: mean raw words per
+    sentence."""
+    return {
+        "start-ups": 3 * startup_s + (10 if device == "cpu" else 30),
+        "last update": speed.update_s(max_tokens),
+        "validation": speed.validation_s(valid_sentences, valid_words, test_words),
+        "decoding": speed.decoding_s(test_sentences),
+    }
 
 
 def train_run(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> Run:
@@ -300,8 +365,15 @@ def _shell(name: str, value) -> str:
     return f"{name}={shlex.quote(str(value))}"
 
 
-def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stderr):
-    """Check everything run.sh will do and print its shell assignments (nothing is written)."""
+def setup(
+    argv: Sequence[str],
+    env: Dict[str, str],
+    out=sys.stdout,
+    log=sys.stderr,
+    measure: Callable[..., Speed] = measure_speed,
+):
+    """Check everything run.sh will do, time the model's decoding here (``measure``), and print
+    run.sh's shell assignments (nothing is written)."""
     arch = argv[0] if argv else "transformer_dlcl"
     extra = list(argv[1:])
     for name in ("SRC", "TGT", "RAW"):
@@ -333,27 +405,25 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
     generate = generate_command(s, data_bin)
     test_sentences, test_words = sentences_and_words(files[f"test.{src}"])
     valid_sentences, valid_words = sentences_and_words(files[f"valid.{src}"])
-    width = getattr(args, "decoder_embed_dim", None) or s.width or 512
-    layers = getattr(args, "decoder_layers", None) or 6
     start = float(env.get("RUN_START") or 0)
     startup = (
         max(10.0, time.time() - start) if start else 20.0
     )  # this process's start: python, torch, fairseq
+    speed = measure(args, s.vocab, test_words, s.beam, device)
     parts = reserve_parts(
+        speed,
         test_sentences,
         test_words,
         valid_sentences,
         valid_words,
-        width,
-        layers,
         startup,
         device,
-        s.beam,
+        s.max_tokens,
     )
     budget = int(round(s.minutes * 60))
     decode_all = parts["decoding"]
-    fraction = decode_fraction(decode_all, budget)
-    parts["decoding"] = decode_all * fraction
+    if budget > 0:
+        parts["decoding"] = min(decode_all, DECODE_SHARE * budget)
     reserve = int(math.ceil(sum(parts.values())))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
     values = {
@@ -372,7 +442,6 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         "REF": files[f"test.{tgt}"],
         "TRAIN": train,
         "GENERATE": generate,
-        "DECODE_FRACTION": f"{fraction:.4f}" if fraction < 1 else "",
         # for training's warning of a budget too small to learn: what is neither training nor decoding, decoding
         "RESERVE_FIXED_S": int(math.ceil(reserve - parts["decoding"])),
         "DECODE_ALL_S": int(math.ceil(decode_all)),
@@ -392,7 +461,8 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         + (f", at most {s.max_update} updates" if s.max_update else "")
         + f"; {reserve} s of it kept for what follows training ("
         + ", ".join(f"{name} {value:.0f} s" for name, value in parts.items())
-        + f" for {test_sentences} test sentences; an estimate)"
+        + f" for {test_sentences:,} test sentences, at the speed measured here: "
+        f"{speed.step_s * 1000:.0f} ms a step of beam search of {speed.batch} sentences)"
         + (
             f"; resuming {save_dir}/checkpoint_last.pt (the time it trained counts)"
             if resumed
@@ -400,11 +470,14 @@ def setup(argv: Sequence[str], env: Dict[str, str], out=sys.stdout, log=sys.stde
         ),
         file=log,
     )
-    if fraction < 1:
+    if decode_all > parts["decoding"]:
         print(
-            f"{PROG}: decoding about {max(1, round(fraction * test_sentences)):,} of the {test_sentences:,} test "
-            f"sentences (a subset of every length), since all of them would take about {decode_all:.0f} s, more than "
-            f"{DECODE_SHARE:.0%} of the budget; MINUTES={math.ceil(decode_all / DECODE_SHARE / 60)} decodes them all",
+            f"{PROG}: decoding all {test_sentences:,} test sentences could take up to {decode_all:.0f} s at the "
+            f"speed measured here (an untrained model writes every sentence to the length bound), more than "
+            f"{DECODE_SHARE:.0%} of the budget: {parts['decoding']:.0f} s are kept for it. Decoding measures its "
+            "own speed on its first batches and decodes them all if the time left allows, else a subset of "
+            f"every length, and says so; MINUTES={math.ceil(decode_all / DECODE_SHARE / 60)} keeps enough for "
+            "all at this bound",
             file=log,
         )
 
@@ -487,7 +560,7 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     import sacrebleu
 
     from .prepare import read_lines
-    from .progress import DEADLINE_STOP, DECODE_SUBSET
+    from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
 
     refs = read_lines(reference)
     generated = read_generate(generate_out)
@@ -508,15 +581,18 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     c = chrf.corpus_score(hyps, [chosen])
     fairseq_bleu = generated.bleu4
     stopped = any(DEADLINE_STOP in line for line in generated.lines)
-    subset = any(DECODE_SUBSET in line for line in generated.lines)
+    subsets = [line for line in generated.lines if DECODE_SUBSET in line]
+    fixed = any(DECODE_FRACTION_ENV in line for line in subsets)
     part = ""
     if len(ids) < len(refs):
         why = (
             "the budget ran out while decoding; a larger MINUTES decodes all"
             if stopped
-            else "a subset of every length, so that decoding left the budget to training; run.sh's first lines say "
-            "the MINUTES that decode all"
-            if subset
+            else f"a subset of every length, as {DECODE_FRACTION_ENV} asked"
+            if fixed
+            else "a subset of every length, as much as the time left allowed at the decoding speed measured; "
+            f'{generate_out}\'s "{DECODE_SUBSET}" line says the speed and the time that decodes all'
+            if subsets
             else f"fairseq-generate decoded only these; see {generate_out}"
         )
         part = f" on {len(ids):,} of {len(refs):,} test sentences ({why}):"

@@ -60,16 +60,18 @@ def quiet_warnings():
         warnings.filterwarnings("ignore", message=pattern, category=category, append=True)
 
 
-def script_logging(stream="stdout"):
+def script_logging(stream="stdout", level="INFO"):
     """The root logger as fairseq's own scripts set it up, writing to ``stream`` ("stdout": the
-    ``sys.stdout`` of the call, not the one of the import; None: no handler), for every console
+    ``sys.stdout`` of the call, not the one of the import; None: no handler), at ``level``
+    (``LOGLEVEL`` wins; fairseq-deep-export, whose output is one line, its summary or its refusal,
+    takes WARNING: no INFO lines of fairseq's task and model building before it), for every console
     script of ours.  fairseq_cli configures logging before it imports fairseq; here fairseq was
     imported first (with our package), and that import leaves a bare stderr handler at DEBUG level
     behind, which would turn fairseq's basicConfig into a no-op."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    root.setLevel(os.environ.get("LOGLEVEL", level).upper())
     if stream == "stdout":
         stream = sys.stdout
     if stream is not None:

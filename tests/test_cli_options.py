@@ -130,6 +130,47 @@ CASES = [
     ),
     ("cli:train", "fairseq-deep-train", [*T, "--activation-fn", "rel"], ["did you mean relu"]),
     ("cli:train", "fairseq-deep-train", [*T, "--task", "translaton"], ["did you mean translation"]),
+    # issue 40: what can be checked before fairseq prints or creates anything (the table's cases
+    # each end in their one line, nothing before it, nothing created: test_nothing_is_created)
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--restore-file", "restore.pt", "--encoder-attention-heads", "4", "--save-dir", "sv"],
+        [
+            "restore.pt holds a model whose architecture differs from this run's: "
+            "--encoder-attention-heads (checkpoint 2, this run 4). Training on would"
+        ],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--save-dir", "resumed", "--encoder-attention-heads", "4"],
+        ["resumed/checkpoint_last.pt holds a model whose architecture differs from this run's"],
+    ),
+    (
+        "cli:train",
+        "fairseq-deep-train",
+        [*T, "--finetune-from-model", "none.pt", "--save-dir", "sv"],
+        ["--finetune-from-model none.pt: no such checkpoint file"],
+    ),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        ["DATA", "--path", "cut.pt", "--cpu"],
+        ["cut.pt (104 bytes) is not a complete checkpoint", "truncated"],
+    ),
+    (
+        "cli:generate",
+        "fairseq-deep-generate",
+        ["DATA", "--path", "restore.pt:none.pt", "--cpu"],
+        ["--path none.pt: no such checkpoint file"],
+    ),
+    (
+        "cli:interactive",
+        "fairseq-deep-interactive",
+        ["DATA", "--path", "cut.pt", "--cpu"],
+        ["cut.pt (104 bytes) is not a complete checkpoint"],
+    ),
     # fairseq-generate and -interactive
     (
         "cli:generate",
@@ -239,9 +280,9 @@ DRIVER = textwrap.dedent("""
         module, function = target.split(":")
         main = getattr(importlib.import_module("fairseq_deep." + module), function)
         sys.argv = [prog, *argv]
-        err = io.StringIO()
+        err, out = io.StringIO(), io.StringIO()
         code = 0
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
                 main()  # it reads sys.argv, as its console script
             except SystemExit as e:
@@ -250,14 +291,36 @@ DRIVER = textwrap.dedent("""
                 code, err = "traceback", io.StringIO(f"Traceback: {type(e).__name__}: {e}")
         for handler in list(logging.getLogger().handlers):
             logging.getLogger().removeHandler(handler)
-        results.append([code, err.getvalue()])
+        results.append([code, out.getvalue() + err.getvalue()])
     print(json.dumps(results))
 """)
 
 
+#: the files the cases read, made by the fixture (all that the folder holds after the cases)
+MADE = ["cut.pt", "restore.pt", "resumed", "resumed/checkpoint_last.pt"]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def cwd(tmp_path_factory):
+    """The cases' folder: a truncated checkpoint (a zip archive's start), and the smallest
+    checkpoints of a transformer_dlcl with 2 encoder heads (to restore, and a --save-dir's last)."""
+    import torch
+
     cwd = tmp_path_factory.mktemp("cli_options")
+    (cwd / "cut.pt").write_bytes(b"PK\x03\x04" + bytes(100))
+    options = {
+        "_name": "transformer_dlcl",
+        "arch": "transformer_dlcl",
+        "encoder_attention_heads": 2,
+    }
+    torch.save({"model": {}, "cfg": {"model": options}}, cwd / "restore.pt")
+    (cwd / "resumed").mkdir()
+    torch.save({"model": {}, "cfg": {"model": options}}, cwd / "resumed" / "checkpoint_last.pt")
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def results(cwd):
     env = {k: v for k, v in os.environ.items() if k != "FAIRSEQ_DEEP_TRACEBACK"}
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps([c[:3] for c in CASES])],
@@ -275,6 +338,7 @@ def results(tmp_path_factory):
     "index", range(len(CASES)), ids=[f"{c[1]}:{' '.join(c[2])[-40:]}" for c in CASES]
 )
 def test_a_mistake_ends_in_one_line_and_exit_status_2(results, index):
+    """The one line is the whole output (stdout and stderr): nothing of fairseq's before it."""
     _, prog, argv, fragments = CASES[index]
     code, err = results[index]
     lines = err.strip().splitlines()
@@ -282,3 +346,11 @@ def test_a_mistake_ends_in_one_line_and_exit_status_2(results, index):
     assert lines[0].startswith(f"{prog}: error: "), lines[0]
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_nothing_is_created(results, cwd):
+    """Issue 40: a refusal leaves nothing behind (fairseq-train makes its --save-dir before it
+    builds the model and restores a checkpoint: the checks come before)."""
+    assert len(results) == len(CASES)
+    made = sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*"))
+    assert made == sorted(MADE), made

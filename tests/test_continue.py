@@ -304,6 +304,10 @@ def grown(synthetic_bin, tmp_path_factory):
         "3",
         "--stop-time-hours",
         "1",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "8",
         "--seed",
         "1",
         "--cpu",
@@ -348,13 +352,22 @@ TRAIN = [
 RESET = ["--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader"]
 
 
-SHORT = "continue training (the model's options taken from the grown checkpoint, the shallow run's training options):"
+SHORT = "continue training (the model's options taken from the grown checkpoint):"
 FULL = "the same with every model option written out:"
+#: the budget a reader of grow's printed commands sets (the shallow run's, here)
+BUDGET = {"MAX_UPDATE": "3", "STOP_TIME_HOURS": "1"}
 
 
-def printed_command(stdout, after):
+def printed_line(stdout, after):
     lines = stdout.splitlines()
-    return shlex.split(lines[lines.index(after) + 1])
+    return lines[lines.index(after) + 1]
+
+
+def printed_command(stdout, after, variables=None):
+    """The words of the command printed after the line ``after``; with ``variables`` (``{NAME:
+    value}``), each ``"$NAME"`` as the shell gives it."""
+    words = shlex.split(printed_line(stdout, after))
+    return [variables.get(w[1:], w) if variables and w.startswith("$") else w for w in words]
 
 
 def test_grow_prints_the_complete_next_command_and_the_training_time(grown, synthetic_bin):
@@ -399,13 +412,29 @@ def test_grow_prints_the_complete_next_command_and_the_training_time(grown, synt
             "--optimizer adam",
             "--lr 0.002",
             "--max-tokens 2000",
-            "--max-update 3",
-            "--stop-time-hours 1",
+            "--lr-scheduler inverse_sqrt",
             "--cpu",
             "--no-epoch-checkpoints",
             f"--save-dir {root / 'grown_checkpoints'}",
+            # issue 40: the learning-rate restart of examples/grow (a quarter of the warm-up), and
+            # the budget the reader's choice, as shell variables
+            "--reset-optimizer --reset-lr-scheduler",
+            "--warmup-updates 2",
+            "--max-update $MAX_UPDATE",
+            "--stop-time-hours $STOP_TIME_HOURS",
         ):
             assert fragment in " ".join(command), fragment
+        assert "--warmup-updates 8" not in " ".join(command)
+        assert "--max-update 3" not in " ".join(command)
+    assert '--max-update "$MAX_UPDATE" --stop-time-hours "$STOP_TIME_HOURS"' in printed_line(
+        out, SHORT
+    )
+    assert (
+        "next: a learning-rate restart as examples/grow/run.sh's (a fresh optimizer and schedule, "
+        "--warmup-updates 2: a quarter of the shallow run's 8), the shallow run's other training "
+        "options; the budget is yours: set MAX_UPDATE=... STOP_TIME_HOURS=... first (the shallow run's "
+        "was --max-update 3 --stop-time-hours 1, for a shallower model;" in out
+    ), out
 
 
 def test_the_shallow_runs_training_options_parse_back_to_its_values(grown):
@@ -451,7 +480,7 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
     refused in one line (the shapes are the same); with the model taken from the checkpoint it
     trains, and what it saves has the grown model's options."""
     root, _, proc, _ = grown
-    full = printed_command(proc.stdout, FULL)
+    full = printed_command(proc.stdout, FULL, BUDGET)
     heads = [
         "--encoder-attention-heads",
         "4",
@@ -473,16 +502,23 @@ def test_continue_with_the_model_from_the_checkpoint_and_a_changed_head_count(
             "--encoder-attention-heads (checkpoint 2, this run 4), "
             "--decoder-attention-heads (checkpoint 2, this run 4)." in line
         )
+        if (
+            script[0] == "fairseq-deep-train"
+        ):  # issue 40: the refusal is all it says, and it made nothing
+            assert (refused.stdout + refused.stderr).strip() == line
+            assert not (tmp_path / "heads").exists()
     assert not (tmp_path / "heads" / "checkpoint_last.pt").exists()
 
     # the command as printed: nothing retyped
     save = root / "grown_checkpoints"
-    trained = run_cli(*printed_command(proc.stdout, SHORT))
+    # the budget set as the printed note asks, the command run by the shell as printed
+    assignments = " ".join(f"{name}={value}" for name, value in BUDGET.items())
+    trained = run_cli("bash", "-c", f"{assignments}; {printed_line(proc.stdout, SHORT)}")
     assert "--model-from" in trained.stdout  # it says what it took
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
     assert (
         state["optimizer_history"][-1]["num_updates"] == 3
-    )  # the shallow run's --max-update, from 0
+    )  # MAX_UPDATE=3 (the budget set), from 0
     grown_options = saved_model_options(torch.load(root / "grown.pt", weights_only=True))
     assert model_options.differences(grown_options, saved_model_options(state)) == []
     # the grown checkpoint brought no training time: this run's own is far below the shallow run's + its own

@@ -186,7 +186,8 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
 
     def refused(*argv, fragments=()):
         result = in_process(ex.cli_main, ["--checkpoint", *argv], capsys, monkeypatch)
-        assert_in_process_user_error(result, "fairseq-deep-export", *fragments)
+        # the one line is the whole output: not after fairseq's dictionary lines (issue 40)
+        assert_in_process_user_error(result, "fairseq-deep-export", *fragments, alone=True)
         assert sorted(os.listdir(tmp_path)) == before, "an export that failed left something behind"
 
     before = sorted(os.listdir(tmp_path))
@@ -269,6 +270,30 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
         "int8",
         fragments=["--quantization applies to --format ctranslate2"],
     )
+    # argparse's own errors too: one line, not after its usage block
+    refused(ours, "--data", data, fragments=["the following arguments are required: --out"])
+
+
+def test_an_export_prints_its_summary_alone(tmp_path, capsys, monkeypatch):
+    """Issue 40: the one line of a good export is its whole output (no INFO lines of fairseq's
+    task and dictionaries before it)."""
+    checkpoint, data = tiny_export_input(tmp_path, "transformer_postnorm", layers(2, 2))
+    argv = [
+        "--checkpoint",
+        checkpoint,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "o",
+        "--format",
+        "fairseq",
+    ]
+    status, out, err = in_process(ex.cli_main, argv, capsys, monkeypatch)
+    assert status == 0, err[-3000:]
+    assert err == "" and out.count("\n") == 1, (out, err[-3000:])
+    assert out.startswith(
+        f"{tmp_path / 'o'}: fairseq transformer checkpoint of transformer_postnorm"
+    )
 
 
 def test_the_script_in_its_own_process(tmp_path):
@@ -292,7 +317,7 @@ def test_the_script_in_its_own_process(tmp_path):
         env={**env, "OMP_NUM_THREADS": "1"},
         timeout=300,
     )
-    assert_user_error(proc, "fairseq-deep-export", "ReZero", "fairseq-deep-interactive")
+    assert_user_error(proc, "fairseq-deep-export", "ReZero", "fairseq-deep-interactive", alone=True)
     assert not (tmp_path / "o").exists()
 
 

@@ -48,9 +48,13 @@ def assignments(text):
     return values
 
 
-def run_setup(argv, env):
+#: a speed as measure_speed gives it (the real one: test_setup_times_the_recipes_model_here)
+SPEED = own_data.Speed(encoder_s=0.1, step_s=0.05, forward_s=0.2, pieces=10)
+
+
+def run_setup(argv, env, speed=SPEED):
     out, log = io.StringIO(), io.StringIO()
-    own_data.setup(argv, env, out=out, log=log)
+    own_data.setup(argv, env, out=out, log=log, measure=lambda *a: speed)
     return assignments(out.getvalue()), log.getvalue()
 
 
@@ -111,37 +115,43 @@ def test_empty_inputs_are_refused_before_any_folder_is_made(raw, tmp_path, empti
     assert not (tmp_path / "work").exists()
 
 
-def test_decoding_that_would_starve_training_is_a_subset_and_said(raw, tmp_path):
-    """Issue 32: decoding's estimate may take at most DECODE_SHARE of the budget; more, and an
-    evenly spaced part of the test set is decoded, with the MINUTES that decode all."""
+def test_decodings_reserve_is_the_speed_measured_and_at_most_its_share(raw, tmp_path):
+    """Issue 40: the seconds kept for decoding are those of the speed measured on this machine
+    (the encoder and the steps of beam search of the recipe's model, to the length bound), at
+    most DECODE_SHARE of the budget; more, and setup says so with the MINUTES that keep enough."""
     values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "30"})
-    assert values["DECODE_FRACTION"] == ""  # 9 sentences in 30 minutes: all
-    values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "1"})
-    fraction = float(values["DECODE_FRACTION"])
-    assert 0 < fraction < 1
+    bound = SPEED.decoding_s(9)  # one batch: 0.1 s + (1.2 x 10 + 11) steps x 0.05 s
+    assert bound == pytest.approx(0.1 + 23 * 0.05)
+    assert int(values["DECODE_ALL_S"]) == 2 and "up to" not in log  # ceil(1.25 s): all of it kept
+    assert "decoding 1 s" in log and "50 ms a step of beam search of 128 sentences" in log
+    slow = own_data.Speed(encoder_s=1.0, step_s=2.0, forward_s=0.2, pieces=10)  # 47 s a batch
+    values, log = run_setup(["transformer_dlcl"], {**env_for(raw, tmp_path), "MINUTES": "3"}, slow)
+    assert (
+        int(values["DECODE_ALL_S"]) == 47 and float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE
+    )
     # what training's warning of a budget too small to learn is told (FAIRSEQ_DEEP_RECIPE_BUDGET)
-    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 60 == pytest.approx(
+    assert int(values["RESERVE_FIXED_S"]) + own_data.DECODE_SHARE * 180 == pytest.approx(
         int(values["RESERVE_S"]), abs=1
     )
-    assert (
-        float(values["DECODE_SHARE"]) == own_data.DECODE_SHARE and int(values["DECODE_ALL_S"]) > 12
+    line = [x for x in log.splitlines() if "could take up to" in x][0]
+    assert "decoding all 9 test sentences could take up to 47 s" in line
+    assert "36 s are kept for it" in line and "MINUTES=4 keeps enough for all" in line  # 47 / 0.2 s
+    assert "DECODE_FRACTION" not in values  # how much is decoded is decoding's decision, measured
+
+
+def test_setup_times_the_recipes_model_here():
+    """measure_speed on the recipe's model (tiny here): a forward of a batch, its encoder and
+    steps of fairseq's beam search, timed; the bound grows with the test set."""
+    settings = own_data.settings_from_env({"WIDTH": "32"}, "cpu")
+    cmd = own_data.train_command(
+        settings, "transformer_dlcl", "d", "s", ["--encoder-layers", "2", "--decoder-layers", "2"]
     )
-    decode_all = own_data.reserve_parts(9, 0, 7, 0, 128, 6, 20)["decoding"]  # (its words: below)
-    line = [x for x in log.splitlines() if "decoding about" in x][0]
-    minutes = int(re.search(r"MINUTES=(\d+) decodes them all", line).group(1))
-    assert "of the 9 test sentences (a subset of every length)" in line
-    all_s = float(re.search(r"would take about (\d+) s", line).group(1))
-    assert all_s > own_data.DECODE_SHARE * 60 and fraction == pytest.approx(
-        own_data.DECODE_SHARE * 60 / all_s, rel=0.02
-    )
-    assert (
-        (minutes - 1) * 60 * own_data.DECODE_SHARE
-        < all_s
-        <= minutes * 60 * own_data.DECODE_SHARE + 1
-    )
-    assert decode_all < all_s  # the test sentences' words count
-    assert own_data.decode_fraction(100, 0) == 1.0 and own_data.decode_fraction(100, 1000) == 1.0
-    assert own_data.decode_fraction(400, 1000) == pytest.approx(0.5)
+    speed = own_data.measure_speed(own_data.check_train_command(cmd), 50, 3, 2, "cpu")
+    assert speed.pieces == 5 and speed.batch == own_data.DECODE_BATCH  # round(1.3 x 3) + 1
+    assert speed.encoder_s > 0 and speed.step_s > 0 and speed.forward_s > 0
+    assert speed.decoding_s(1000) == 8 * speed.decoding_s(128) and speed.decoding_s(
+        129
+    ) > speed.decoding_s(128)
 
 
 def test_setup_derives_the_cpu_budget_width_and_commands(raw, tmp_path):
@@ -172,28 +182,13 @@ def test_budget_and_sizes_follow_the_device_and_the_environment():
     assert (mine.minutes, mine.width, mine.beam) == (2.5, 128, 4)
     with pytest.raises(UserError, match="MINUTES=0 and MAX_UPDATE=0"):
         own_data.settings_from_env({"MINUTES": "0"}, "cpu")
-    # the reserve (run.sh trains for the rest) grows with the test set, its sentences' length, the
-    # model's width and depth, the start-up time and the beam
-    base = dict(
-        test_sentences=1000,
-        test_words=11,
-        valid_sentences=1000,
-        valid_words=11,
-        width=128,
-        layers=6,
-        startup_s=20,
-    )
-    reserve = own_data.reserve_seconds(**base)
-    for more in (
-        {"test_sentences": 2000},
-        {"test_words": 30},
-        {"width": 256},
-        {"layers": 12},
-        {"startup_s": 40},
-        {"beam": 10},
-    ):
-        assert own_data.reserve_seconds(**{**base, **more}) > reserve, more
-    assert own_data.reserve_seconds(**base, device="cuda") < reserve
+    # the reserve (run.sh trains for the rest): start-ups, validation and decoding at the speed measured
+    parts = own_data.reserve_parts(SPEED, 1000, 11, 500, 22, startup_s=20, max_tokens=2560)
+    assert parts["start-ups"] == 70 and parts["decoding"] == SPEED.decoding_s(1000)
+    assert parts["last update"] == pytest.approx(
+        3 * 0.2 * 2560 / (128 * 10)
+    )  # 2 batches' forward, x 3
+    assert parts["validation"] == pytest.approx(500 / 128 * 0.2 * 2)  # sentences twice as long
     assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
     assert "--max-update" not in own_data.train_command(cpu, "transformer_dlcl", "d", "s", [])
 
@@ -281,8 +276,18 @@ def test_score_on_the_sentences_decoded_before_the_deadline_says_so(tmp_path):
     )
     own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
     assert (
-        "sacreBLEU on 1 of 4 test sentences (a subset of every length, so that decoding left the budget to "
-        "training" in out.getvalue()
+        "sacreBLEU on 1 of 4 test sentences (a subset of every length, as FAIRSEQ_DEEP_DECODE_FRACTION asked)"
+        in out.getvalue()
+    )
+    # a subset sized by the decoding speed measured (issue 40)
+    gen.write_text(
+        "2026-01-01 | WARNING | fairseq_deep.progress | decoding a subset (the speed measured): at 3.0 "
+        "sentences/s ...\nD-1\t-0.1\tthe cat sat on the mat .\n"
+    )
+    own_data.score(str(ref), str(gen), str(tmp_path / "hyp"), out=out)
+    assert (
+        "sacreBLEU on 1 of 4 test sentences (a subset of every length, as much as the time left allowed at "
+        "the decoding speed measured; " in out.getvalue()
     )
 
 
@@ -319,6 +324,7 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
         os.environ,
         **env_for(raw, tmp_path),
         MINUTES="3",
+        VOCAB="100",  # setup times the model: a small one (prepare is stubbed)
         AVERAGE="0",
         OMP_NUM_THREADS="1",
         STUB_OUT=str(tmp_path),

@@ -183,35 +183,88 @@ def fake_generate(batches):
 
 
 def decode(module, seconds_per_batch, clock):
-    """fairseq's loop: every batch the bar yields is decoded (the fake clock advances)."""
+    """fairseq's loop: every batch the bar yields is decoded (the fake clock advances: by
+    ``seconds_per_batch``, or by the next of a list of them).  The sizes of the batches decoded."""
     itr = module.tasks.setup_task(None).get_batch_iterator(dataset=None)
+    times = iter(seconds_per_batch if isinstance(seconds_per_batch, list) else [])
     decoded = []
     for sample in module.progress_bar.progress_bar(
-        [{"nsentences": len(b)} for b in itr.frozen_batches]
+        [{"nsentences": len(b), "id": b} for b in itr.frozen_batches]
     ):
-        clock.t += seconds_per_batch
+        clock.t += next(times, seconds_per_batch)
         decoded.append(sample["nsentences"])
     return decoded
 
 
 def test_decoding_starts_no_batch_after_the_deadline_and_says_how_many(caplog):
-    """Issue 26: FAIRSEQ_DEEP_DEADLINE.  Batches of 10 s from t=1000, deadline 1045: the fourth
-    batch ends at 1040, and a fifth (10 s, as the last took) would end at 1050: not started."""
+    """Issue 26: FAIRSEQ_DEEP_DEADLINE.  From t=1000, deadline 1040: three batches of 1 s (all the
+    rest would fit at that speed), then one of 20 s that ends at 1023; the plan, made again, keeps
+    a subset, but its next batch (20 s, as the last took) would end at 1043, after the deadline:
+    not started, and the warning says so."""
     caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
     clock = Clock()
     clock.t = 1000.0
     module = fake_generate([list(range(10))] * 9 + [list(range(5))])  # 95 sentences
-    install_decoding_progress(module, interval=0, clock=clock, deadline=1045.0, wall_clock=clock)
-    assert decode(module, 10.0, clock) == [10] * 4
+    install_decoding_progress(module, interval=0, clock=clock, deadline=1040.0, wall_clock=clock)
+    assert decode(module, [1.0, 1.0, 1.0] + [20.0] * 7, clock) == [10] * 4
     warnings = [
         r
         for r in caplog.records
         if r.name == "fairseq_deep.progress" and r.levelno == logging.WARNING
     ]
-    assert len(warnings) == 1 and len(lines(caplog)) == 1  # interval 0: no progress lines
-    message = warnings[0].getMessage()
+    said = [w.getMessage() for w in warnings]
+    assert len(said) == 2 and said[0].startswith(P.DECODE_SUBSET), (
+        said
+    )  # interval 0: no progress lines
+    message = said[1]
     assert message.startswith(P.DEADLINE_STOP) and "40 of 95 sentences decoded" in message, message
     assert "FAIRSEQ_DEEP_DEADLINE" in message
+
+
+def test_the_speed_measured_decides_between_the_whole_test_set_and_a_subset(caplog):
+    """Issue 40: how much of the test set a deadline leaves time for is decided from the speed
+    measured on the batches decoded, never from an estimate made before.  The plan: every batch
+    still to come when they fit in the time left at the speed measured; else an evenly spaced
+    subset of them of the tokens that fit; none when no time is left."""
+    assert P.decoding_plan([10.0] * 10, rate=1.0, seconds_left=100.0) == list(range(10))
+    assert P.decoding_plan([10.0] * 10, rate=1.0, seconds_left=50.0) == [1, 3, 5, 7, 9]
+    assert P.decoding_plan([10.0] * 10, rate=2.0, seconds_left=25.0) == [1, 3, 5, 7, 9]
+    assert P.decoding_plan([10.0] * 10, rate=1.0, seconds_left=0.0) == []
+    assert P.decoding_plan([], rate=1.0, seconds_left=0.0) == []
+    caplog.set_level(logging.INFO, logger="fairseq_deep.progress")
+    # ten batches of 10 sentences, in fairseq's order (by length)
+    batches = [list(range(i, i + 10)) for i in range(0, 100, 10)]
+    # fast: 1 s a batch from t=1000 with 60 s left: all of them, said once with the speed
+    clock = Clock()
+    clock.t = 1000.0
+    fast = fake_generate(batches)
+    install_decoding_progress(fast, interval=0, clock=clock, deadline=1060.0, wall_clock=clock)
+    assert decode(fast, 1.0, clock) == [10] * 10
+    assert lines(caplog) == [
+        f"{P.DECODE_WHOLE}: at 10.0 sentences/s, measured on the 1 batch decoded "
+        "here, the 90 sentences left take about 9 s, and 59 s are left before the deadline "
+        "(FAIRSEQ_DEEP_DEADLINE)"
+    ]
+    # slow: 10 s a batch, 60 s left: after the first batch, 50 s of the 90 s that the
+    # other nine would take: five of them (evenly spaced, so every length), no batch cut by the
+    # deadline, and the line says how much more time would decode all
+    caplog.clear()
+    clock.t = 1000.0
+    slow = fake_generate(batches)
+    install_decoding_progress(slow, interval=0, clock=clock, deadline=1060.0, wall_clock=clock)
+    decoded_ids = []
+    real = slow.progress_bar.progress_bar
+    slow.progress_bar.progress_bar = lambda itr, **kw: (
+        decoded_ids.append(s["id"][0]) or s for s in real(itr, **kw)
+    )
+    assert decode(slow, 10.0, clock) == [10] * 6 and clock.t == 1060.0
+    assert decoded_ids == [0, 20, 40, 60, 80, 90]  # every length: from the shortest to the longest
+    assert lines(caplog) == [
+        f"{P.DECODE_SUBSET} (the speed measured): at 1.0 sentences/s, measured on the "
+        "1 batch decoded here, the 90 sentences left would take about 90 s, and 50 s are left before the "
+        "deadline (FAIRSEQ_DEEP_DEADLINE): decoding 60 of 100 sentences, evenly spaced batches of the "
+        "test set sorted by length (every length is in it); about 40 s more would decode all"
+    ]
 
 
 def test_decoding_decodes_the_first_batch_even_after_the_deadline_and_all_before_it(caplog):
@@ -230,7 +283,8 @@ def test_decoding_decodes_the_first_batch_even_after_the_deadline_and_all_before
     install_decoding_progress(
         early, interval=0, clock=clock, deadline=clock.t + 100, wall_clock=clock
     )
-    assert decode(early, 1.0, clock) == [10, 10, 10] and lines(caplog) == []
+    assert decode(early, 1.0, clock) == [10, 10, 10]
+    assert [x.split(":")[0] for x in lines(caplog)] == [P.DECODE_WHOLE]  # and no stop
 
 
 def test_deadline_from_the_environment(monkeypatch, caplog):

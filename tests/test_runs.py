@@ -391,11 +391,20 @@ def test_documents_print_the_commands_the_code_builds():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "grow.md").read_text()
     shown = re.search(
-        r"^(fairseq-deep-train DATA --model-from grown\.pt .*?) <the shallow", doc, re.M | re.S
+        r"^(fairseq-deep-train DATA --model-from grown\.pt .*?) <the shallow run's other training "
+        r"options, printed> (.*?) \[--task",
+        doc,
+        re.M | re.S,
     )
     summary = {"data": None, "model_options": argparse.Namespace(arch="transformer_dlcl")}
-    from_checkpoint, _ = next_runs(summary, "grown.pt", [])
-    assert " ".join(shown.group(1).replace("\\\n", " ").split()) == from_checkpoint.shell()
+    # a shallow run of 4,000 warm-up updates and a budget: the restart's warm-up, the budget left to variables
+    shallow = ["--warmup-updates", "4000", "--max-update", "20000", "--stop-time-hours", "2"]
+    from_checkpoint, _ = next_runs(summary, "grown.pt", shallow)
+    words = " ".join(shown.group(1, 2)).replace("\\\n", " ")
+    assert " ".join(words.split()) == from_checkpoint.shell()
+    assert from_checkpoint.shell().endswith(
+        '--warmup-updates 1000 --max-update "$MAX_UPDATE" --stop-time-hours "$STOP_TIME_HOURS"'
+    )
     assert harness.PRECISION_NAMES == tuple(recipes.PRECISIONS)
 
 

@@ -7,20 +7,22 @@
 # Variables (defaults): ARCH (transformer_dlcl: pre-norm DLCL as Li et al.; a depth-free --arch),
 # DEPTHS ("6 12 18": encoder layers of the stages), DEC (6 decoder layers), METHOD (stack: the top
 # layers copied on top; interleave, identity), STAGE_UPDATES (4000 updates per stage), LR (0.002),
-# WARMUP (4000: the first stage's warm-up), WARMUP_RESTART (1000: the warm-up of every later stage,
-# the learning-rate restart), FREEZE_UPDATES (0; N > 0: Wu et al. 2019's frozen bottom, the first N
-# updates of a grown stage train the new layers only, --freeze-grown-from), MAX_TOKENS (4096),
-# MODEL_ARGS (model options of every stage, e.g. "--encoder-embed-dim 256 ..."), DEVICE_ARGS
-# ("--cpu" on a machine without GPU), GEN_ARGS (fairseq-generate options of the last stage).
+# WARMUP (4000: the first stage's warm-up), WARMUP_RESTART (WARMUP / 4: the warm-up of every later
+# stage, the learning-rate restart; fairseq-deep-grow's printed next command takes the same),
+# FREEZE_UPDATES (0; N > 0: Wu et al. 2019's frozen bottom, the first N updates of a grown stage
+# train the new layers only, --freeze-grown-from), MAX_TOKENS (4096), MODEL_ARGS (model options of
+# every stage, e.g. "--encoder-embed-dim 256 ..."), DEVICE_ARGS ("--cpu" on a machine without GPU),
+# GEN_ARGS (fairseq-generate options of the last stage).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n '2,16p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
 fi
 DATA=$1 WORK=$2
 shift 2
 ARCH=${ARCH:-transformer_dlcl} DEPTHS=${DEPTHS:-6 12 18} DEC=${DEC:-6} METHOD=${METHOD:-stack}
-STAGE_UPDATES=${STAGE_UPDATES:-4000} LR=${LR:-0.002} WARMUP=${WARMUP:-4000} WARMUP_RESTART=${WARMUP_RESTART:-1000}
+STAGE_UPDATES=${STAGE_UPDATES:-4000} LR=${LR:-0.002} WARMUP=${WARMUP:-4000}
+WARMUP_RESTART=${WARMUP_RESTART:-$(( WARMUP / 4 > 0 ? WARMUP / 4 : 1 ))}  # runs.recipes.RESTART_WARMUP
 FREEZE_UPDATES=${FREEZE_UPDATES:-0} MAX_TOKENS=${MAX_TOKENS:-4096} MODEL_ARGS=${MODEL_ARGS:-}
 DEVICE_ARGS=${DEVICE_ARGS:-$(python -c 'import torch; print("" if torch.cuda.is_available() else "--cpu")')}
 GEN_ARGS=${GEN_ARGS:---beam 5 --batch-size 64}

@@ -9,11 +9,12 @@
 # them, `fairseq-deep-train --arch X --help` shows their options); the flags go to fairseq-train
 # last, so they override the script's.  Settings by environment (defaults CPU / CUDA):
 #   MINUTES     the whole run, preparation and decoding included (30 / 480); training gets what is
-#               left after preparation and an estimate of decoding (fairseq's --stop-time-hours);
-#               decoding starts no batch after the run's start + MINUTES - MARGIN_S (15 s kept for
-#               scoring; FAIRSEQ_DEEP_DEADLINE), and the score then says it is of the sentences decoded;
-#               a test set whose decoding would take more than a fifth of MINUTES is decoded in part
-#               (FAIRSEQ_DEEP_DECODE_FRACTION: a subset of every length), and the first lines say so;
+#               left after preparation and decoding's time at the speed measured here before any
+#               work (at most a fifth of MINUTES; fairseq's --stop-time-hours); decoding measures
+#               its speed again on its first batches and decodes the whole test set when the time
+#               left allows, else a subset of every length sized by that speed, and says so; it
+#               starts no batch after the run's start + MINUTES - MARGIN_S (15 s kept for scoring;
+#               FAIRSEQ_DEEP_DEADLINE), and the score says when it is of part of the test set;
 #               training says after its first updates when MINUTES cannot reach the end of warm-up,
 #               and which MINUTES would
 #   WIDTH       model width (128 / 512; Transformers: FFN 4 x WIDTH; 0: the architecture's own)
@@ -30,7 +31,7 @@ export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
 eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
-               # DECODE_FRACTION RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE
+               # RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE
 mkdir -p "$WORK"
 
 # 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
@@ -71,8 +72,9 @@ if [ "$status" -ne 0 ]; then
 fi
 
 # 3. average the last epoch checkpoints (or take the best), translate the test set in input order;
-# with a budget, no batch is started after its end less MARGIN_S (what decoding did not reach is
-# left out of the score, which says so)
+# with a budget: all of it when the speed measured on the first batches says it ends before the
+# budget's end less MARGIN_S, else a subset of every length sized by that speed, and no batch is
+# started after it (what decoding did not reach is left out of the score, which says so)
 DEADLINE=""
 if [ "$BUDGET_S" -gt 0 ]; then
   DEADLINE=$(( START + BUDGET_S - MARGIN_S ))
@@ -81,9 +83,9 @@ else
   echo "== 3/4 translating the test set"
 fi
 CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
-FAIRSEQ_DEEP_DEADLINE=$DEADLINE FAIRSEQ_DEEP_DECODE_FRACTION=$DECODE_FRACTION \
+FAIRSEQ_DEEP_DEADLINE=$DEADLINE \
   fairseq-deep-generate "${GENERATE[@]}" --path "$CKPT" | tee "$WORK/generate.out" |
-  { grep --line-buffered -E "\| progress:|decoding stopped at the deadline|decoding a subset" || true; }
+  { grep --line-buffered -E "\| progress:|decoding stopped at the deadline|decoding a subset|decoding the whole test set" || true; }
 
 # 4. one sacreBLEU score (detokenized hypotheses against the raw references)
 echo "== 4/4 scoring"

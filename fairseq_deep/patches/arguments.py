@@ -188,6 +188,9 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
             if input_args is None:
                 check_required(parsed, parse.required)
             check_evaluated(parsed)
+            if input_args is None:
+                for check in parse.checks:  # before fairseq prints or creates anything
+                    check(parsed)
             return parsed
         if option_value(argv, "--arch", "-a") is None and any(
             a.dest == "arch" for a in parser._actions
@@ -223,6 +226,7 @@ def parse_args_and_arch_with_help(parse_args_and_arch):
 
     parse._fairseq_deep = True
     parse.required = {}  # {dest: message}: what the script being run cannot do without (REQUIRED)
+    parse.checks = ()  # what the script being run checks of its parsed arguments (cli.CHECKS)
     return parse
 
 

@@ -27,14 +27,16 @@ from .interactive import make_batches_kept_going, with_sentencepiece_check
 from .training_progress import install_training_progress
 
 
-def install_parsing(required=None):
-    """``--arch ARCH --help``, argparse's errors in one line, and ``required`` (``{dest: message}``:
-    the options the script being run cannot do without) said once parsed."""
+def install_parsing(required=None, checks=()):
+    """``--arch ARCH --help``, argparse's errors in one line, ``required`` (``{dest: message}``:
+    the options the script being run cannot do without) said once parsed, and ``checks`` (each
+    called with the parsed arguments: what can be checked before fairseq prints anything)."""
     from fairseq import options
 
     if not getattr(options.parse_args_and_arch, "_fairseq_deep", False):
         options.parse_args_and_arch = parse_args_and_arch_with_help(options.parse_args_and_arch)
     options.parse_args_and_arch.required = required or {}
+    options.parse_args_and_arch.checks = tuple(checks)
 
 
 def install_train():

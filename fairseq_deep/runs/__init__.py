@@ -6,7 +6,8 @@ translations and error), and what fairseq prints read back: training logs (:func
 :func:`series`), fairseq-generate's output (:func:`parse_generate`), sacreBLEU (:func:`score`).
 
 * :mod:`.run`: :class:`Run`, :class:`Part`, :data:`PROGRAMS`, :func:`flags`, :func:`preprocess`,
-  :func:`grow`, :func:`restore_flags`, :func:`command` (``python -m fairseq_cli.X ...``);
+  :func:`grow`, :func:`restore_flags`, :class:`Variable` (a value a printed command leaves to its
+  reader), :func:`command` (``python -m fairseq_cli.X ...``);
 * :mod:`.recipes`: the named settings (optimisers and schedules, criterion, sizes, device and
   precision, logging); :mod:`.sizes`: a family's size rule (:func:`model_kind`, :func:`width_flags`);
 * :mod:`.executor`: :func:`execute`, :func:`execute_together`, :class:`Result`, :class:`Processes`;
@@ -52,6 +53,7 @@ from .run import (  # noqa: F401
     Part,
     Program,
     Run,
+    Variable,
     command,
     flags,
     grow,

@@ -40,6 +40,20 @@ def inverse_sqrt(warmup, init_lr: Optional[str] = None) -> Part:
     return Part("schedule", words)
 
 
+#: Li et al.'s (EMNLP 2020) learning-rate restart as examples/grow/run.sh reads it (the paper's exact
+#: restart schedule is not in the project's copies of the papers): a grown stage restores the grown
+#: checkpoint with a fresh optimizer and schedule (run.RESET) and warms up again over this fraction
+#: of the first stage's warm-up (its WARMUP_RESTART, 1,000 after WARMUP 4,000), then decays from the peak
+RESTART_WARMUP = 0.25
+
+
+def restart(warmup) -> Part:
+    """The warm-up of a grown stage's learning-rate restart (:data:`RESTART_WARMUP`): a quarter of
+    the first stage's ``warmup`` updates, at least 1 (``--warmup-updates``; the schedule starts
+    again under ``--reset-lr-scheduler``)."""
+    return Part("restart", ["--warmup-updates", max(1, round(float(warmup) * RESTART_WARMUP))])
+
+
 def study(lr, warmup) -> Tuple[Part, Part]:
     """The study's shared recipe (also the learning-curve benchmarks'): Adam (0.9, 0.98, eps
     1e-8) to ``lr`` with inverse_sqrt warm-up over ``warmup`` updates from 1e-7."""

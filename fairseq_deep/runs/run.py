@@ -228,10 +228,22 @@ class Run:
         return shell(self.console(ours), width, indent)
 
 
+class Variable(str):
+    """A value that the person sets before running a printed command (a budget, ...): a shell
+    variable, written ``"$NAME"`` by :func:`shell` so that the shell expands it.  Only for commands
+    printed for a person (:meth:`Run.shell`): a run that executes has every value."""
+
+    def __new__(cls, name: str):
+        word = super().__new__(cls, "$" + name)
+        word.name = name
+        return word
+
+
 def shell(words: Sequence[str], width: Optional[int] = None, indent: str = "    ") -> str:
-    """Words as a shell command (each quoted where it must be): one line, or lines of at most
-    ``width`` characters continued with `` \\``, an option kept on the line of its value."""
-    quoted = [shlex.quote(str(w)) for w in words]
+    """Words as a shell command (each quoted where it must be; a :class:`Variable` as ``"$NAME"``):
+    one line, or lines of at most ``width`` characters continued with `` \\``, an option kept on
+    the line of its value."""
+    quoted = [f'"{w}"' if isinstance(w, Variable) else shlex.quote(str(w)) for w in words]
     if width is None:
         return " ".join(quoted)
     units = []  # an option and its value stay together
