@@ -44,7 +44,7 @@ from typing import Callable, List, Optional, Tuple, TypeVar, Union
 import torch
 from fairseq import checkpoint_utils, utils
 
-from .errors import CheckpointError, MissingFileError
+from .errors import CheckpointError, MissingFileError, import_optional
 
 T = TypeVar("T")
 
@@ -170,8 +170,6 @@ def consolidated(
             f"(--use-sharded-state), {len(files)} found ({base}-shard0.pt ...): copy every "
             f"{os.path.basename(base)}-shardR.pt, R = 0 ... {world - 1}, into {os.path.dirname(base) or '.'}"
         )
-    from .errors import import_optional
-
     fsdp = import_optional(
         "fairscale.nn.data_parallel",
         f"reading the fully sharded checkpoint {base}-shardR.pt",

@@ -47,7 +47,7 @@ from .models.reduction import SERVED_BY, fold, why_not_transformer
 from .patches.better_transformer import without_better_transformer
 from .patches.checkpoint_history import history_of
 from .quiet import quiet_warnings, script_logging
-from .serving import fairseq_hypothesis, matching_settings  # noqa: F401  (also imported from here)
+from .serving import describe_timing, fairseq_hypothesis, matching_settings  # noqa: F401
 
 logger = logging.getLogger("fairseq_deep.export")
 
@@ -599,8 +599,6 @@ def cli_main(argv=None):
             print(f"  folded: {note}")
         timed = summary.get("compute_types")
         if timed is not None:
-            from .serving import describe_timing
-
             print(
                 "  "
                 + (

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .model_options import model_command, options_of
+from .model_options import _same, model_command, options_of
 from .progress import hms
 from .runs import Part, Run, Variable, recipes, restore_flags
 
@@ -74,8 +74,6 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
     None where the checkpoint has no configuration of groups (fairseq before 0.10)."""
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
-
-    from .model_options import _same
 
     if not isinstance(cfg, dict) or not isinstance(cfg.get("task"), dict):
         return None

@@ -26,7 +26,7 @@ import os
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .checkpoints import as_namespace
+from .checkpoints import as_namespace, peek, saved_model_options
 from .errors import CheckpointError
 
 #: the metadata key of a dataclass field that is not an architecture option (``{"architecture": False}``)
@@ -291,8 +291,6 @@ def check_restore(args):
     (:func:`restored_checkpoint`), before fairseq prints its configuration, builds the model or
     creates ``--save-dir``: a difference (or a checkpoint that cannot be read) is the only thing
     said.  The trainer checks again when it loads the file (patches/checkpoint_errors)."""
-    from .checkpoints import peek, saved_model_options
-
     found = restored_checkpoint(args)
     if found is None:
         return

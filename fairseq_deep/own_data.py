@@ -40,8 +40,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .average_checkpoints import average_checkpoints
+from .checkpoints import load_as_saved
+from .cli import PLUGIN_DIR, check_arch
 from .errors import ArgumentParser, UserError, report_user_errors
-from .prepare import check_aligned, check_inputs
+from .prepare import check_aligned, check_inputs, open_text, read_lines
+from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
+from .quiet import quiet_warnings
 from .runs import Part, Run, read_generate, recipes
 
 PROG = "run.sh"
@@ -326,8 +331,6 @@ def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
     refusal: a :class:`UserError`), without data or a model; returns the parsed arguments."""
     from fairseq import options
 
-    from .cli import PLUGIN_DIR, check_arch
-
     argv = ["--user-dir", PLUGIN_DIR, *cmd, "--stop-time-hours", "1"]
     check_arch(["fairseq-train", *argv])
     parser = options.get_training_parser()
@@ -341,8 +344,6 @@ def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
 
 def sentences_and_words(path: str) -> Tuple[int, float]:
     """Lines of a raw text file and their mean number of space-separated words."""
-    from .prepare import open_text
-
     lines = words = 0
     with open_text(path) as f:
         for line in f:
@@ -389,8 +390,6 @@ def setup(
         )
     device = detect_device(env)
     s = settings_from_env(env, device)
-    from .cli import check_arch
-
     check_arch(["fairseq-train", "--arch", arch])  # a mistyped name: the nearest ones
     prefixes = {split: os.path.join(raw, split) for split in ("train", "valid", "test")}
     files = check_inputs(prefixes, src, tgt)
@@ -499,9 +498,7 @@ def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: 
 
 
 def _updates(path: str) -> int:
-    from .checkpoints import load_as_saved as torch_load_checked
-
-    state = torch_load_checked(path)
+    state = load_as_saved(path)
     history = state.get("optimizer_history") or [{}]
     return int(history[-1].get("num_updates", 0))
 
@@ -536,8 +533,6 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
     paths = [last if c == "checkpoint_last.pt" else c for c in chosen]
     from fairseq import checkpoint_utils
 
-    from .average_checkpoints import average_checkpoints
-
     out = os.path.join(save_dir, "checkpoint_average.pt")
     checkpoint_utils.torch_persistent_save(average_checkpoints(paths), out)
     print(
@@ -558,9 +553,6 @@ def score(reference: str, generate_out: str, hyp_out: str, out=sys.stdout) -> fl
     references (by sentence id) and the line says so; ``hyp_out`` then has an empty line for each
     sentence not decoded, so that its lines stay those of the test set."""
     import sacrebleu
-
-    from .prepare import read_lines
-    from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
 
     refs = read_lines(reference)
     generated = read_generate(generate_out)
@@ -615,8 +607,6 @@ def main(argv: Optional[Sequence[str]] = None):
     a = p.parse_args(argv[:1])
     rest = argv[1:]
     if a.command == "setup":
-        from .quiet import quiet_warnings
-
         quiet_warnings()
         report_user_errors(lambda: setup(rest, dict(os.environ)), PROG)
     elif a.command == "checkpoint":

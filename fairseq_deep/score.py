@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ArgumentParser, MissingFileError, UserError, report_user_errors
+from .prepare import open_text
+from .runs import parse_generate
 
 PROG = "fairseq-deep-score"
 #: sentencepiece's word mark
@@ -48,8 +50,6 @@ def decode_pieces(text: str) -> str:
 
 
 def _read(path: str, what: str) -> List[str]:
-    from .prepare import open_text
-
     if not os.path.isfile(path):
         raise MissingFileError(f"{what} {path}: no such file")
     with open_text(path) as f:
@@ -109,8 +109,6 @@ class Hypotheses:
 def read_hypotheses(path: str, n_refs: int, ref: str = "--ref") -> Hypotheses:
     """The hypotheses of ``path`` (fairseq-generate's output or a plain file, module docstring) in
     input order, one for each of the ``n_refs`` references, pieces decoded."""
-    from .runs import parse_generate
-
     lines = _read(path, "HYPOTHESES")
     if any(_GENERATE_LINE.match(line) for line in lines):
         hyps = in_input_order(parse_generate(lines).hypotheses, n_refs, path, ref)

@@ -11,6 +11,7 @@ import sys
 from typing import Dict, List, Tuple
 
 from ..errors import ArgumentParser, UserError, report_user_errors
+from ..quiet import quiet_warnings
 from ..runs import model_kind
 from ..runs.recipes import PRECISIONS
 from .commands import EPOCH, train_command
@@ -268,8 +269,6 @@ def main(argv=None) -> int:
 
 
 def cli_main():
-    from ..quiet import quiet_warnings
-
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
         level=os.environ.get("LOGLEVEL", "INFO").upper(),

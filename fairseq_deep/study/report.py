@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Dict, List, Optional, Tuple
 
 from .. import runs
+from ..diagnostics.plot_training import _pyplot, series_styles
 from .commands import interval, precision, recipe_text
 from .groups import GROUPS
 from .runner import Study, learning_curve
@@ -211,8 +212,6 @@ def plot(study: Study, results: dict, out_dir: str) -> List[str]:
     """PNG plots per group: BLEU against encoder depth per technique (where the group varies
     depth), valid loss over updates and over seconds of training, and r_t over updates (runs with
     --log-grad-norm-ratio)."""
-    from ..diagnostics.plot_training import _pyplot, series_styles
-
     plt = _pyplot()
     os.makedirs(out_dir, exist_ok=True)
     written = []

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import runs
 from ..errors import UserError
+from ..prepare import read_lines as read_text
 from ..progress import TrainingProgress
 from .commands import generate_run, stage_runs, train_run
 from .commands import precision as precision_of
@@ -141,8 +142,6 @@ def record(
 
 class Study:
     def __init__(self, args, groups: Dict[str, Tuple[str, List[System]]]):
-        from ..prepare import read_lines as read_text
-
         self.args = args
         self.groups = groups
         self.n_test = runs.count_test_sentences(args.data)
