@@ -67,7 +67,9 @@ PRECISION_NAMES = ("fp32", "fp16", "memory_efficient_fp16", "amp", "bf16")
 
 #: the tests' tiny sizes (dropout off): the Transformer families', RNMT+'s (and the hybrids' RNMT+
 #: parts'), Deep-Att's; tests/helpers.py and the benchmarks that build the tests' models take them
-#: from here
+#: from here.  They are the widths of the families' declarations (``tiny_sizes``) written out, not
+#: read from them, because refactor_fingerprint.py builds two versions of the package with them;
+#: tests/test_families.py checks that they agree.
 TINY = [
     "--encoder-embed-dim",
     "16",

@@ -23,7 +23,7 @@ from fairseq.models import ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
 from helpers import build_model
 from test_export import TOLERANCE, stock_of
 
-from benchmarks import precision_matrix
+from benchmarks import harness, precision_matrix
 from fairseq_deep import runs
 from fairseq_deep.diagnostics.layer_weights import extract_layer_weights
 from fairseq_deep.models import families, reduction
@@ -46,6 +46,23 @@ def test_every_arch_of_the_package_is_of_a_declared_family():
     for family, tiny in families.tiny_configs():
         assert {tiny.arch, tiny.paper_arch} <= set(family.presets()), tiny.name
     assert families.of_arch("transformer") is None  # fairseq's own
+
+
+def _widths(flags):
+    """``{option: value}`` of a flag list, without its depths and dropouts."""
+    pairs = dict(zip(flags[::2], flags[1::2]))
+    return {k: v for k, v in pairs.items() if "layers" not in k and "dropout" not in k}
+
+
+@pytest.mark.parametrize(
+    "sizes,family",
+    [("TINY", "transformer_dlcl"), ("TINY_RNMT", "rnmt_plus"), ("TINY_DEEP_ATT", "deep_att")],
+)
+def test_the_harness_tiny_sizes_are_the_declared_ones(sizes, family):
+    """benchmarks/harness.py writes the tiny widths out (refactor_fingerprint builds two versions
+    of the package with them); they are the family declarations' own."""
+    widths = _widths(families.get(family).tiny_sizes)
+    assert len(widths) >= 4 and _widths(getattr(harness, sizes)) == widths
 
 
 def test_every_matrix_has_a_row_of_every_family():
