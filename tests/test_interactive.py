@@ -133,13 +133,14 @@ def spm_data(root, with_model: bool):
 
 def run_interactive_in_process(monkeypatch, data, *extra):
     """cli.interactive() on ``data`` with fairseq-interactive's main replaced by one that records the
-    cfg it is given (nothing is loaded or translated)."""
+    cfg it is given, and without the check of --path (nothing is loaded or translated)."""
     from fairseq_cli import interactive as fairseq_interactive
 
     from fairseq_deep import cli
 
     seen = []
     monkeypatch.setattr(fairseq_interactive, "main", lambda cfg: seen.append(cfg))
+    monkeypatch.setitem(cli.CHECKS, "interactive", ())  # no checkpoint: model.pt is not read
     monkeypatch.setattr(fairseq_interactive, "make_batches", fairseq_interactive.make_batches)
     monkeypatch.setattr(
         sys,
