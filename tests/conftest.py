@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from helpers import python_module, run_cli  # noqa: E402
 torch.set_num_threads(1)
 
 from fairseq_deep.data.synthetic import write_corpus  # noqa: E402
+from fairseq_deep.runs import executor  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -47,11 +47,23 @@ def synthetic_bin(tmp_path_factory):
 
 
 def pytest_configure(config):
+    # ``-n N`` (pytest-xdist) without ``--dist``: the workers steal queued tests from each other
+    # (``--dist worksteal``) instead of keeping the share dealt at the start ("load"): the suite's
+    # tests take from a second to two minutes, and a worker left alone with a queue is CI's tail
+    dist_given = any(
+        a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args
+    )
+    if getattr(config.option, "dist", "no") == "load" and not dist_given:
+        config.option.dist = "worksteal"
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one (CI has none)")
     config.addinivalue_line(
         "markers",
         "reference: compares with the authors' code (torchscale, admin-torch: the reference "
         "extra); skipped where a package is missing",
+    )
+    config.addinivalue_line(
+        "markers",
+        "real_processes: fairseq_deep.runs.execute starts real processes, not forks (conftest.py)",
     )
 
 
@@ -64,9 +76,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def forked_subprocesses(monkeypatch):
-    """fairseq's programs that the code under test starts with ``subprocess.run`` (a benchmark,
-    the study) run in forks of the tests' fork server (tests/forked.py), as run_cli's do."""
-    monkeypatch.setattr(subprocess, "run", forked.patched_run)
-    return forked
+@pytest.fixture(autouse=True)
+def forked_runs(request, monkeypatch):
+    """fairseq's programs that the code under test starts through ``fairseq_deep.runs.execute``
+    (the study, prepare, the benchmarks) run in forks of the tests' fork server (tests/forked.py),
+    as run_cli's do; a test marked ``real_processes`` (what only a child process shows: its peak
+    memory) gets real ones."""
+    if request.node.get_closest_marker("real_processes") is None:
+        monkeypatch.setattr(executor, "start_process", forked.popen_for_runs)

@@ -311,20 +311,24 @@ def run(argv, cwd=None, env=None, input=None, timeout=None, merge_stderr=False):
 class Started:
     """A command running in a fork, its stdout and stderr merged (what ``subprocess.Popen(argv,
     stdout=PIPE, stderr=STDOUT, text=True)`` gives, as far as the tests use it): ``stdout``
-    iterates over its lines as they are written, ``send_signal``/``kill``, ``wait``,
-    ``returncode``."""
+    iterates over its lines as they are written, ``send_signal``/``kill``/``terminate``,
+    ``poll``, ``wait``, ``returncode``.  With ``out`` (a file's path) the output is appended to
+    that file instead (``stdout`` None), as ``Popen(argv, stdout=FILE, stderr=STDOUT)`` writes it."""
 
-    def __init__(self, argv, form, cwd, env):
+    def __init__(self, argv, form, cwd, env, out=None):
         self.args = argv
         self.server = Server.get()
         self.tmp = tempfile.TemporaryDirectory(prefix="fairseq_deep_fork_")
-        self.out = os.path.join(self.tmp.name, "stdout")
         stdin = os.path.join(self.tmp.name, "stdin")
         open(stdin, "w").close()
-        open(self.out, "w").close()
+        self.out = out or os.path.join(self.tmp.name, "stdout")
+        if out is None:
+            open(self.out, "w").close()
         self.ident = self.server.submit(form, cwd, env, stdin, self.out, self.out)
         self.returncode = None
-        self.stdout = self._lines(open(self.out))
+        self.stdout = (
+            None if out else self._lines(open(self.out, encoding="utf-8", errors="replace"))
+        )
 
     def _lines(self, f):
         with f:
@@ -353,6 +357,8 @@ class Started:
 
     def kill(self):
         self.server.kill(self.ident)
+
+    terminate = kill  # a fork is stopped with SIGKILL only
 
     def wait(self, timeout=None):
         if self.returncode is None:
@@ -387,35 +393,23 @@ def _read_text(path):
 _real_run = subprocess.run
 
 
-def patched_run(*popenargs, **kwargs):
-    """A stand-in for ``subprocess.run`` (tests/helpers.py: forked_subprocesses) that sends the
-    fairseq commands it can run (``capture_output`` or stdout=PIPE with stderr PIPE or STDOUT,
-    text mode, no ``check``) to :func:`run` and everything else to the real ``subprocess.run``."""
-    argv = popenargs[0] if popenargs else kwargs.get("args")
-    text = kwargs.get("text") or kwargs.get("universal_newlines")
-    captured = kwargs.get("capture_output") or (
-        kwargs.get("stdout") == subprocess.PIPE
-        and kwargs.get("stderr") in (subprocess.PIPE, subprocess.STDOUT)
-    )
-    allowed = {"args", "capture_output", "stdout", "stderr", "text", "universal_newlines"}
-    allowed |= {"cwd", "env", "input", "timeout"}
+def popen_for_runs(argv, stdout=None, stderr=None, env=None, cwd=None, **text_args):
+    """A stand-in for ``subprocess.Popen`` as ``fairseq_deep.runs.execute`` calls it
+    (``runs.executor.start_process``; conftest.py's ``forked_runs``): stderr merged into stdout,
+    which is a pipe (text) or an open file; the command in a fork where :func:`eligible` allows
+    (one intra-op thread, as :func:`run`'s commands), else the real ``subprocess.Popen``."""
+    argv = [os.fspath(a) for a in argv]
+    forked_env = dict(os.environ if env is None else env)
+    forked_env.setdefault("OMP_NUM_THREADS", "1")
+    form = eligible(argv, forked_env)
     if (
-        isinstance(argv, (list, tuple))
-        and text
-        and captured
-        and set(kwargs) <= allowed
-        and len(popenargs) <= 1
-        and eligible([os.fspath(a) for a in argv], dict(kwargs.get("env") or os.environ))
+        form is None
+        or stderr is not subprocess.STDOUT
+        or text_args.get("encoding") not in (None, "utf-8")
     ):
-        return run(
-            argv,
-            cwd=kwargs.get("cwd"),
-            env=kwargs.get("env"),
-            input=kwargs.get("input"),
-            timeout=kwargs.get("timeout"),
-            merge_stderr=kwargs.get("stderr") == subprocess.STDOUT,
-        )
-    return _real_run(*popenargs, **kwargs)
+        return subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=cwd, **text_args)
+    out = None if stdout is subprocess.PIPE else stdout.name
+    return Started(argv, form, os.path.abspath(cwd or os.getcwd()), forked_env, out=out)
 
 
 # ---- the server (python tests/forked.py) ----------------------------------------------------------

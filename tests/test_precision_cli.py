@@ -37,7 +37,7 @@ BF16_FAMILIES = [tiny.name for _, tiny in families.matrix("bf16")]
     ids=["fp16", "bf16"],
 )
 def test_every_family_trains_and_decodes_every_sentence(
-    synthetic_bin, tmp_path, precision, families, forked_subprocesses
+    synthetic_bin, tmp_path, precision, families
 ):
     args = precision_matrix.parse_args(
         [
@@ -283,9 +283,7 @@ def test_adaptive_clip_statistics_skip_overflows_and_use_unscaled_norms(syntheti
     assert seen_low[0] == pytest.approx(seen[0], rel=2e-2)
 
 
-def test_matrix_decodes_a_shard_and_deletes_checkpoints(
-    synthetic_bin, tmp_path, forked_subprocesses
-):
+def test_matrix_decodes_a_shard_and_deletes_checkpoints(synthetic_bin, tmp_path):
     """Issue 24: --decode-shards N decodes fairseq's first shard of the test batches, and a run's
     checkpoints are gone once it is decoded (--keep-checkpoints keeps them)."""
     rows = {}

@@ -13,6 +13,9 @@ from helpers import TINY
 from fairseq_deep import runs
 from fairseq_deep.runs import recipes
 
+# the executor itself: real child processes (their peak memory, signals), not the tests' forks
+pytestmark = pytest.mark.real_processes
+
 
 def test_settings_become_options_that_fairseqs_parser_reads_back():
     from fairseq import options

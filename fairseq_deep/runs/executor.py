@@ -103,6 +103,12 @@ class Result:
         return self
 
 
+#: how :func:`execute` starts a process (``subprocess.Popen``'s arguments).  The tests replace it
+#: with a stand-in that runs fairseq's programs in forks of a process that has imported them
+#: (tests/forked.py: ``popen_for_runs``), as they run their own commands.
+start_process: Callable[..., subprocess.Popen] = subprocess.Popen
+
+
 class Processes:
     """Runs that go on at once and end together: :meth:`stop` (on Ctrl-C or SIGTERM) terminates
     every running one, and :func:`execute` starts none after it."""
@@ -120,7 +126,11 @@ class Processes:
 
 
 def _reap(proc: subprocess.Popen) -> Optional[int]:
-    """Wait for ``proc``; its peak resident memory (KiB, of this child alone: ``os.wait4``)."""
+    """Wait for ``proc``; its peak resident memory (KiB, of this child alone: ``os.wait4``; None
+    for a process that is not a child of this one: :data:`start_process`'s stand-in)."""
+    if not isinstance(proc, subprocess.Popen):
+        proc.wait()
+        return None
     try:
         _, status, usage = os.wait4(proc.pid, 0)
     except ChildProcessError:  # reaped already (a terminate() polled it): its status is known
@@ -165,7 +175,7 @@ def execute(
         with group.lock:
             if group.stopping.is_set():
                 return Result(argv, None, 0.0, log, stopped=True, offset=offset)
-            proc = subprocess.Popen(
+            proc = start_process(
                 argv,
                 stdout=subprocess.PIPE if piped else out,
                 stderr=subprocess.STDOUT,
