@@ -25,8 +25,9 @@ less what a new interpreter prints while it imports fairseq (deprecation warning
 environment variables read at start-up, are what a fork does not reproduce.  So a command runs in
 a real subprocess (:func:`eligible` says which) when its environment differs from the server's in
 a variable Python or a library reads at start-up (``PYTHON*`` other than PYTHONUNBUFFERED and a
-plain PYTHONWARNINGS action, ``LD_*``, ``TORCH*``, ``TRITON_*``, ``CUDA_*``, ``MKL_*``,
-``OPENBLAS_*``), when it has no ``OMP_NUM_THREADS``, or when its interpreter is another Python;
+plain PYTHONWARNINGS action, ``LD_*``, ``TORCH*`` but inductor's cache folder, ``TRITON_*``,
+``CUDA_*``, ``MKL_*``, ``OPENBLAS_*``), when it has no ``OMP_NUM_THREADS``, or when its
+interpreter is another Python;
 and tests that pin what a user sees on a terminal (no warnings, no import noise:
 tests/test_cli_errors.py; the console scripts without ``--user-dir``) start new interpreters
 (``run_cli(..., fresh=True)``, ``subprocess.run``).  ``FAIRSEQ_DEEP_TESTS_FORK=0`` turns the
@@ -84,9 +85,16 @@ PRELOAD = (
 )
 
 #: environment variables read at start-up (a command whose values differ runs in a real subprocess),
-#: less those a fork applies itself
+#: less those a fork applies itself: TORCHINDUCTOR_CACHE_DIR is read where inductor first caches
+#: something, and torch writes its default into the environment then (a test that compiles once
+#: would otherwise send every later command of its worker to a new interpreter)
 _STARTUP_PREFIXES = ("PYTHON", "LD_", "TRITON_", "CUDA_", "TORCH", "MKL_", "OPENBLAS_")
-_APPLIED = {"PYTHONUNBUFFERED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE"}
+_APPLIED = {
+    "PYTHONUNBUFFERED",
+    "PYTHONWARNINGS",
+    "PYTHONDONTWRITEBYTECODE",
+    "TORCHINDUCTOR_CACHE_DIR",
+}
 _SIMPLE_WARNING_ACTIONS = {"ignore", "default", "always", "module", "once", "error"}
 
 

@@ -73,3 +73,12 @@ def test_exit_status_streams_timeout_and_kill():
     assert next(started.stdout) == "up\n"
     started.kill()
     assert started.wait() == -9
+
+
+def test_a_variable_torch_writes_while_running_keeps_commands_in_forks():
+    """torch writes TORCHINDUCTOR_CACHE_DIR into the environment where inductor first caches
+    something (read there, not at start-up): the commands after it still run in forks; another
+    TORCH* variable of the command's own sends it to a new interpreter."""
+    command = [sys.executable, "-c", "pass"]
+    assert forked.eligible(command, dict(ENV, TORCHINDUCTOR_CACHE_DIR="/tmp/inductor_cache"))
+    assert forked.eligible(command, dict(ENV, TORCH_SHOW_CPP_STACKTRACES="1")) is None
