@@ -9,6 +9,8 @@ import sys
 import forked
 import pytest
 
+from fairseq_deep import runs
+
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
@@ -82,3 +84,21 @@ def test_a_variable_torch_writes_while_running_keeps_commands_in_forks():
     command = [sys.executable, "-c", "pass"]
     assert forked.eligible(command, dict(ENV, TORCHINDUCTOR_CACHE_DIR="/tmp/inductor_cache"))
     assert forked.eligible(command, dict(ENV, TORCH_SHOW_CPP_STACKTRACES="1")) is None
+
+
+def test_what_the_package_starts_runs_in_a_fork(tmp_path):
+    """conftest.py's forked_runs: a command that fairseq_deep.runs.execute starts (the study's,
+    prepare's, a benchmark's) runs in a fork of the server, which has imported torch, its output
+    kept or appended to a log as a real process's would be."""
+    code = "import sys; print('torch' in sys.modules)"
+    kept = runs.execute([sys.executable, "-c", code])
+    assert kept.ok and kept.output == "True\n", kept.output
+    log = tmp_path / "run.log"
+    logged = runs.execute([sys.executable, "-c", code], str(log), header=True)
+    assert logged.ok and log.read_text().splitlines()[1:] == ["True"], log.read_text()
+
+
+@pytest.mark.real_processes
+def test_a_test_marked_real_processes_gets_a_new_interpreter():
+    code = "import sys; print('torch' in sys.modules)"
+    assert runs.execute([sys.executable, "-c", code]).output == "False\n"
