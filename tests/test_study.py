@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fairseq_deep import study
+from fairseq_deep import runs, study
 from fairseq_deep.study import UserError
 
 
@@ -215,6 +215,10 @@ def test_study_end_to_end_and_resume(synthetic_bin, tmp_path, monkeypatch):
             t > 0 for _, t, _ in seed["curve"]
         ), name
         assert seed["updates_per_second"] > 0 and row["recipe"].startswith("Adam (0.9, 0.98)"), name
+        # every validation's record says when it ran, however fast the machine (patches/validation_time)
+        log = runs.parse_log(str(out / "runs" / "custom" / name / "seed1" / "train.log"))
+        valid = [r for r in log if r["kind"] == "valid"]
+        assert len(valid) == 2 and all(r["wall"] > 0 for r in valid), name
         hyp = (out / "runs" / "custom" / name / "seed1" / "hyp.txt").read_text().splitlines()
         assert len(hyp) == n_test
     assert set(group["systems"]["ta"]["paired_bs"]["1"]) == {"bleu_p", "chrf_p"}
@@ -653,6 +657,22 @@ def test_learning_curve_reads_updates_seconds_and_rate():
     assert study.learning_curve({"valid_loss": [(5, 9.0)]}) == ([[5, None, 9.0]], None)
 
 
+def test_learning_curve_times_from_the_validations():
+    """A run that validates within its first second (a GPU, a fast CPU): fairseq's whole-second
+    ``wall`` of the training records is 0, the validations' own clock (0.01 s) times them."""
+    fast = {
+        "wall": [(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)],
+        "valid_loss": [(2.0, 9.0), (4.0, 8.0)],
+        "valid_wall": [(2.0, 0.31), (4.0, 0.62)],
+    }
+    curve, ups = study.learning_curve(fast)
+    assert curve == [[2.0, 0.31, 9.0], [4.0, 0.62, 8.0]]
+    assert ups == pytest.approx(4 / 0.62, abs=1e-4)
+    # a validation's own time wins over the interpolation of the training records
+    slow = {"wall": [(10.0, 20.0)], "valid_loss": [(10.0, 7.0)], "valid_wall": [(10.0, 20.4)]}
+    assert study.learning_curve(slow)[0] == [[10.0, 20.4, 7.0]]
+
+
 def test_a_training_runs_progress_line_has_progress_pys_eta(tmp_path):
     import argparse
     import re
@@ -701,8 +721,6 @@ def test_epoch_validation_patience_and_precision_per_system():
 
 
 def test_a_log_says_what_stopped_training_and_the_epochs_it_completed():
-    from fairseq_deep import runs
-
     log = [
         '2026-01-01 10:00:00 | INFO | train | {"epoch": 1, "train_loss": "9.1", "train_num_updates": "10"}',
         '2026-01-01 10:00:01 | INFO | valid | {"epoch": 2, "valid_loss": "8.5", "valid_num_updates": "15"}',

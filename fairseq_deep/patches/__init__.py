@@ -17,7 +17,8 @@ Installed by :func:`apply` when ``fairseq_deep`` is imported (so also by plain `
 - the hub interface in the user's own process: :mod:`.hub` (``from_pretrained`` on sentencepiece
   data);
 - what fairseq forgets: :mod:`.checkpoint_history` (a restored checkpoint's history, grown from,
-  continued, averaged, saved again with every checkpoint of the run).
+  continued, averaged, saved again with every checkpoint of the run), :mod:`.validation_time` (when
+  each validation happened: the training clock in its record, to 0.01 s).
 
 Called by the layer builders, not installed: :mod:`.better_transformer` (fairseq 0.12.2's fused
 encoder path turned off in our layers).
@@ -42,6 +43,7 @@ def apply():
         precision,
         safe_loading,
         usage_errors,
+        validation_time,
     )
 
     for patches in (
@@ -54,5 +56,6 @@ def apply():
         precision,
         hub,
         fully_sharded,
+        validation_time,
     ):
         patches.apply()

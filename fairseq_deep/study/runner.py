@@ -48,18 +48,26 @@ class RunState:
 def learning_curve(series: dict) -> Tuple[List[List[float]], Optional[float]]:
     """([[update, seconds, valid loss], ...], updates per second) from a fairseq-train log's series
     (:func:`fairseq_deep.runs.series`).  Seconds are fairseq's ``wall`` clock of the training (the
-    time ``--minutes`` budgets: validation included), read off the ``train_inner`` records and
-    interpolated linearly to each validation's update (beyond the last record, at the last rate);
-    updates/s is the last record's update over its wall time.  None where the log has no timed
-    record."""
-    walls = sorted((u, w) for u, w in series.get("wall", []) if w > 0)
-    ups = walls[-1][0] / walls[-1][1] if walls else None
+    time ``--minutes`` budgets: validation included).  A validation's own record carries it, to
+    0.01 s (``valid_wall``: :mod:`fairseq_deep.patches.validation_time`); a log without it (an
+    older run's) has each validation's time interpolated linearly from the ``train_inner`` records'
+    whole seconds (beyond the last record, at the last rate; records at 0 s, a run's first second,
+    say nothing).  Updates/s is the last timed point's update over its time.  None where the log
+    has no timed record."""
+    own = dict(series.get("valid_wall", []))
+    timed = sorted(
+        {(u, w) for u, w in series.get("wall", []) if w > 0}
+        | {(u, w) for u, w in own.items() if w > 0 and u > 0}
+    )
+    ups = timed[-1][0] / timed[-1][1] if timed else None
 
     def seconds(update: float) -> Optional[float]:
-        if not walls:
+        if own.get(update, 0) > 0:
+            return own[update]
+        if not timed:
             return None
-        below = [(u, w) for u, w in walls if u <= update]
-        above = [(u, w) for u, w in walls if u >= update]
+        below = [(u, w) for u, w in timed if u <= update]
+        above = [(u, w) for u, w in timed if u >= update]
         if below and above:
             (u0, w0), (u1, w1) = below[-1], above[0]
             return w0 if u1 == u0 else w0 + (w1 - w0) * (update - u0) / (u1 - u0)
@@ -70,7 +78,7 @@ def learning_curve(series: dict) -> Tuple[List[List[float]], Optional[float]]:
         return w0 + (update - u0) / ups
 
     curve = [
-        [u, None if seconds(u) is None else round(seconds(u), 1), v]
+        [u, None if seconds(u) is None else round(seconds(u), 2), v]
         for u, v in series.get("valid_loss", [])
     ]
     return curve, (round(ups, 4) if ups else None)
