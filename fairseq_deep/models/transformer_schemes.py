@@ -18,7 +18,8 @@ papers train on WMT where they do:
 * ``transformer_rezero[_{18,50}l]``: ReZero (Bachlechner et al. 2020) N + N layers at base width
   (the paper's MT run is 6 + 6; its deep Transformers are language models).
 * ``transformer_b2t[_{18,100}l]``: B2T connection (Takase et al. 2023), post-norm: 18L-18L and
-  100L-100L on WMT En-De, as the paper.
+  100L-100L on WMT En-De, as the paper (the authors' README trains these two with dropout 0.5,
+  which ``--dropout 0.5`` gives, and word dropout 0.1, which neither fairseq nor this package has).
 * ``transformer_subln[_{18,50}l]``, ``transformer_periln[_{18,50}l]``, ``transformer_mixln[_{18,50}l]``
   (ratio 0.25), ``transformer_dyt[_{18,50}l]``: Sub-LN/Magneto (Wang et al. 2023), Peri-LN (Kim et al.
   2025), Mix-LN (Li et al. 2025), DyT (Zhu et al. 2025) on the pre-norm Transformer; their papers'

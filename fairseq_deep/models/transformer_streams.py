@@ -8,13 +8,18 @@ transformer_ta_baseline --resi-dual`` works too).  Depths, for deep translation 
 (depth-free), 18 + 18 and a 48-layer encoder over 6 decoder layers:
 
 * ``transformer_denseformer[_{18,48}l]``: DenseFormer 1x1 (Pagliardini et al. 2024; the paper's
-  models are 48- and 72-block language models);
+  models are 48- and 72-block language models; the authors' experiments default to a DWA every 2
+  blocks over every 2nd block's output: ``--denseformer-period 2 --denseformer-dilation 2``);
 * ``transformer_hc[_{18,48}l]``: dynamic hyper-connections with 4 streams (DHCx4, Zhu et al.
   2025, their best); ``transformer_mhc[_{18,48}l]``: mHC with 4 streams (Xie et al. 2025);
-* ``transformer_resi_dual[_{18,48}l]``: ResiDual (Xie et al. 2023; the authors' scripts train 6
-  and 12 layers per side on IWSLT, WMT and OPUS);
+* ``transformer_resi_dual[_{18,48}l]``: ResiDual (Xie et al. 2023; the authors' README trains 6
+  or 12 layers per side on IWSLT and WMT, their OPUS configuration 18 + 18 with the dual stream
+  scaled by 0.05, the same as a dual-norm epsilon of 4e-5: docs/deep_schemes.md);
 * ``transformer_ode_rk2[_{18,48}l]``: RK2 blocks with the gated coefficients in the encoder (Li et
-  al. 2022; the authors' presets: 6 encoder layers); ``transformer_ode_rk4``: fixed RK4 blocks.
+  al. 2022); ``transformer_ode_rk4``: fixed RK4 blocks.  The authors' training scripts train more:
+  12 gated RK2 encoder blocks and 6 decoder layers of a pre-norm Big model with DLCL in both
+  stacks and relative positions, which is ``--arch transformer_dlcl_big_12l --ode-method rk2``
+  without the relative positions (this package has none).
 """
 
 from .families import Tiny, declare_presets

@@ -140,7 +140,10 @@ class DynamicLinearCombination(LayerHistory):
       embedding (input of layer 1) without LN unless ``normalize_embed``.  Here y_k is the residual
       sum x + F(x) of layer k *before* its post-norm: the model removes each post-norm layer's last
       LN and this LN takes its place, so that with residual weights the model **is** the post-norm
-      Transformer (LN_{l+1} playing layer l's final LN).
+      Transformer (LN_{l+1} playing layer l's final LN).  ``normalize_embed`` normalises the
+      embedding in its row only (later rows sum the raw y_0); the authors' code
+      (``fairseq/modules/dlcl.py``) normalises its entry too, so that layer 1 reads
+      LN_0(W[0, 0] LN_0(y_0)), the same LN twice (docs/transformer_dlcl.md).
 
     Rows are 0..L: row r forms the input of layer r+1 from entries 0..r, row L is the readout.
 
@@ -430,7 +433,11 @@ class DLCLConfig(FairseqDataclass):
         metadata={"help": "drop the layer norm of Eq. 8/9 (Table 6, '- layer norm.')"},
     )
     dlcl_normalize_embed: bool = field(
-        default=False, metadata={"help": "also layer-normalise the embedding's entry (row)"}
+        default=False,
+        metadata={
+            "help": "also layer-normalise the embedding: its entry (pre-norm) or its row "
+            "(post-norm: once, where the authors' code also normalises the entry)"
+        },
     )
     dlcl_softmax_weights: bool = field(
         default=False,

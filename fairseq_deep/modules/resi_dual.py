@@ -16,8 +16,10 @@ Granularity: per sublayer, as the paper, through fairseq's ``residual_connection
 (:mod:`~fairseq_deep.modules.residual_streams`): the post-LN stream is what fairseq's layer
 computes, the dual stream is the pass's.  Incremental decoding keeps nothing: both streams are
 position-wise.  Not in the paper's equations, not options here: the authors' code has a scale of
-the x_N term (``enc_alpha``/``dec_alpha``) and of what each sublayer adds to d
-(``*_res_input_norm_scale``), both 1 by default.
+the x_N term (``enc_alpha``/``dec_alpha``, 1 in every configuration) and one of the whole dual
+stream, its start and each addition (``*_res_input_norm_scale``: 1 by default, 0.05 in its OPUS
+configuration).  Under the readout's LN a scale c of d is an epsilon e / c^2 instead of e, so
+OPUS's 0.05 is this model with a dual-norm epsilon of 4e-5 instead of 1e-7 (docs/deep_schemes.md).
 """
 
 from dataclasses import dataclass, field
