@@ -15,7 +15,9 @@ of the model's file, names all that the tools and the tests must know about it:
 * ``layer_weights``, the kinds of learned layer-weight matrices its models hold
   (:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind`, declared beside their
   modules), which ``fairseq-deep-layer-weights`` reads;
-* ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s);
+* ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s), as
+  settings (option names -> values) that :func:`fairseq_deep.runs.recipes.paper` writes: a model
+  file declares settings, it writes no command line (``Tiny.training`` too);
 * ``study`` and ``sweeps``, the built-in study groups it is in and its lines of the groups that
   sweep depth (``depth``, ``modern``: :func:`sweep`);
 * ``tiny_sizes`` and ``tiny``, its tiny configurations (:class:`Tiny`): the rows that every test
