@@ -156,7 +156,7 @@ def train_run(args, family, precision, save_dir) -> runs.Run:
         args.data,
         Part("model", ["--arch", arch, *sizes]),
         recipes.budget(max_tokens=args.max_tokens, max_update=args.updates),
-        recipes.lr(args.lr),
+        recipes.learning_rate(args.lr),
         recipes.inverse_sqrt(args.warmup),
         recipes.dropout("0.1"),
         recipes.seed("1"),

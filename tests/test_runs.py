@@ -345,7 +345,7 @@ def test_named_settings_parse_back_and_name_their_part():
         recipes.budget(max_tokens=512, max_update=7, stop_time_hours=None, max_epoch=3),
         recipes.saving(save_dir="S", no_epoch_checkpoints=True, keep_last_epochs=2),
         recipes.seed(5),
-        recipes.lr("0.25"),
+        recipes.learning_rate("0.25"),
     )
     assert [p.name for p in train.parts] == [
         "model",

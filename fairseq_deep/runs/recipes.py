@@ -79,7 +79,7 @@ def paper(arch: str, lr, warmup) -> Optional[Tuple[Part, Part]]:
     return Part("optimizer", flags(optimizer)), Part("schedule", flags(schedule))
 
 
-def lr(value) -> Part:
+def learning_rate(value) -> Part:
     """``--lr``: the learning rate of an optimiser given otherwise (a study system's own), the peak
     of a schedule, or the rate of :func:`fixed`."""
     return Part("lr", ["--lr", value])

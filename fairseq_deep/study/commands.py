@@ -95,7 +95,7 @@ def train_run(args, system: System, seed: int, save_dir: str) -> Run:
         run += recipes.dropout(args.dropout)
     _, optimizer, schedule = recipe(args, system.arch)
     # the system's own optimizer, schedule or criterion replaces the recipe's (its --lr: the study's)
-    run += recipes.lr(args.lr) if recipes.gives(own, "optimizer") else optimizer
+    run += recipes.learning_rate(args.lr) if recipes.gives(own, "optimizer") else optimizer
     if not recipes.gives(own, "schedule"):
         run += schedule
     if not recipes.gives(own, "criterion"):
