@@ -69,9 +69,10 @@ def train_run(args, arch, flags, save) -> runs.Run:
         recipes.adam("2e-3"),
         recipes.inverse_sqrt(400),
         recipes.label_smoothed(0.1),
-        ["--max-tokens", "4096", "--max-update", "100000"],
-        ["--stop-time-hours", str(args.minutes / 60)],
-        ["--disable-validation", "--no-epoch-checkpoints", "--save-dir", save, "--seed", "1"],
+        recipes.budget(max_tokens="4096", max_update="100000"),
+        recipes.budget(stop_time_hours=str(args.minutes / 60)),
+        recipes.saving(disable_validation=True, no_epoch_checkpoints=True, save_dir=save),
+        recipes.seed("1"),
         recipes.device(args.device),
         ["--num-workers", "0", "--no-progress-bar"],
     )
@@ -81,8 +82,8 @@ def generate_run(args, save, batch_size) -> runs.Run:
     return runs.Run.of(
         "generate",
         args.data,
-        ["--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test"],
-        ["--beam", str(args.beam), "--batch-size", str(batch_size)],
+        recipes.decoding(path=os.path.join(save, "checkpoint_last.pt"), gen_subset="test"),
+        recipes.decoding(beam=args.beam, batch_size=batch_size),
         recipes.device(args.device, program="generate"),
         ["--num-workers", "0"],
     )

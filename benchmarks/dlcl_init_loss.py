@@ -65,8 +65,7 @@ def at_initialisation(args, device):
                     arch,
                     *extra,
                     *width_flags(args.width),
-                    "--seed",
-                    "1",
+                    *recipes.seed("1"),
                     *(["--share-all-embeddings"] if tied else []),
                     "--user-dir",
                     PLUGIN,
@@ -112,9 +111,11 @@ def train_run(args, arch, save_dir) -> runs.Run:
         recipes.adam(args.lr),
         recipes.inverse_sqrt(args.warmup),
         recipes.label_smoothed(0.1),
-        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", "1"],
+        recipes.budget(max_tokens=args.max_tokens, max_update=args.updates),
+        recipes.seed("1"),
         recipes.json_log(args.log_interval),
-        ["--disable-validation", "--no-save", "--save-dir", save_dir, "--num-workers", "0"],
+        recipes.saving(disable_validation=True, no_save=True, save_dir=save_dir),
+        ["--num-workers", "0"],
         recipes.device(args.device),
     )
 

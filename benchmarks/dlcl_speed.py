@@ -201,14 +201,14 @@ def train_run(a, data: str, arch: str, save_dir: str) -> runs.Run:
         Part("model", ["--arch", arch, *model_flags(a)]),
         ["--task", "translation"],
         recipes.device(a.device, a.precision),
-        ["--seed", str(a.seed)],
+        recipes.seed(a.seed),
         recipes.adam("1e-3"),
         recipes.inverse_sqrt(a.warmup_updates),
         recipes.label_smoothed(0.1),
-        ["--max-tokens", str(a.max_tokens), "--max-update", str(a.max_update)],
+        recipes.budget(max_tokens=a.max_tokens, max_update=a.max_update),
         recipes.json_log(a.log_interval),
-        ["--num-workers", "0", "--disable-validation", "--no-epoch-checkpoints"],
-        ["--save-dir", save_dir],
+        ["--num-workers", "0"],
+        recipes.saving(disable_validation=True, no_epoch_checkpoints=True, save_dir=save_dir),
     )
 
 
@@ -249,12 +249,13 @@ def generate(a, data: str, checkpoint: str, log_path: str, env) -> Dict[str, flo
         runs.Run.of(
             "generate",
             data,
-            ["--path", checkpoint, "--gen-subset", "test"],
+            recipes.decoding(path=checkpoint, gen_subset="test"),
             recipes.device(a.device, a.precision, "generate"),
             # every hypothesis gets exactly --gen-len tokens: both systems do the same decoding work,
             # whatever their (barely trained) models would emit
-            ["--beam", "5", "--batch-size", str(a.gen_batch_size), "--min-len", str(a.gen_len)],
-            ["--max-len-a", "0", "--max-len-b", str(a.gen_len), "--num-workers", "0", "--quiet"],
+            recipes.decoding(beam=5, batch_size=a.gen_batch_size, min_len=a.gen_len),
+            recipes.decoding(max_len_a=0, max_len_b=a.gen_len),
+            ["--num-workers", "0", "--quiet"],
         ),
         log_path,
         env,

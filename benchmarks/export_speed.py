@@ -137,9 +137,12 @@ def train(a, work: str, data: str) -> str:
         *recipes.adam(a.lr),
         *recipes.inverse_sqrt(a.warmup, recipes.WARMUP_INIT_LR),
         *recipes.label_smoothed(0.1),
-        *["--max-tokens", str(a.max_tokens), "--stop-time-hours", str(a.minutes / 60)],
-        *["--max-update", "1000000", "--seed", "1", "--no-epoch-checkpoints"],
-        *["--disable-validation", "--log-interval", "10"],
+        *recipes.budget(
+            max_tokens=a.max_tokens, stop_time_hours=str(a.minutes / 60), max_update=1000000
+        ),
+        *recipes.seed(1),
+        *recipes.saving(no_epoch_checkpoints=True, disable_validation=True),
+        *["--log-interval", "10"],
     ]
     stamp_path = os.path.join(save, "trained.json")
     stamp = {"data": os.path.abspath(data), "flags": flags, "device": a.device}
@@ -157,7 +160,7 @@ def train(a, work: str, data: str) -> str:
         runs.Run.of(
             "train",
             data,
-            ["--save-dir", save],
+            recipes.saving(save_dir=save),
             recipes.device(a.device),
             Part("recipe", flags),
             ["--log-format", "json"],
@@ -202,9 +205,9 @@ def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
         runs.Run.of(
             "generate",
             data,
-            ["--path", checkpoint, "--gen-subset", "test"],
-            ["--beam", str(a.beam), "--batch-size", str(a.batch)],
-            ["--max-len-a", "0", "--max-len-b", str(a.max_len)],
+            recipes.decoding(path=checkpoint, gen_subset="test"),
+            recipes.decoding(beam=a.beam, batch_size=a.batch),
+            recipes.decoding(max_len_a=0, max_len_b=a.max_len),
             recipes.post_process("sentencepiece"),
             recipes.device(a.device, program="generate"),
         ),

@@ -147,8 +147,9 @@ def train_command(
         recipes.adam("5e-4"),
         recipes.inverse_sqrt(100),
         recipes.label_smoothed(0.1),
-        ["--max-tokens", max_tokens, "--max-update", updates, "--seed", "1"],
-        ["--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation"],
+        recipes.budget(max_tokens=max_tokens, max_update=updates),
+        recipes.seed("1"),
+        recipes.saving(save_dir=save_dir, no_epoch_checkpoints=True, disable_validation=True),
         recipes.json_log(1),
         ["--num-workers", "0"],
         Part("device", _DEVICE_FLAGS),
@@ -194,9 +195,9 @@ def generate(data: str, checkpoint: str, log_path: str, timeout: float) -> Dict:
     decode = runs.Run.of(
         "generate",
         data,
-        ["--path", checkpoint, "--gen-subset", "test", "--beam", "4", "--max-tokens", "8192"],
+        recipes.decoding(path=checkpoint, gen_subset="test", beam=4, max_tokens=8192),
         ["--distributed-world-size", "10", "--distributed-rank", "0"],
-        ["--remove-bpe", "sentencepiece"],
+        recipes.decoding(remove_bpe="sentencepiece"),
     )
     result = runs.execute(decode, log_path, timeout=max(timeout, 1))
     out = _summary(result, {})
@@ -262,7 +263,7 @@ def compare(rows: Dict[str, Dict]):
 def depth_one(a, depth: int, mode: str, deadline: float) -> Dict:
     save = os.path.join(a.work, "depth", f"{depth}_{mode}")
     os.makedirs(save, exist_ok=True)
-    flags = [*_DEEPNORM_512, *recipes.layers(depth, depth), "--no-save"]
+    flags = [*_DEEPNORM_512, *recipes.layers(depth, depth), *recipes.saving(no_save=True)]
     cmd = train_command(a.data, save, flags, MODES[mode][0], a.depth_updates, 4096)
     out = run(
         cmd,

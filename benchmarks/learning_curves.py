@@ -57,7 +57,7 @@ def families(w, lr, warmup=100):
     """{family: [(name, arch, flags, lr or None = --lr)]}"""
     two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
     # what fairseq-deep-study --recipe paper passes RNMT+ (issue 25): Chen et al.'s Adam, Eq. 1 to 3.2 x lr
-    eq1 = [word for part in recipes.rnmt_plus(3.2 * lr, warmup) for word in part]
+    eq1 = [word for part in recipes.paper("rnmt_plus", lr, warmup) for word in part]
     return {
         "rnmt": [
             (
@@ -110,7 +110,7 @@ def train_run(args, name, arch, flags, lr) -> runs.Run:
     (0.9, 0.98), inverse_sqrt warm-up from 1e-7 to ``lr`` or --lr), the shared settings."""
     shared = (
         []
-        if "--optimizer" in flags
+        if recipes.gives(flags, "optimizer")
         else [
             recipes.adam(lr or args.lr),
             recipes.inverse_sqrt(args.warmup, recipes.WARMUP_INIT_LR),
@@ -122,9 +122,10 @@ def train_run(args, name, arch, flags, lr) -> runs.Run:
         Part("model", ["--arch", arch, *flags]),
         *shared,
         recipes.label_smoothed(0.1),
-        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", args.seed],
-        ["--validate-interval-updates", args.valid_interval, "--validate-interval", "100000"],
-        ["--save-dir", os.path.join(args.out, name), "--no-epoch-checkpoints"],
+        recipes.budget(max_tokens=args.max_tokens, max_update=args.updates),
+        recipes.seed(args.seed),
+        recipes.saving(validate_interval_updates=args.valid_interval, validate_interval=100000),
+        recipes.saving(save_dir=os.path.join(args.out, name), no_epoch_checkpoints=True),
         recipes.json_log(25),
         ["--skip-invalid-size-inputs-valid-test"],
         recipes.device(args.device),

@@ -64,7 +64,7 @@ FAMILIES = {
         tiny.arch,
         list(family.tiny_sizes),
         list(tiny.model),
-        list(tiny.training),
+        runs.flags(tiny.training),
     )
     for family, tiny in families.tiny_configs()
 }
@@ -155,15 +155,17 @@ def train_run(args, family, precision, save_dir) -> runs.Run:
         "train",
         args.data,
         Part("model", ["--arch", arch, *sizes]),
-        ["--max-tokens", args.max_tokens, "--max-update", args.updates, "--lr", args.lr],
+        recipes.budget(max_tokens=args.max_tokens, max_update=args.updates),
+        recipes.learning_rate(args.lr),
         recipes.inverse_sqrt(args.warmup),
         recipes.dropout("0.1"),
-        ["--seed", "1", "--save-dir", save_dir, "--no-epoch-checkpoints"],
+        recipes.seed("1"),
+        recipes.saving(save_dir=save_dir, no_epoch_checkpoints=True),
         recipes.json_log(args.log_interval),
-        ["--disable-validation"],
+        recipes.saving(disable_validation=True),
         recipes.device(args.device, precision),
-        None if "--optimizer" in flags else recipes.adam(),
-        None if "--criterion" in flags else recipes.label_smoothed(0.1),
+        None if recipes.gives(flags, "optimizer") else recipes.adam(),
+        None if recipes.gives(flags, "criterion") else recipes.label_smoothed(0.1),
         Part("family", model_flags + flags),
         Part("train_args", args.train_args),
     )
@@ -176,9 +178,11 @@ def generate_run(args, precision, checkpoint) -> runs.Run:
     return runs.Run.of(
         "generate",
         args.data,
-        ["--path", checkpoint, "--gen-subset", "test"],
-        ["--beam", args.beam, "--batch-size", args.batch_size],
-        ["--max-len-a", "0", "--max-len-b", args.max_len] if args.max_len is not None else [],
+        recipes.decoding(path=checkpoint, gen_subset="test"),
+        recipes.decoding(beam=args.beam, batch_size=args.batch_size),
+        recipes.decoding(max_len_a="0", max_len_b=args.max_len)
+        if args.max_len is not None
+        else None,
         ["--distributed-world-size", shards, "--distributed-rank", "0"] if shards > 1 else [],
         recipes.device(args.device, precision, "generate"),
     )

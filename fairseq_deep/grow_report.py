@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .model_options import _same, model_command, options_of
 from .progress import hms
-from .runs import Part, Run, Variable, recipes, restore_flags
+from .runs import Part, Run, Variable, option, recipes, restore_flags
 
 #: the groups of a fairseq configuration, in the order an option's value is looked up
 GROUPS = (
@@ -78,15 +78,10 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("task"), dict):
         return None
     base = []
-    for flag, group in (
-        ("--task", "task"),
-        ("--criterion", "criterion"),
-        ("--optimizer", "optimizer"),
-        ("--lr-scheduler", "lr_scheduler"),
-    ):
+    for group in ("task", "criterion", "optimizer", "lr_scheduler"):  # each one option's name
         name = (cfg.get(group) or {}).get("_name")
         if name:
-            base += [flag, str(name)]
+            base += [option(group), str(name)]
     arch = getattr(cfg.get("model"), "arch", None)
     parser = options.get_training_parser()
     defaults = options.parse_args_and_arch(
@@ -127,12 +122,11 @@ def training_options(cfg: Optional[Dict]) -> Optional[List[str]]:
     return argv
 
 
-#: fairseq-train's options that bound a run, and the shell variables the next command reads them from
-BUDGET = {
-    "--max-update": "MAX_UPDATE",
-    "--stop-time-hours": "STOP_TIME_HOURS",
-    "--max-epoch": "MAX_EPOCH",
-}
+#: fairseq-train's options that bound a run (``runs.recipes.LIMITS``), and the shell variables the
+#: next command reads them from (``--max-update``: ``MAX_UPDATE``)
+BUDGET = {option(name): name.upper() for name in recipes.LIMITS}
+#: the shallow run's warm-up, which the next run's restart replaces
+WARMUP = option("warmup_updates")
 
 
 @dataclass
@@ -148,8 +142,8 @@ class Continued:
 
     def parts(self) -> Tuple[Part, ...]:
         restart = (recipes.restart(self.warmup),) if self.warmup is not None else ()
-        words = [w for option in self.budget for w in (option, Variable(BUDGET[option]))]
-        return (Part("training", self.training), *restart, Part("budget", words))
+        limits = {flag[2:].replace("-", "_"): Variable(BUDGET[flag]) for flag in self.budget}
+        return (Part("training", self.training), *restart, recipes.budget(**limits))
 
     def note(self) -> str:
         """The line that says what the next command takes and leaves to the reader."""
@@ -194,7 +188,7 @@ def continued(shallow: Optional[List[str]]) -> Continued:
             step = 1
         if name in BUDGET and (sep or step == 2):
             budget[name] = value
-        elif name == "--warmup-updates" and (sep or step == 2):
+        elif name == WARMUP and (sep or step == 2):
             warmup = value
         else:
             training += words[i : i + step]
@@ -245,7 +239,7 @@ def next_runs(summary: Dict, out: str, shallow: Optional[List[str]]) -> Tuple[Ru
     takes them (a learning-rate restart, the budget left to shell variables)."""
     rest = (
         restore_flags(out),
-        ["--save-dir", os.path.splitext(out)[0] + "_checkpoints"],
+        recipes.saving(save_dir=os.path.splitext(out)[0] + "_checkpoints"),
         *continued(shallow).parts(),
     )
     data = summary.get("data") or "DATA"

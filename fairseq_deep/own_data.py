@@ -47,7 +47,7 @@ from .errors import ArgumentParser, UserError, report_user_errors
 from .prepare import check_aligned, check_inputs, open_text, read_lines
 from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
 from .quiet import quiet_warnings
-from .runs import Part, Run, read_generate, recipes
+from .runs import Part, Run, flags, read_generate, recipes
 
 PROG = "run.sh"
 
@@ -269,15 +269,11 @@ def train_run(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Seque
         recipes.adam(f"{float(s.lr):g}"),
         recipes.inverse_sqrt(s.warmup),
         recipes.label_smoothed(0.1),
-        {
-            "max_tokens": s.max_tokens,
-            "save_dir": save_dir,
-            "keep_last_epochs": max(1, s.average),
-            "log_format": "simple",
-            "log_interval": s.log_interval,
-            "max_update": s.max_update or None,
-            "cpu": s.device == "cpu",
-        },
+        recipes.budget(max_tokens=s.max_tokens),
+        recipes.saving(save_dir=save_dir, keep_last_epochs=max(1, s.average)),
+        Part("logging", flags({"log_format": "simple", "log_interval": s.log_interval})),
+        recipes.budget(max_update=s.max_update or None),
+        {"cpu": s.device == "cpu"},
         Part("precision", shlex.split(s.precision)),
         Part("extra", extra),
     )
@@ -297,13 +293,9 @@ def generate_run(s: Settings, data_bin: str) -> Run:
     return Run.of(
         "generate",
         data_bin,
-        {
-            "gen_subset": "test",
-            "beam": s.beam,
-            "batch_size": DECODE_BATCH,
-            "max_len_a": 1.2,
-            "max_len_b": 10,
-        },
+        recipes.decoding(
+            gen_subset="test", beam=s.beam, batch_size=DECODE_BATCH, max_len_a=1.2, max_len_b=10
+        ),
         recipes.post_process("sentencepiece"),
         {"cpu": s.device == "cpu"},
         Part("precision", shlex.split(s.precision)),
@@ -331,7 +323,7 @@ def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
     refusal: a :class:`UserError`), without data or a model; returns the parsed arguments."""
     from fairseq import options
 
-    argv = ["--user-dir", PLUGIN_DIR, *cmd, "--stop-time-hours", "1"]
+    argv = ["--user-dir", PLUGIN_DIR, *cmd, *recipes.budget(stop_time_hours=1)]
     check_arch(["fairseq-train", *argv])
     parser = options.get_training_parser()
 

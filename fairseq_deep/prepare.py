@@ -269,7 +269,7 @@ def next_runs(destdir: str, src: str, tgt: str) -> Dict[str, runs.Run]:
     (0.9, 0.98), inverse_sqrt warm-up over 4,000 updates to 1e-3, label smoothing 0.1), translate
     the test set detokenized, translate raw text interactively."""
     data_bin = os.path.join(destdir, "data-bin")
-    best = Part("checkpoint", ["--path", "checkpoints/checkpoint_best.pt"])
+    best = recipes.decoding(path="checkpoints/checkpoint_best.pt")
     return {
         "train": runs.Run.of(
             "train",
@@ -278,10 +278,15 @@ def next_runs(destdir: str, src: str, tgt: str) -> Dict[str, runs.Run]:
             recipes.adam("1e-3"),
             recipes.inverse_sqrt(4000),
             recipes.label_smoothed(0.1),
-            ["--max-tokens", "4096", "--save-dir", "checkpoints"],
+            recipes.budget(max_tokens=4096),
+            recipes.saving(save_dir="checkpoints"),
         ),
         "generate": runs.Run.of(
-            "generate", data_bin, best, ["--beam", "5"], recipes.post_process("sentencepiece")
+            "generate",
+            data_bin,
+            best,
+            recipes.decoding(beam=5),
+            recipes.post_process("sentencepiece"),
         ),
         "interactive": runs.Run.of(
             "interactive",

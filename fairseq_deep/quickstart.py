@@ -61,10 +61,10 @@ def optimization_args(args):
     """Adam (beta2 0.997, no clipping) with inverse_sqrt warm-up, label smoothing 0.1, the budget."""
     return [
         recipes.adam(args.lr, betas=(0.9, 0.997)),
-        ["--clip-norm", "0.0"],
+        recipes.clip_norm("0.0"),
         recipes.inverse_sqrt(args.warmup, recipes.WARMUP_INIT_LR),
         recipes.label_smoothed(0.1),
-        Part("budget", ["--max-tokens", args.max_tokens, "--max-update", args.max_update]),
+        recipes.budget(max_tokens=args.max_tokens, max_update=args.max_update),
     ]
 
 
@@ -161,24 +161,19 @@ def train_run(args, data_bin, save_dir, untrained=False) -> runs.Run:
         data_bin,
         ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt"],
         model_args(args),
-        [
-            "--seed",
-            str(args.seed),
-            "--cpu",
-            "--num-workers",
-            "0",
-            "--save-dir",
-            save_dir,
-            "--no-epoch-checkpoints",
-            "--no-progress-bar",
-        ],
+        recipes.seed(args.seed),
+        recipes.cpu(),
+        recipes.saving(save_dir=save_dir, no_epoch_checkpoints=True),
+        ["--no-progress-bar"],
         recipes.json_log(50),
     )
-    if untrained:
+    if untrained:  # Adam at fairseq's betas: one update of 1e-12 changes nothing
         return common.plus(
-            Part("optimizer", ["--optimizer", "adam", "--lr", "1e-12", "--lr-scheduler", "fixed"]),
+            recipes.adam("1e-12", betas=None),
+            recipes.fixed(),
             recipes.label_smoothed(0.1),
-            ["--max-tokens", str(args.max_tokens), "--max-update", "1", "--disable-validation"],
+            recipes.budget(max_tokens=args.max_tokens, max_update=1),
+            recipes.saving(disable_validation=True),
         )
     return common.plus(*optimization_args(args))
 
@@ -200,29 +195,12 @@ def generate_run(args, data_bin, checkpoint) -> runs.Run:
     return runs.Run.of(
         "generate",
         data_bin,
-        [
-            "--path",
-            checkpoint,
-            "--gen-subset",
-            "test",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--beam",
-            str(args.beam),
-            "--batch-size",
-            "128",
-            "--max-len-a",
-            "1.5",
-            "--max-len-b",
-            "10",
-            "--post-process",
-            "sentencepiece",
-            "--cpu",
-            "--seed",
-            str(args.seed),
-        ],
+        recipes.decoding(path=checkpoint, gen_subset="test"),
+        recipes.languages("src", "tgt"),
+        recipes.decoding(beam=args.beam, batch_size=128, max_len_a="1.5", max_len_b=10),
+        recipes.post_process("sentencepiece"),
+        ["--cpu"],
+        recipes.seed(args.seed),
     )
 
 

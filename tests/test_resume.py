@@ -25,6 +25,7 @@ import torch
 from helpers import PLUGIN_DIR, dtype_marker, run_cli, tiny_flags
 
 import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below)
+from fairseq_deep import runs
 from fairseq_deep.models import families
 
 FAMILIES = families.cover(
@@ -100,7 +101,7 @@ FAMILIES = families.cover(
     arch=lambda row: row.values[0],
     # a family none of these is of: its first tiny configuration (models/families.py)
     default=lambda family, tiny: pytest.param(
-        tiny.arch, [*family.tiny_sizes, *tiny.model, *tiny.training], id=tiny.name
+        tiny.arch, [*family.tiny_sizes, *tiny.model, *runs.flags(tiny.training)], id=tiny.name
     ),
 )
 

@@ -266,8 +266,11 @@ def test_a_run_is_one_value_with_two_printed_forms():
     ]
     assert (
         runs.run_of(run.argv()).argv() == run.argv()
-        and run.without("size").has("--encoder-embed-dim") is False
+        and run.has("size")
+        and run.without("size").has("size") is False
     )
+    # asked by part, not by words: the --lr of a plain list is no "lr" part, Adam's is "optimizer"
+    assert run.has("optimizer") and not run.has("lr") and run.has("flags")
     parsed = options.parse_args_and_arch(options.get_training_parser(), run.argv()[3:])
     assert (parsed.lr, parsed.adam_betas, parsed.adam_eps, parsed.warmup_init_lr) == (
         [0.003],
@@ -286,7 +289,10 @@ def test_a_run_is_one_value_with_two_printed_forms():
         True,
         False,
     )
-    optimizer, schedule = recipes.rnmt_plus(3.2e-3, 320)
+    # the family's paper recipe (models/rnmt_plus/model.py: settings) at the study's lr, warmup
+    optimizer, schedule = recipes.paper("rnmt_plus", 1e-3, 320)
+    assert (optimizer.name, schedule.name) == ("optimizer", "schedule")
+    assert recipes.paper("transformer_dlcl", 1e-3, 320) is None  # it declares none
     parsed = options.parse_args_and_arch(
         options.get_training_parser(),
         ["DATA", "--user-dir", runs.PLUGIN_DIR, "--arch", "rnmt_plus", *optimizer, *schedule],
@@ -320,6 +326,75 @@ def test_a_run_is_one_value_with_two_printed_forms():
 
 def _python(code: str):
     return [sys.executable, "-c", code]
+
+
+def test_named_settings_parse_back_and_name_their_part():
+    """The budget, saving, decoding, learning-rate and seed recipes: each a part of a fixed name,
+    its options in the order given, read back by fairseq's parsers; a misspelt option is refused."""
+    from fairseq import options
+
+    from fairseq_deep.runs.run import Variable
+
+    train = runs.Run.of(
+        "train",
+        "DATA",
+        runs.Part("model", ["--arch", "transformer_dlcl"]),
+        recipes.adam("1e-12", betas=None),
+        recipes.fixed(),
+        recipes.clip_norm("0.5"),
+        recipes.budget(max_tokens=512, max_update=7, stop_time_hours=None, max_epoch=3),
+        recipes.saving(save_dir="S", no_epoch_checkpoints=True, keep_last_epochs=2),
+        recipes.seed(5),
+        recipes.learning_rate("0.25"),
+    )
+    assert [p.name for p in train.parts] == [
+        "model",
+        "optimizer",
+        "schedule",
+        "clipping",
+        "budget",
+        "saving",
+        "seed",
+        "lr",
+    ]
+    assert train.part("budget") == ["--max-tokens", "512", "--max-update", "7", "--max-epoch", "3"]
+    assert "--adam-betas" not in train.args  # betas=None: fairseq's own
+    parsed = options.parse_args_and_arch(options.get_training_parser(), train.argv()[3:])
+    assert (parsed.optimizer, parsed.adam_betas, parsed.lr_scheduler, parsed.lr) == (
+        "adam",
+        (0.9, 0.999),  # fairseq's default, not a string given
+        "fixed",
+        [0.25],  # a later value wins
+    )
+    assert (parsed.clip_norm, parsed.max_tokens, parsed.max_update, parsed.max_epoch) == (
+        0.5,
+        512,
+        7,
+        3,
+    )
+    assert (parsed.save_dir, parsed.no_epoch_checkpoints, parsed.keep_last_epochs) == ("S", True, 2)
+    assert (parsed.seed, train.has("budget"), train.has("decoding")) == (5, True, False)
+    generate = runs.Run.of(
+        "generate",
+        "DATA",
+        recipes.decoding(path="c.pt", gen_subset="test", beam=3, lenpen=1.5),
+        recipes.decoding(max_len_a="0", max_len_b=9, batch_size=16),
+    )
+    parsed = options.parse_args_and_arch(options.get_generation_parser(), generate.argv()[3:])
+    assert (parsed.path, parsed.gen_subset, parsed.beam, parsed.lenpen) == ("c.pt", "test", 3, 1.5)
+    assert (parsed.max_len_a, parsed.max_len_b, parsed.batch_size) == (0, 9, 16)
+    for recipe in (recipes.budget, recipes.saving, recipes.decoding):
+        with pytest.raises(TypeError, match="max_tokenz"):
+            recipe(max_tokenz=1)
+    # a budget left to the reader of a printed command: a shell variable stays one
+    assert recipes.budget(max_update=Variable("MAX_UPDATE")).name == "budget"
+    assert runs.shell(recipes.budget(max_update=Variable("MAX_UPDATE"))) == (
+        '--max-update "$MAX_UPDATE"'
+    )
+    # a person's own words replace a recipe where they name what it sets
+    assert recipes.gives(["--optimizer=sgd"], "optimizer") and not recipes.gives(
+        ["--lr-scheduler", "fixed"], "optimizer"
+    )
 
 
 def test_execute_logs_appends_times_out_and_watches(tmp_path):

@@ -15,7 +15,9 @@ of the model's file, names all that the tools and the tests must know about it:
 * ``layer_weights``, the kinds of learned layer-weight matrices its models hold
   (:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind`, declared beside their
   modules), which ``fairseq-deep-layer-weights`` reads;
-* ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s);
+* ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s), as
+  settings (option names -> values) that :func:`fairseq_deep.runs.recipes.paper` writes: a model
+  file declares settings, it writes no command line (``Tiny.training`` too);
 * ``study`` and ``sweeps``, the built-in study groups it is in and its lines of the groups that
   sweep depth (``depth``, ``modern``: :func:`sweep`);
 * ``tiny_sizes`` and ``tiny``, its tiny configurations (:class:`Tiny`): the rows that every test
@@ -30,7 +32,7 @@ The registry holds data that the floors above read (``runs``, the study, the dia
 tests and benchmarks); it imports nothing above the models.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
@@ -52,6 +54,11 @@ def _sweeps(sweeps) -> Tuple[Tuple[str, Tuple[SweepLine, ...]], ...]:
     return tuple((group, tuple(tuple(line) for line in lines)) for group, lines in pairs)
 
 
+#: settings of a run: fairseq's option names -> values (``{"optimizer": "adam", "lr": "1e-3"}``),
+#: which :func:`fairseq_deep.runs.flags` writes as options (True: a bare flag)
+Settings = Mapping[str, object]
+
+
 @dataclass(frozen=True)
 class Tiny:
     """A tiny configuration of a family: a row of the test matrices and of
@@ -70,19 +77,25 @@ class Tiny:
     paper_memory: Tuple[float, int, int]
     #: model options of both scales
     model: Tuple[str, ...] = ()
-    #: training options (a criterion, an optimizer, a task) of both scales
-    training: Tuple[str, ...] = ()
+    #: training settings (a criterion, an optimizer, a task) of both scales: fairseq's option
+    #: names -> values (:data:`Settings`; runs writes them)
+    training: Settings = field(default_factory=dict)
     #: the sample matrices it is a row of (``"bf16"``: bf16 through the real CLI), see :func:`matrix`
     samples: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A paper's optimiser and learning-rate schedule, as the study gives it (``--recipe paper``):
-    ``name`` is the recipe of :mod:`fairseq_deep.runs.recipes` that writes its options (``PAPER``
-    there; the command lines are written in that one place)."""
+    """A paper's optimiser and learning-rate schedule, as the study gives it (``--recipe paper``),
+    declared as data beside the model: ``settings`` at the study's --lr and --warmup, which
+    :func:`fairseq_deep.runs.recipes.paper` writes as the run's optimiser and schedule (the one
+    place that writes command lines)."""
 
+    #: the recipe's name in results.json (``rnmt_plus``)
     name: str
+    #: (the study's --lr, the Transformers' peak; its --warmup) -> (the optimiser's settings, the
+    #: schedule's)
+    settings: Callable[[float, int], Tuple[Settings, Settings]]
     #: the study's --lr -> the results table's words for it
     text: Callable[[float], str]
 

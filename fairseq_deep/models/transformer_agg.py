@@ -155,12 +155,10 @@ declare(
                 "transformer_hier_agg",
                 "transformer_hier_agg",
                 (79.5, 18 * 512, 0),  # the aggregation nodes keep every layer's output: 1.5x
-                training=(
-                    "--criterion",
-                    "label_smoothed_cross_entropy_with_diversity",
-                    "--label-smoothing",
-                    "0.1",
-                ),
+                training={
+                    "criterion": "label_smoothed_cross_entropy_with_diversity",
+                    "label_smoothing": "0.1",
+                },
             ),
             Tiny(
                 "transformer_dense", "transformer_dense", "transformer_dense", (56.4, 18 * 512, 0)

@@ -8,8 +8,10 @@ translations and error), and what fairseq prints read back: training logs (:func
 * :mod:`.run`: :class:`Run`, :class:`Part`, :data:`PROGRAMS`, :func:`flags`, :func:`preprocess`,
   :func:`grow`, :func:`restore_flags`, :class:`Variable` (a value a printed command leaves to its
   reader), :func:`command` (``python -m fairseq_cli.X ...``);
-* :mod:`.recipes`: the named settings (optimisers and schedules, criterion, sizes, device and
-  precision, logging); :mod:`.sizes`: a family's size rule (:func:`model_kind`, :func:`width_flags`);
+* :mod:`.recipes`: the named settings, each a part of a fixed name (optimisers and schedules, a
+  family's paper recipe, a fixed learning rate, criterion, budget, saving, decoding, seed, sizes,
+  device and precision, logging); :mod:`.sizes`: a family's size rule (:func:`model_kind`,
+  :func:`width_flags`);
 * :mod:`.executor`: :func:`execute`, :func:`execute_together`, :class:`Result`, :class:`Processes`;
 * :mod:`.logs`: fairseq-train's json records and text facts, :func:`last_error`;
 * :mod:`.translations`: fairseq-generate's output, sacreBLEU.

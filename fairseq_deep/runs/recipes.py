@@ -1,13 +1,16 @@
 """Named settings of fairseq runs, each written once: the optimisers and schedules of the papers
-and of the study, the criterion, model sizes (a family's ``--width`` rule, explicit sizes, the
-tests' tiny ones), device and precision, and json logging.  Each returns a
-:class:`~fairseq_deep.runs.run.Part` (or a pair: optimiser, schedule) to compose into a
-:class:`~fairseq_deep.runs.run.Run`."""
+and of the study (a family's paper recipe, which its declaration holds as data, written here:
+:func:`paper`), a fixed learning rate, the criterion, the budget, saving and validation,
+decoding, model sizes (a family's ``--width`` rule, explicit sizes, the tests' tiny ones), device
+and precision, and json logging.  Each returns a :class:`~fairseq_deep.runs.run.Part` with a
+fixed name (or a pair: optimiser, schedule) to compose into a
+:class:`~fairseq_deep.runs.run.Run`, which is asked by those names (``run.has("optimizer")``).
+No code outside ``runs/`` writes fairseq's training options as words (tests/test_run_settings.py)."""
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-from ..models.rnmt_plus.model import RNMT_LR_RATIO, RNMT_REPLICAS
-from .run import Part
+from ..models import families
+from .run import Part, flags, has_option
 from .sizes import width_flags
 
 #: the warm-up's first learning rate of the inverse_sqrt schedule the study and the recipes use
@@ -19,11 +22,15 @@ WARMUP_INIT_LR = "1e-07"
 # ---------------------------------------------------------------------------------------------
 
 
-def adam(lr=None, betas: Sequence[float] = (0.9, 0.98), eps: Optional[str] = None) -> Part:
+def adam(
+    lr=None, betas: Optional[Sequence[float]] = (0.9, 0.98), eps: Optional[str] = None
+) -> Part:
     """fairseq's Adam: ``--optimizer adam --adam-betas '(b1, b2)' [--adam-eps E] [--lr LR]``
-    (Vaswani et al. 2017 Sec. 5.3 use (0.9, 0.98); ``eps`` and ``lr`` as the command line writes
-    them)."""
-    words = ["--optimizer", "adam", "--adam-betas", f"({betas[0]}, {betas[1]})"]
+    (Vaswani et al. 2017 Sec. 5.3 use (0.9, 0.98); ``betas=None``: fairseq's default (0.9,
+    0.999), not written; ``eps`` and ``lr`` as the command line writes them)."""
+    words = ["--optimizer", "adam"]
+    if betas is not None:
+        words += ["--adam-betas", f"({betas[0]}, {betas[1]})"]
     if eps is not None:
         words += ["--adam-eps", eps]
     if lr is not None:
@@ -60,39 +67,32 @@ def study(lr, warmup) -> Tuple[Part, Part]:
     return adam(lr, eps="1e-8"), inverse_sqrt(warmup, WARMUP_INIT_LR)
 
 
-def rnmt_plus(peak: float, warmup: int, replicas: int = 32) -> Tuple[Part, Part]:
-    """RNMT+'s paper recipe (Chen et al. 2018 Sec. 4.1): Adam (0.9, 0.999, eps 1e-6) and Eq. 1
-    with n = ``replicas``: from ``peak`` / n up to ``peak`` linearly over ``warmup`` updates (n p, p
-    = warmup / n), then constant until the decay (``--lr-scheduler rnmt_plus``)."""
-    return (
-        adam(f"{peak:.6g}", (0.9, 0.999), eps="1e-6"),
-        Part(
-            "schedule",
-            [
-                "--lr-scheduler",
-                "rnmt_plus",
-                "--rnmt-replicas",
-                replicas,
-                "--rnmt-base-lr",
-                f"{peak / replicas:.6g}",
-                "--warmup-updates",
-                max(1, round(warmup / replicas)),
-            ],
-        ),
-    )
+def paper(arch: str, lr, warmup) -> Optional[Tuple[Part, Part]]:
+    """The paper's recipe of the family of ``arch`` (``recipe`` of its declaration,
+    :class:`fairseq_deep.models.families.Recipe`: its optimiser's and schedule's settings at the
+    study's ``lr`` and ``warmup``) as (optimiser, schedule); None where the family declares none
+    (or ``arch`` is fairseq's own)."""
+    family = families.of_arch(arch)  # an unknown --arch: a UserError
+    if family is None or family.recipe is None:
+        return None
+    optimizer, schedule = family.recipe.settings(lr, warmup)
+    return Part("optimizer", flags(optimizer)), Part("schedule", flags(schedule))
 
 
-#: the papers' recipes that a family's declaration names (``Recipe.name``,
-#: :mod:`fairseq_deep.models.families`): (the study's --lr, the Transformers' peak; --warmup) ->
-#: (optimiser, schedule).  RNMT+ peaks at RNMT_LR_RATIO x --lr over n = RNMT_REPLICAS replicas.
-PAPER = {
-    "rnmt_plus": lambda lr, warmup: rnmt_plus(RNMT_LR_RATIO * lr, warmup, RNMT_REPLICAS),
-}
+def learning_rate(value) -> Part:
+    """``--lr``: the learning rate of an optimiser given otherwise (a study system's own), the peak
+    of a schedule, or the rate of :func:`fixed`."""
+    return Part("lr", ["--lr", value])
 
 
-def paper(name: str, lr, warmup) -> Tuple[Part, Part]:
-    """The paper's recipe ``name`` (:data:`PAPER`) at the study's ``lr`` and ``warmup``."""
-    return PAPER[name](lr, warmup)
+def fixed() -> Part:
+    """fairseq's fixed schedule: ``--lr`` throughout (``--lr-scheduler fixed``)."""
+    return Part("schedule", ["--lr-scheduler", "fixed"])
+
+
+def clip_norm(value) -> Part:
+    """fairseq's gradient clipping at norm ``value`` (``0.0``: none; fairseq's default 0.0)."""
+    return Part("clipping", ["--clip-norm", value])
 
 
 def deep_att() -> Part:
@@ -135,11 +135,105 @@ def noam(r0: float, d_model: int, warmup: int) -> Part:
     )
 
 
-def label_smoothed(smoothing=0.1) -> Part:
-    """Label-smoothed cross-entropy (Szegedy et al. 2016; Vaswani et al. 2017 Sec. 5.4: 0.1)."""
-    return Part(
-        "criterion", ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", smoothing]
-    )
+def label_smoothed(smoothing=0.1, criterion: str = "label_smoothed_cross_entropy") -> Part:
+    """Label-smoothed cross-entropy (Szegedy et al. 2016; Vaswani et al. 2017 Sec. 5.4: 0.1), or
+    another ``criterion`` that takes ``--label-smoothing`` (Dou et al.'s
+    ``label_smoothed_cross_entropy_with_diversity``)."""
+    return Part("criterion", ["--criterion", criterion, "--label-smoothing", smoothing])
+
+
+#: the option that says a person's own words (a study system's flags, ``--train-args``, a
+#: benchmark row's) set what the recipe of that name sets: they replace it, not add to it
+DEFINED_BY = {
+    "optimizer": "--optimizer",
+    "schedule": "--lr-scheduler",
+    "criterion": "--criterion",
+}
+
+
+def gives(words: Sequence[str], name: str) -> bool:
+    """Whether ``words`` a person wrote set the ``name`` of :data:`DEFINED_BY` (``optimizer``,
+    ``schedule``, ``criterion``): a run then takes theirs, not the recipe's."""
+    return has_option(words, DEFINED_BY[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# budget, saving and validation, decoding: fairseq's options by name, in the order given
+# ---------------------------------------------------------------------------------------------
+
+
+def _named(name: str, options: Sequence[str], settings: Mapping[str, object]) -> Part:
+    """``settings`` (fairseq's option names -> values, :func:`~.run.flags`) as the part ``name``,
+    each one of ``options`` (a misspelt name: TypeError)."""
+    unknown = [key for key in settings if key not in options]
+    if unknown:
+        raise TypeError(f"{name}: no option {', '.join(unknown)} (one of {', '.join(options)})")
+    return Part(name, flags(settings))
+
+
+#: what bounds a training run and its batches: tokens (or sentences) a batch, updates, epochs, time
+BUDGET = ("max_tokens", "batch_size", "update_freq", "max_update", "max_epoch", "stop_time_hours")
+#: a budget's bounds of a run's length (the shell variables of fairseq-deep-grow's next command)
+LIMITS = ("max_update", "stop_time_hours", "max_epoch")
+
+
+def budget(**settings) -> Part:
+    """A training run's budget (``budget(max_tokens=4096, max_update=1000)``): the options of
+    :data:`BUDGET`, in the order given; None or False: not written."""
+    return _named("budget", BUDGET, settings)
+
+
+#: where and when a training run saves checkpoints and validates (fairseq's checkpoint options and
+#: its validation's)
+SAVING = (
+    "save_dir",
+    "no_save",
+    "no_epoch_checkpoints",
+    "no_last_checkpoints",
+    "no_save_optimizer_state",
+    "save_interval_updates",
+    "keep_interval_updates",
+    "keep_last_epochs",
+    "keep_best_checkpoints",
+    "disable_validation",
+    "validate_interval",
+    "validate_interval_updates",
+    "patience",
+)
+
+
+def saving(**settings) -> Part:
+    """Where and when a training run saves and validates (``saving(save_dir=D,
+    no_epoch_checkpoints=True)``): the options of :data:`SAVING`, in the order given."""
+    return _named("saving", SAVING, settings)
+
+
+#: what fairseq-generate (or -interactive) decodes and how: the checkpoint, the split, the search,
+#: the batches, the length bounds, what is removed from the output
+DECODING = (
+    "path",
+    "gen_subset",
+    "beam",
+    "nbest",
+    "batch_size",
+    "max_tokens",
+    "lenpen",
+    "min_len",
+    "max_len_a",
+    "max_len_b",
+    "remove_bpe",
+)
+
+
+def decoding(**settings) -> Part:
+    """How a run decodes (``decoding(beam=5, batch_size=128, max_len_a=1.2, max_len_b=10)``): the
+    options of :data:`DECODING`, in the order given."""
+    return _named("decoding", DECODING, settings)
+
+
+def seed(value) -> Part:
+    """``--seed``: the run's random seed (parameters, batches, dropout)."""
+    return Part("seed", ["--seed", value])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,8 +64,8 @@ def text(value) -> str:
 def flags(settings: Mapping[str, object]) -> List[str]:
     """Settings (fairseq's option names, ``_`` or ``-``) as command-line options, in their order:
     ``True`` a bare flag, ``False`` and ``None`` nothing, a list or tuple its values after one
-    option (``--ddp-backend``-style ``nargs``), anything else ``str(value)`` (floats as
-    ``f"{value:g}"``)."""
+    option (``--ddp-backend``-style ``nargs``), a string as it is (a :class:`Variable` stays one),
+    anything else ``str(value)`` (floats as ``f"{value:g}"``)."""
     argv: List[str] = []
     for name, value in settings.items():
         if value is None or value is False:
@@ -75,12 +75,13 @@ def flags(settings: Mapping[str, object]) -> List[str]:
         elif isinstance(value, (list, tuple)):
             argv += [option(name), *map(str, value)]
         else:
-            argv += [option(name), f"{value:g}" if isinstance(value, float) else str(value)]
+            argv += [option(name), f"{value:g}" if isinstance(value, float) else text(value)]
     return argv
 
 
 def has_option(argv: Sequence[str], name: str) -> bool:
-    """Whether ``argv`` gives ``name`` (``--lr 1`` or ``--lr=1``)."""
+    """Whether the words ``argv`` give option ``name`` (``--lr 1`` or ``--lr=1``): for words a
+    person wrote (a study system's own flags); a :class:`Run` is asked by part (:meth:`Run.has`)."""
     return any(f == name or f.startswith(name + "=") for f in argv)
 
 
@@ -186,12 +187,15 @@ class Run:
         return found[-1] if found else None
 
     def has(self, name: str) -> bool:
-        """Whether the settings give option ``name`` (``--lr``)."""
-        return has_option(self.args, name)
+        """Whether a part named ``name`` is among the settings (``run.has("optimizer")``: the run
+        was given an optimiser; the names of :mod:`.recipes`), however it writes its options."""
+        return any(p.name == name for p in self.parts)
 
-    def value(self, name: str) -> Optional[str]:
-        """The value the program reads for option ``name``: its last one (None: not given)."""
-        return option_value(self.args, name)
+    def value(self, option: str) -> Optional[str]:
+        """The value the program reads for ``option`` (``--lr``), whatever part gives it: its last
+        one (None: not given).  For the rare question about one option's value; what a run was
+        given is asked by part (:meth:`has`, :meth:`part`)."""
+        return option_value(self.args, option)
 
     @property
     def spec(self) -> Program:

@@ -53,7 +53,7 @@ def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     ``--recipe paper`` (the default, issue 25) gives a family the recipe of its paper where its
     declaration names one (``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and
     Eq. 1 with n = 32 replicas, peak 3.2 x ``--lr``: ``models/rnmt_plus/model.py``,
-    ``recipe``; its options written by ``runs.recipes.PAPER``), the shared recipe otherwise.
+    ``recipe``, its settings; written by ``runs.recipes.paper``), the shared recipe otherwise.
 
     Deep-Att keeps the shared recipe (issue 25): Zhou et al.'s ``--optimizer deep_att`` (Adam with
     fixed l_f = 4e-5, l_r = 5e-4, L2 r = 2; Sec. 4.3) was tuned for 10 days of training and hardly
@@ -66,15 +66,15 @@ def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     shared = ("shared", *recipes.study(args.lr, args.warmup))
     if getattr(args, "recipe", "shared") != "paper":
         return shared
-    paper = _paper_recipe(arch)
+    paper = recipes.paper(arch, args.lr, args.warmup)
     if paper is None:
         return shared
-    return (paper.name, *recipes.paper(paper.name, args.lr, args.warmup))
+    return (_paper_recipe(arch).name, *paper)
 
 
 def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
     """The results table's words for the optimiser and schedule a system trained with."""
-    if has_option(flags, "--optimizer") or has_option(flags, "--lr-scheduler"):
+    if recipes.gives(flags, "optimizer") or recipes.gives(flags, "schedule"):
         return "own flags"
     if recipe(args, arch)[0] != "shared":
         return _paper_recipe(arch).text(args.lr)
@@ -94,20 +94,31 @@ def train_run(args, system: System, seed: int, save_dir: str) -> Run:
     if args.dropout is not None:
         run += recipes.dropout(args.dropout)
     _, optimizer, schedule = recipe(args, system.arch)
-    run += optimizer if not has_option(own, "--optimizer") else Part("optimizer", ["--lr", args.lr])
-    if not has_option(own, "--lr-scheduler"):
+    # the system's own optimizer, schedule or criterion replaces the recipe's (its --lr: the study's)
+    run += recipes.learning_rate(args.lr) if recipes.gives(own, "optimizer") else optimizer
+    if not recipes.gives(own, "schedule"):
         run += schedule
-    if not has_option(own, "--criterion"):
+    if not recipes.gives(own, "criterion"):
         run += recipes.label_smoothed(args.label_smoothing)
     every = interval(args)
-    words = ["--max-tokens", args.max_tokens, "--seed", seed, "--save-dir", save_dir]
-    words.append("--no-epoch-checkpoints")
-    if every != EPOCH:  # else fairseq's default: validate and save at the end of every epoch
-        words += ["--save-interval-updates", every, "--keep-interval-updates", "1"]
-        words += ["--validate-interval-updates", every]
-    if getattr(args, "patience", 0):
-        words += ["--patience", args.patience]
-    run += Part("checkpoints", words)
+    # at EPOCH fairseq's default: validate and save at the end of every epoch
+    intervals = (
+        {}
+        if every == EPOCH
+        else dict(
+            save_interval_updates=every, keep_interval_updates=1, validate_interval_updates=every
+        )
+    )
+    run = run.plus(
+        recipes.budget(max_tokens=args.max_tokens),
+        recipes.seed(seed),
+        recipes.saving(
+            save_dir=save_dir,
+            no_epoch_checkpoints=True,
+            **intervals,
+            patience=getattr(args, "patience", 0) or None,
+        ),
+    )
     if not any(has_option(own, flag) for flag, _ in PRECISION_FLAGS):
         run += Part("precision", recipes.PRECISIONS[precision(args, system)][0])
     run += recipes.json_log(args.log_interval)
@@ -120,10 +131,10 @@ def train_run(args, system: System, seed: int, save_dir: str) -> Run:
 
 def budget(max_update: int, minutes: float, share: float = 1.0) -> Part:
     """``--max-update`` and ``--stop-time-hours`` (``share`` of ``minutes``)."""
-    words = ["--max-update", max_update] if max_update else []
-    if minutes:
-        words += ["--stop-time-hours", f"{minutes * share / 60:.6g}"]
-    return Part("budget", words)
+    return recipes.budget(
+        max_update=max_update or None,
+        stop_time_hours=f"{minutes * share / 60:.6g}" if minutes else None,
+    )
 
 
 def train_command(args, system: System, seed: int, save_dir: str) -> List[str]:
@@ -191,25 +202,15 @@ def generate_run(args, checkpoint: str, system_precision: str = "fp32") -> Run:
     run = Run.of(
         "generate",
         args.data,
-        Part(
-            "decoding",
-            [
-                "--path",
-                checkpoint,
-                "--gen-subset",
-                "test",
-                "--beam",
-                args.beam,
-                "--batch-size",
-                args.gen_batch_size,
-                "--skip-invalid-size-inputs-valid-test",
-            ],
+        recipes.decoding(
+            path=checkpoint, gen_subset="test", beam=args.beam, batch_size=args.gen_batch_size
         ),
+        ["--skip-invalid-size-inputs-valid-test"],
     )
     if args.spm:
-        run += ["--post-process", "sentencepiece"]
+        run += recipes.post_process("sentencepiece")
     elif args.remove_bpe:
-        run += ["--post-process", args.remove_bpe]
+        run += recipes.post_process(args.remove_bpe)
     run += Part("precision", recipes.PRECISIONS[system_precision][1])
     if args.cpu:
         run += recipes.cpu()

@@ -15,6 +15,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..errors import UserError
 from ..models import families
+from ..runs import recipes
 from .systems import System, deep_both_system, depth_system, shaped_system
 
 #: a family of a sweep: (technique: its line in the plot, --arch family, system name prefix)
@@ -133,12 +134,8 @@ class Group(NamedTuple):
     spec: object  # DepthSweep, Rows or Grown: .systems(group, depths) -> (baseline, systems)
 
 
-DIVERSITY = (
-    "--criterion",
-    "label_smoothed_cross_entropy_with_diversity",
-    "--label-smoothing",
-    "0.1",
-)
+#: Dou et al.'s layer-diversity regularizer (Sec. 3.3) with label smoothing 0.1: a system's flags
+DIVERSITY = tuple(recipes.label_smoothed("0.1", "label_smoothed_cross_entropy_with_diversity"))
 
 #: the depth group's families: every way of training a deep post-norm (or pre-norm) Transformer of
 #: the package at equal depth, N encoder and N decoder layers, since DeepNet, Admin, DS-Init and

@@ -114,7 +114,7 @@ declare(
                 "deep_att_ff",
                 "deep_att_ff_5x3",
                 (65.0, 0, 13 * 512),
-                training=("--optimizer", "deep_att", "--deep-att-lr-recurrent", "5e-4"),
+                training={"optimizer": "deep_att", "deep_att_lr_recurrent": "5e-4"},
                 samples=("bf16",),
             ),
             Tiny("deep_ed_ff", "deep_ed_ff", "deep_ed_ff", (115.8, 0, 25 * 512)),

@@ -83,6 +83,27 @@ RNMT_REPLICAS = 32
 RNMT_LR_RATIO = 3.2
 
 
+def paper_recipe(lr: float, warmup: int):
+    """Chen et al. Sec. 4.1 at the study's ``lr`` and ``warmup``: Adam (0.9, 0.999, eps 1e-6) and
+    Eq. 1 (``--lr-scheduler rnmt_plus``) with n = RNMT_REPLICAS: from peak / n up to the peak,
+    RNMT_LR_RATIO x ``lr``, linearly over ``warmup`` updates (n p, p = warmup / n), then constant
+    until the decay.  (optimiser settings, schedule settings)."""
+    peak = RNMT_LR_RATIO * lr
+    optimizer = {
+        "optimizer": "adam",
+        "adam_betas": "(0.9, 0.999)",
+        "adam_eps": "1e-6",
+        "lr": f"{peak:.6g}",
+    }
+    schedule = {
+        "lr_scheduler": "rnmt_plus",
+        "rnmt_replicas": RNMT_REPLICAS,
+        "rnmt_base_lr": f"{peak / RNMT_REPLICAS:.6g}",
+        "warmup_updates": max(1, round(warmup / RNMT_REPLICAS)),
+    }
+    return optimizer, schedule
+
+
 #: the tiny sizes of RNMT+
 TINY_RNMT = (
     "--encoder-embed-dim",
@@ -109,9 +130,10 @@ declare(
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
         grows=True,
         layer_weights=(DLCL_WEIGHTS, TRANSPARENT_WEIGHTS),  # --dlcl-stacks, --rnmt-transparent
-        # Chen et al. Sec. 4.1 (runs.recipes.rnmt_plus, with RNMT_REPLICAS and RNMT_LR_RATIO)
+        # Chen et al. Sec. 4.1 (paper_recipe, with RNMT_REPLICAS and RNMT_LR_RATIO)
         recipe=Recipe(
             "rnmt_plus",
+            paper_recipe,
             lambda lr: (
                 f"Adam (0.9, 0.999, 1e-6), Eq. 1 (n = {RNMT_REPLICAS}) to lr "
                 f"{RNMT_LR_RATIO * lr:.6g}"
@@ -125,15 +147,12 @@ declare(
                 "rnmt_plus",
                 "rnmt_plus_512",
                 (78.6, 0, 20 * 512),
-                training=(
-                    "--task",
-                    "translation_deep",
-                    "--adaptive-clip",
-                    "--adaptive-clip-warmup",
-                    "20",
-                    "--criterion",
-                    "sentence_cross_entropy",
-                ),
+                training={
+                    "task": "translation_deep",
+                    "adaptive_clip": True,
+                    "adaptive_clip_warmup": 20,
+                    "criterion": "sentence_cross_entropy",
+                },
                 samples=("bf16",),
             ),
             Tiny(
