@@ -462,7 +462,8 @@ def test_bad_input(tmp_path):
     torch.save(other, tmp_path / "lstm.pt")
     with pytest.raises(
         GrowError,
-        match=r"fairseq's own --arch lstm.*\(e.g. --arch rnmt_plus or deep_att, LSTM families\)$",
+        match=r"fairseq's own --arch lstm.*\(e.g. --arch deep_att or rnmt_plus, nearest to fairseq's "
+        r"lstm\)$",
     ):
         grow(str(tmp_path / "lstm.pt"), str(tmp_path / "o.pt"), 4)
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")

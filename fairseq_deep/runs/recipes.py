@@ -6,9 +6,9 @@ tests' tiny ones), device and precision, and json logging.  Each returns a
 
 from typing import Dict, Optional, Sequence, Tuple
 
+from ..models.families import Spec
 from ..models.rnmt_plus.model import RNMT_LR_RATIO, RNMT_REPLICAS
 from .run import Part
-from .sizes import width_flags
 
 #: the warm-up's first learning rate of the inverse_sqrt schedule the study and the recipes use
 #: (fairseq's own default is 0 unless --warmup-init-lr is given; Vaswani et al. start near 0)
@@ -202,9 +202,10 @@ def post_process(kind: str = "sentencepiece") -> Part:
 # ---------------------------------------------------------------------------------------------
 
 
-def width(arch: str, w: Optional[int]) -> Part:
-    """The family's sizes of ``--width W`` (:func:`~.sizes.width_flags`)."""
-    return Part("size", width_flags(arch, w))
+def width(spec: Spec, w: Optional[int]) -> Part:
+    """The sizes of ``--width W`` by the family of ``spec`` (a resolved --arch:
+    :meth:`~fairseq_deep.models.families.Spec.width`)."""
+    return Part("size", spec.width(w))
 
 
 def transformer_size(embed, ffn, heads) -> Part:
