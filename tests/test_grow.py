@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from fairseq_deep.errors import UserError
 from fairseq_deep.grow import depth_options, grow
+from fairseq_deep.models import families
 from fairseq_deep.modules.growth import base_layer_map
 from fairseq_deep.modules.residual_schemes import deepnorm_constants
 from fairseq_deep.tasks.freeze import freeze_bottom_layers
@@ -89,7 +90,7 @@ HYBRID = [
 
 # -- growing to the same depth is the identity -----------------------------------------------------
 
-SAME = [
+_SAME = [
     ("transformer_dlcl", layers(2)),
     ("transformer_dlcl_postnorm", ["--dlcl-softmax-weights", *layers(2)]),
     ("transformer_ta", layers(2)),
@@ -116,6 +117,20 @@ SAME = [
     ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)]),
     ("transformer_b2t", layers(2)),  # issue 41's other schemes: IDENTITY below (grown twice each)
 ]
+
+
+def same():
+    """The rows above, and the first tiny configuration of every family that grows and that none
+    of them is of (models/families.py)."""
+    return families.cover(
+        _SAME,
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (tiny.arch, [*family.tiny_sizes, *tiny.model]),
+        applies=lambda family: family.grows,
+    )
+
+
+SAME = same()
 
 
 @pytest.mark.parametrize("method", ["stack", "interleave", "identity"])
