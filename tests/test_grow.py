@@ -491,16 +491,19 @@ def test_bad_input(tmp_path):
 
 
 def test_a_part_without_a_growth_rule_is_refused(tmp_path, monkeypatch):
-    """Growth is declared by each family and stack (modules/growth.py): a family or a stack that
-    declares none is refused in one line, before anything is written."""
+    """Growth is declared by each family (``grows`` of its declaration, models/families.py) and
+    stack (modules/growth.py): a family that does not grow or a stack that declares no rule is
+    refused in one line, before anything is written."""
+    from dataclasses import replace
+
     from fairseq_deep.grow import GrowError
-    from fairseq_deep.models.transformer_dlcl import TransformerDLCLModel
     from fairseq_deep.models.transformer_stack import HistoryTransformerEncoder
-    from fairseq_deep.modules.growth import FAMILIES, STACKS
+    from fairseq_deep.modules.growth import STACKS
 
     save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
     with monkeypatch.context() as m:
-        m.delitem(FAMILIES.declared, TransformerDLCLModel)
+        declared = families.get("transformer_dlcl")
+        m.setitem(families._FAMILIES, "transformer_dlcl", replace(declared, grows=False))
         with pytest.raises(
             GrowError,
             match=r"^the family transformer_dlcl \(TransformerDLCLModel\) declares no "

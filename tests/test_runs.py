@@ -11,6 +11,7 @@ import pytest
 from helpers import TINY
 
 from fairseq_deep import runs
+from fairseq_deep.models import families
 from fairseq_deep.runs import recipes
 
 # the executor itself: real child processes (their peak memory, signals), not the tests' forks
@@ -230,16 +231,20 @@ def test_a_run_is_one_value_with_two_printed_forms():
     runs and the one a document prints are the same run; fairseq's parser reads the recipes."""
     from fairseq import options
 
+    spec = families.spec("transformer_dlcl")
     run = runs.Run.of(
         "train",
         "DATA",
         runs.Part("model", ["--arch", "transformer_dlcl"]),
-        recipes.width("transformer_dlcl", 128),
+        recipes.width(spec, 128),
         *recipes.study(0.002, 400),
         recipes.label_smoothed(0.1),
         recipes.json_log(10),
         {"max_tokens": 2048, "cpu": True, "fp16": False},
+        arch=spec,
     ).plus(["--lr", "0.003"])
+    assert run.arch is spec and run.without("size").arch is spec  # the --arch, resolved once
+    assert run == runs.Run(run.program, run.data, run.parts)  # what it runs is the value
     assert run.argv()[:6] == [
         sys.executable,
         "-m",
