@@ -5,7 +5,7 @@ A family is a registered model class (fairseq's ``register_model``) and its pres
 ``--arch`` names whose model it is: :meth:`Family.presets`).  One :func:`declare` call, at the end
 of the model's file, names all that the tools and the tests must know about it:
 
-* ``sizes``, its size rule: the options of ``--width W`` (:func:`fairseq_deep.runs.width_flags`);
+* ``sizes``, its size rule: the options of ``--width W`` (:meth:`Spec.width`);
 * ``grows`` and ``depth_options``, its growth: whether ``fairseq-deep-grow`` grows it and which
   options hold its two depths (:meth:`Family.depth_names`, which grow reads; its stacks, parts and
   layers declare their own rules beside their classes: :mod:`fairseq_deep.modules.growth`);
