@@ -68,8 +68,9 @@ PRECISION_NAMES = ("fp32", "fp16", "memory_efficient_fp16", "amp", "bf16")
 #: the tests' tiny sizes (dropout off): the Transformer families', RNMT+'s (and the hybrids' RNMT+
 #: parts'), Deep-Att's; tests/helpers.py and the benchmarks that build the tests' models take them
 #: from here.  They are the widths of the families' declarations (``tiny_sizes``) written out, not
-#: read from them, because refactor_fingerprint.py builds two versions of the package with them;
-#: tests/test_families.py checks that they agree.
+#: read from them, because refactor_fingerprint.py builds the same tiny models with two versions of
+#: the package, this module imported before either: an older version may declare other tiny sizes,
+#: or none (the declarations came with issue 39); tests/test_families.py checks that they agree.
 TINY = [
     "--encoder-embed-dim",
     "16",

@@ -36,6 +36,7 @@ import concurrent.futures
 import os
 
 from fairseq_deep import runs
+from fairseq_deep.models.families import spec
 from fairseq_deep.runs import Part, recipes
 
 from . import harness
@@ -57,7 +58,7 @@ def families(w, lr, warmup=100):
     """{family: [(name, arch, flags, lr or None = --lr)]}"""
     two = ["--encoder-layers", "2", "--decoder-layers", "2", "--dropout", "0.1"]
     # what fairseq-deep-study --recipe paper passes RNMT+ (issue 25): Chen et al.'s Adam, Eq. 1 to 3.2 x lr
-    eq1 = [word for part in recipes.paper("rnmt_plus", lr, warmup) for word in part]
+    eq1 = [word for part in recipes.paper(spec("rnmt_plus"), lr, warmup) for word in part]
     return {
         "rnmt": [
             (

@@ -55,26 +55,32 @@ _RNMT_TINY = list(families.get("rnmt_plus").tiny_sizes)
 _HYBRID_TINY = list(families.get("rnmt_hybrid").tiny_sizes)
 _DEEP_ATT_TINY = list(families.get("deep_att").tiny_sizes)
 
-# name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags of both,
-#        training flags of both): every tiny configuration that a family declares (its ``tiny``,
-#        fairseq_deep/models/families.py), so a family is in the matrix the moment it is declared
-FAMILIES = {
-    tiny.name: (
-        tiny.paper_arch,
-        tiny.arch,
-        list(family.tiny_sizes),
-        list(tiny.model),
-        runs.flags(tiny.training),
-    )
-    for family, tiny in families.tiny_configs()
-}
+
+def rows():
+    """name: (architecture at the paper's width, depth-free architecture, tiny sizes, model flags
+    of both, training flags of both): every tiny configuration that a family declares (its
+    ``tiny``, fairseq_deep/models/families.py), so a family is in the matrix the moment it is
+    declared (the rows of tests/test_precision.py and tests/test_stacks.py too)."""
+    return {
+        tiny.name: (
+            tiny.paper.arch,
+            tiny.arch,
+            list(family.tiny_sizes),
+            list(tiny.model),
+            runs.flags(tiny.training),
+        )
+        for family, tiny in families.tiny_configs()
+    }
+
+
+FAMILIES = rows()
 
 
 # GPU memory of one paper-scale run (issue 24: 16 runs at once on an 80 GB H100, 9 died of CUDA
 # out-of-memory).  Per family: parameters (millions, an 8k joint vocabulary: counted by building each
 # --arch on the meta device), the sum of width x layers of its Transformer layers and of hidden size
 # x layers x directions of its recurrent ones (Deep-Att: every F-F layer of both columns).
-PAPER_MEMORY = {tiny.name: tiny.paper_memory for _, tiny in families.tiny_configs()}
+PAPER_MEMORY = {tiny.name: tiny.paper.memory for _, tiny in families.tiny_configs()}
 #: bytes per token and unit of width x layers kept for the backward: a Transformer layer ~34 values of
 #: width per token in 16-bit (Korthikanti et al. 2022) plus the decoder's cross-attention: 48; the
 #: recurrent loops run in float32 and keep gates, cell and layer-norm statistics of every step: 100
@@ -102,26 +108,24 @@ def memory_gb(paper_memory, max_tokens: int, vocab: int = 8000) -> float:
 
 def system_gb(arch: str, flags=(), max_tokens: int = 4096, vocab: int = 8000) -> float:
     """:func:`memory_gb` of a study system (``--arch arch`` with ``flags``) at its presets' width:
-    the paper memory its family declares for that preset (the declaration whose ``paper_arch`` is
-    ``arch``, else whose depth-free ``arch`` is, else the family's first), a Transformer's scaled by
-    its layers against the declared preset's (every per-layer figure is linear in depth).  A
-    planning figure on the safe side (the hybrids' declared paper sizes are wider than Base)."""
-    from fairseq_deep.study.systems import infer_depth, preset_depths
-
-    family = families.of_arch(arch)
-    tinies = family.tiny
-    base = arch[: -len(f"_{infer_depth(arch, ())}l")] if infer_depth(arch, ()) else arch
+    the paper memory its family declares for that preset (the declaration whose paper-scale
+    ``arch`` is ``arch``, else whose depth-free ``arch`` is, else the family's first), a
+    Transformer's scaled by its layers against the declared preset's (every per-layer figure is
+    linear in depth).  A planning figure on the safe side (the hybrids' declared paper sizes are
+    wider than Base)."""
+    spec = families.spec(arch)
+    tinies = spec.family.tiny
     tiny = (
-        next((t for t in tinies if t.paper_arch == arch), None)
-        or next((t for t in tinies if t.arch == base), None)
+        next((t for t in tinies if t.paper.arch == arch), None)
+        or next((t for t in tinies if t.arch == spec.depth_free), None)
         or tinies[0]
     )
-    params_m, transformer, recurrent = tiny.paper_memory
-    if family.kind == "transformer":
-        encoder, decoder = preset_depths(arch)
+    params_m, transformer, recurrent = tiny.paper.memory
+    if spec.kind == "transformer":
+        encoder, decoder = spec.depths
         encoder = int(runs.option_value(flags, "--encoder-layers") or encoder)
         decoder = int(runs.option_value(flags, "--decoder-layers") or decoder)
-        ratio = (encoder + decoder) / sum(preset_depths(tiny.paper_arch))
+        ratio = (encoder + decoder) / sum(families.spec(tiny.paper.arch).depths)
         params_m, transformer = params_m * ratio, transformer * ratio
     return memory_gb((params_m, transformer, recurrent), max_tokens, vocab)
 

@@ -76,7 +76,6 @@ from .modules.growth import (
     GrownState,
     GrowRequest,
     StackGrowth,
-    family_rule,
     layer_rule,
     stack_layers,
 )
@@ -94,30 +93,33 @@ METHODS = ("stack", "interleave", "identity")
 
 def fairseqs_own(family: str) -> str:
     """What to do with a model of fairseq's own (``family``, fairseq's model name): train the
-    shallow model with the family of ours nearest to it."""
-    nearest = {
-        "transformer": "transformer_postnorm, which is fairseq's transformer",
-        "lstm": "rnmt_plus or deep_att, LSTM families",
-    }.get(family)
+    shallow model with the presets of ours nearest to it (``stands_for`` of the families'
+    declarations)."""
+    from .models import families
+
+    nearest = families.nearest_to(family)
     return "train the shallow model with a fairseq_deep architecture" + (
-        f" (e.g. --arch {nearest})" if nearest else " (fairseq-deep-list-archs)"
+        f" (e.g. --arch {' or '.join(nearest)}, nearest to fairseq's {family})"
+        if nearest
+        else " (fairseq-deep-list-archs)"
     )
 
 
 def depth_options(family: str, args) -> Tuple[str, str]:
-    """The options that hold the encoder and decoder depth of a family, as its model class
-    declares them (:func:`fairseq_deep.modules.growth.declare_family`, made by the family's
-    declaration in :mod:`fairseq_deep.models.families`); a family without a
-    declaration is refused."""
+    """The options that hold the encoder and decoder depth of a family, as its declaration states
+    them (``grows``, ``depth_options``: :meth:`fairseq_deep.models.families.Family.depth_names`); a
+    family that is not declared, or not to grow, is refused."""
     from fairseq.models import MODEL_REGISTRY
 
-    rule = family_rule(MODEL_REGISTRY[family])
-    if rule is None:
+    from .models import families
+
+    declared = families.get(family)
+    if declared is None or not declared.grows:
         raise GrowError(
             f"the family {family} ({MODEL_REGISTRY[family].__name__}) declares no growth rule: "
             "fairseq-deep-grow grows the families that declare one (docs/grow.md, adding a growth rule)"
         )
-    return rule.depth_options(args)
+    return declared.depth_names(args)
 
 
 def grown_arch(arch: str, family: str, args) -> str:

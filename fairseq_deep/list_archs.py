@@ -16,19 +16,24 @@ def _one_line(doc: Optional[str], width: int = 100) -> str:
 
 
 def our_architectures():
-    """``{family (model name): [(arch, one-line description), ...]}`` of fairseq_deep, in
-    registration order."""
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY
+    """``{family (model name): [(arch, one-line description), ...]}`` of the declared families
+    (:mod:`fairseq_deep.models.families`), each family where its first preset was registered, its
+    presets in registration order."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
 
+    from .models import families as declared
+
+    order = list(ARCH_MODEL_NAME_REGISTRY)
     families = collections.OrderedDict()
-    for arch, cls in ARCH_MODEL_REGISTRY.items():
-        if cls.__module__.split(".")[0] != "fairseq_deep":
-            continue
-        doc = ARCH_CONFIG_REGISTRY[arch].__doc__ if arch in ARCH_CONFIG_REGISTRY else None
-        family = ARCH_MODEL_NAME_REGISTRY[arch]
-        if not doc and arch == family:
-            doc = "the family's defaults"
-        families.setdefault(family, []).append((arch, _one_line(doc)))
+    for family in sorted(
+        (f for f in declared.registered() if f.presets()),
+        key=lambda f: order.index(f.presets()[0]),
+    ):
+        for arch in family.presets():
+            doc = ARCH_CONFIG_REGISTRY[arch].__doc__ if arch in ARCH_CONFIG_REGISTRY else None
+            if not doc and arch == family.name:
+                doc = "the family's defaults"
+            families.setdefault(family.name, []).append((arch, _one_line(doc)))
     return families
 
 
@@ -54,7 +59,7 @@ def cli_main(argv=None):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
     def run():
-        from fairseq.models import MODEL_REGISTRY
+        from .models import families as declared
 
         families = our_architectures()
         if args.family:
@@ -72,7 +77,7 @@ def cli_main(argv=None):
             families = chosen
         width = max(len(a) for archs in families.values() for a, _ in archs)
         for family, archs in families.items():
-            print(f"{family}: {family_description(MODEL_REGISTRY[family])}")
+            print(f"{family}: {family_description(declared.get(family).model)}")
             for arch, doc in archs:
                 print(f"  {arch:<{width}}  {doc}")
             print()

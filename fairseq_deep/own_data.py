@@ -44,6 +44,8 @@ from .average_checkpoints import average_checkpoints
 from .checkpoints import load_as_saved
 from .cli import PLUGIN_DIR, check_arch
 from .errors import ArgumentParser, UserError, report_user_errors
+from .models import families
+from .models.families import Spec
 from .prepare import check_aligned, check_inputs, open_text, read_lines
 from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
 from .quiet import quiet_warnings
@@ -257,13 +259,13 @@ def reserve_parts(
     }
 
 
-def train_run(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]) -> Run:
-    """fairseq-train of the recipe but --stop-time-hours, which run.sh adds after preparation;
-    ``extra`` comes last and so overrides."""
+def train_run(s: Settings, arch: Spec, data_bin: str, save_dir: str, extra: Sequence[str]) -> Run:
+    """fairseq-train of the recipe (``arch``: the --arch resolved, :func:`families.spec`) but
+    --stop-time-hours, which run.sh adds after preparation; ``extra`` comes last and so overrides."""
     return Run.of(
         "train",
         data_bin,
-        Part("model", ["--arch", arch]),
+        Part("model", ["--arch", arch.arch]),
         recipes.width(arch, s.width),
         ["--share-all-embeddings"],
         recipes.adam(f"{float(s.lr):g}"),
@@ -276,11 +278,12 @@ def train_run(s: Settings, arch: str, data_bin: str, save_dir: str, extra: Seque
         {"cpu": s.device == "cpu"},
         Part("precision", shlex.split(s.precision)),
         Part("extra", extra),
+        arch=arch,
     )
 
 
 def train_command(
-    s: Settings, arch: str, data_bin: str, save_dir: str, extra: Sequence[str]
+    s: Settings, arch: Spec, data_bin: str, save_dir: str, extra: Sequence[str]
 ) -> List[str]:
     """fairseq-train's arguments of :func:`train_run` (run.sh's ``TRAIN``; the program not
     included)."""
@@ -391,7 +394,7 @@ def setup(
     work = s.work
     data_bin = os.path.join(work, "data-bin")
     save_dir = os.path.join(work, "checkpoints", f"{arch}_w{s.width}" if s.width else arch)
-    train = train_command(s, arch, data_bin, save_dir, extra)
+    train = train_command(s, families.spec(arch), data_bin, save_dir, extra)
     args = check_train_command(train)
     generate = generate_command(s, data_bin)
     test_sentences, test_words = sentences_and_words(files[f"test.{src}"])

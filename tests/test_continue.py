@@ -23,7 +23,13 @@ from fairseq_deep.errors import CheckpointError
 from fairseq_deep.grow import grow
 from fairseq_deep.models import families
 
-FAMILIES = [family.name for family in families.registered()]  # every model family
+
+def rows():
+    """Every model family (models/families.py)."""
+    return [family.name for family in families.registered()]
+
+
+FAMILIES = rows()
 DESIGN = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "design.md"
 )

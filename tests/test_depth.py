@@ -26,31 +26,43 @@ from fairseq_deep.modules.residual_schemes import (
 
 CHECKPOINT = ["--checkpoint-activations"]
 
+
 # (--arch, flags): every history and every residual / initialisation scheme, and a row of every
 # Transformer family that none of these is of (its first tiny configuration: models/families.py)
-FAMILIES = families.cover(
-    [
-        ("transformer_dlcl", []),  # DLCL, pre-norm
-        ("transformer_dlcl_postnorm", []),  # DLCL, post-norm (the history's layer norms)
-        # transparent attention: a readout per decoder layer
-        ("transformer_ta", ["--ta-dropout", "0"]),
-        ("transformer_hier_agg", []),  # hierarchical aggregation
-        ("transformer_dense", []),  # dense connections
-        ("transformer_mla2", []),  # multi-layer attention: lower layers' states passed in a list
-        ("transformer_deepnorm", []),
-        ("transformer_admin", []),
-        ("transformer_dsinit", []),
-        ("transformer_rezero", ["--rezero-init", "0.3"]),  # 0 would make every layer the identity
-        # dropout on: the checkpoint's recomputation in backward draws the forward's masks again
-        (
-            "transformer_deepnorm",
-            ["--dropout", "0.3", "--attention-dropout", "0.1", "--activation-dropout", "0.1"],
-        ),
-    ],
-    arch=lambda row: row[0],
-    default=lambda family, tiny: (tiny.arch, list(tiny.model)),
-    applies=lambda family: family.kind == "transformer",
-)
+def rows():
+    """The checkpointed-activation matrix's rows (models/families.py: ``families.cover``)."""
+    return families.cover(
+        [
+            ("transformer_dlcl", []),  # DLCL, pre-norm
+            ("transformer_dlcl_postnorm", []),  # DLCL, post-norm (the history's layer norms)
+            # transparent attention: a readout per decoder layer
+            ("transformer_ta", ["--ta-dropout", "0"]),
+            ("transformer_hier_agg", []),  # hierarchical aggregation
+            ("transformer_dense", []),  # dense connections
+            (
+                "transformer_mla2",
+                [],
+            ),  # multi-layer attention: lower layers' states passed in a list
+            ("transformer_deepnorm", []),
+            ("transformer_admin", []),
+            ("transformer_dsinit", []),
+            (
+                "transformer_rezero",
+                ["--rezero-init", "0.3"],
+            ),  # 0 would make every layer the identity
+            # dropout on: the checkpoint's recomputation in backward draws the forward's masks again
+            (
+                "transformer_deepnorm",
+                ["--dropout", "0.3", "--attention-dropout", "0.1", "--activation-dropout", "0.1"],
+            ),
+        ],
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (tiny.arch, list(tiny.model)),
+        applies=lambda family: family.kind == "transformer",
+    )
+
+
+FAMILIES = rows()
 
 
 def train_step(model, batch):

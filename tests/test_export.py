@@ -20,7 +20,7 @@ from test_grow import save_tiny
 
 from fairseq_deep import export as ex
 from fairseq_deep.grow import grow
-from fairseq_deep.models import reduction
+from fairseq_deep.models import families, reduction
 from fairseq_deep.models.reduction import why_not_transformer
 
 TOLERANCE = 1e-4  # log-probabilities: float32 rounding through up to 100 + 100 layers
@@ -61,7 +61,7 @@ def stock_of(arch, extra):
     return model, stock, notes, ex.max_difference(model, stock, task)
 
 
-REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, embeddings shared or not
+_REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, embeddings shared or not
     ("transformer_prenorm", layers(3, 2)),
     ("transformer_postnorm", layers(3, 2)),
     ("transformer_dlcl", ["--dlcl-stacks", "none", *layers(2, 2)]),
@@ -87,6 +87,25 @@ REDUCIBLE = [  # every family that reduces, pre- and post-norm, the schemes, emb
     ("transformer_mixln", ["--mix-ln-ratio", "0", *layers(3, 2)]),
     ("transformer_mixln", ["--mix-ln-ratio", "1", *layers(3, 2)]),
 ]
+
+
+def _tiny_row(family, tiny):
+    """(--arch, flags) of a family's tiny configuration (a row of a family no row names)."""
+    return tiny.arch, [*family.tiny_sizes, *tiny.model]
+
+
+def reducible():
+    """The rows above, and one of every family whose rule is the residual stacks' that none of
+    them is of (its first tiny configuration: models/families.py)."""
+    return families.cover(
+        _REDUCIBLE,
+        arch=lambda row: row[0],
+        default=_tiny_row,
+        applies=lambda family: family.reduction is reduction.residual_stacks,
+    )
+
+
+REDUCIBLE = reducible()
 
 
 @pytest.mark.parametrize(
@@ -126,7 +145,7 @@ def test_the_check_sees_a_layerscale_left_unfolded(monkeypatch):
     assert stock_of("transformer_layerscale", layers(3, 2))[3] > 1e-2
 
 
-REFUSED = [
+_REFUSED = [
     ("transformer_dlcl", layers(2, 2), "DLCL: every layer reads a weighted sum"),
     ("transformer_dlcl_postnorm", ["--dlcl-stacks", "decoder", *layers(2, 2)], "(its decoder)"),
     ("transformer_ta", layers(2, 2), "transparent attention"),
@@ -155,6 +174,20 @@ REFUSED = [
         "the hybrids combine RNMT+ LSTM stacks",
     ),
 ]
+
+
+def refused():
+    """The rows above, and one of every family that never reduces (``reduction.never(why)``)
+    that none of them is of: its first tiny configuration, refused with the reason it declares."""
+    return families.cover(
+        _REFUSED,
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (*_tiny_row(family, tiny), family.reduction.why),
+        applies=lambda family: isinstance(family.reduction, reduction.Never),
+    )
+
+
+REFUSED = refused()
 
 
 @pytest.mark.parametrize("arch,extra,fragment", REFUSED, ids=[a for a, *_ in REFUSED])

@@ -38,10 +38,14 @@ from fairseq_deep.models import families
 
 enable_wrap = pytest.importorskip("fairscale.nn").enable_wrap
 
-# the tiny configurations (precision_matrix.FAMILIES) of every family that builds Transformer layers
-TRANSFORMER_FAMILIES = [
-    tiny.name for family, tiny in families.tiny_configs() if family.transformer_layers
-]
+
+def transformer_families():
+    """The tiny configurations (precision_matrix.FAMILIES) of every family that builds Transformer
+    layers."""
+    return [tiny.name for family, tiny in families.tiny_configs() if family.transformer_layers]
+
+
+TRANSFORMER_FAMILIES = transformer_families()
 
 
 class Recorder(nn.Module):

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from fairseq_deep.errors import UserError
 from fairseq_deep.grow import depth_options, grow
+from fairseq_deep.models import families
 from fairseq_deep.modules.growth import base_layer_map
 from fairseq_deep.modules.residual_schemes import deepnorm_constants
 from fairseq_deep.tasks.freeze import freeze_bottom_layers
@@ -89,7 +90,7 @@ HYBRID = [
 
 # -- growing to the same depth is the identity -----------------------------------------------------
 
-SAME = [
+_SAME = [
     ("transformer_dlcl", layers(2)),
     ("transformer_dlcl_postnorm", ["--dlcl-softmax-weights", *layers(2)]),
     ("transformer_ta", layers(2)),
@@ -116,6 +117,20 @@ SAME = [
     ("transformer_ode_rk2", ["--ode-stacks", "both", *layers(2)]),
     ("transformer_b2t", layers(2)),  # issue 41's other schemes: IDENTITY below (grown twice each)
 ]
+
+
+def same():
+    """The rows above, and the first tiny configuration of every family that grows and that none
+    of them is of (models/families.py)."""
+    return families.cover(
+        _SAME,
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (tiny.arch, [*family.tiny_sizes, *tiny.model]),
+        applies=lambda family: family.grows,
+    )
+
+
+SAME = same()
 
 
 @pytest.mark.parametrize("method", ["stack", "interleave", "identity"])
@@ -462,7 +477,8 @@ def test_bad_input(tmp_path):
     torch.save(other, tmp_path / "lstm.pt")
     with pytest.raises(
         GrowError,
-        match=r"fairseq's own --arch lstm.*\(e.g. --arch rnmt_plus or deep_att, LSTM families\)$",
+        match=r"fairseq's own --arch lstm.*\(e.g. --arch deep_att or rnmt_plus, nearest to fairseq's "
+        r"lstm\)$",
     ):
         grow(str(tmp_path / "lstm.pt"), str(tmp_path / "o.pt"), 4)
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "weights.pt")
@@ -475,16 +491,19 @@ def test_bad_input(tmp_path):
 
 
 def test_a_part_without_a_growth_rule_is_refused(tmp_path, monkeypatch):
-    """Growth is declared by each family and stack (modules/growth.py): a family or a stack that
-    declares none is refused in one line, before anything is written."""
+    """Growth is declared by each family (``grows`` of its declaration, models/families.py) and
+    stack (modules/growth.py): a family that does not grow or a stack that declares no rule is
+    refused in one line, before anything is written."""
+    from dataclasses import replace
+
     from fairseq_deep.grow import GrowError
-    from fairseq_deep.models.transformer_dlcl import TransformerDLCLModel
     from fairseq_deep.models.transformer_stack import HistoryTransformerEncoder
-    from fairseq_deep.modules.growth import FAMILIES, STACKS
+    from fairseq_deep.modules.growth import STACKS
 
     save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
     with monkeypatch.context() as m:
-        m.delitem(FAMILIES.declared, TransformerDLCLModel)
+        declared = families.get("transformer_dlcl")
+        m.setitem(families._FAMILIES, "transformer_dlcl", replace(declared, grows=False))
         with pytest.raises(
             GrowError,
             match=r"^the family transformer_dlcl \(TransformerDLCLModel\) declares no "

@@ -43,49 +43,60 @@ HYBRID = [
 # methods spread over them (identity where the family allows it); a family that grows and that none
 # of these is of gets a row of its first tiny configuration (models/families.py), one layer grown
 # to two by --method stack
-FAMILIES = families.cover(
-    [
-        # (N+1) x M transparent weights, both sides grown
-        ("transformer_ta", layers(1), 2, 2, "stack"),
-        ("transformer_ta_prenorm", layers(1), 3, 2, "identity"),
-        ("transformer_dense", layers(1), 3, 2, "stack"),
-        ("transformer_linear_agg", layers(2, 1), 3, 2, "identity"),
-        ("transformer_iterative_agg", layers(2, 1), 3, 2, "interleave"),
-        ("transformer_hier_agg", layers(2, 1), 4, 2, "stack"),
-        ("transformer_mla2", layers(2, 1), 3, 2, "stack"),
-        ("transformer_mla3", layers(2, 1), 4, 2, "interleave"),
-        ("transformer_deepnorm", layers(1), 2, 2, "stack"),  # the new depth's alpha/beta
-        ("transformer_admin", layers(1), 2, 2, "interleave"),
-        ("transformer_rezero", layers(1), 3, 2, "identity"),
-        ("transformer_dsinit", layers(1), 2, 2, "stack"),
-        ("transformer_dlcl_postnorm", layers(1), 3, 2, "interleave"),
-        ("transformer_prenorm", layers(1), 2, 2, "identity"),
-        # issue 41: Mix-LN's --mix-ln-ratio rewritten for the grown depth (its post-norm layers kept)
-        ("transformer_mixln", ["--mix-ln-ratio", "0.5", *layers(2)], 4, 3, "identity"),
-        ("deep_att", layers(2, 1), 3, 2, "interleave"),  # the interleaved directions of the columns
-        ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
-        # RNMT+'s transparent readout
-        ("rnmt_plus", ["--rnmt-transparent", *layers(3, 2)], 4, 3, "stack"),
-        # Transformer encoder, RNMT+ decoder
-        ("hybrid_transformer_rnmt", [*HYBRID, *layers(1)], 2, 2, "stack"),
-        (
-            "hybrid_rnmt_transformer",
-            [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"],
-            3,
+def rows():
+    """The grow matrix's rows (models/families.py: ``families.cover``)."""
+    return families.cover(
+        [
+            # (N+1) x M transparent weights, both sides grown
+            ("transformer_ta", layers(1), 2, 2, "stack"),
+            ("transformer_ta_prenorm", layers(1), 3, 2, "identity"),
+            ("transformer_dense", layers(1), 3, 2, "stack"),
+            ("transformer_linear_agg", layers(2, 1), 3, 2, "identity"),
+            ("transformer_iterative_agg", layers(2, 1), 3, 2, "interleave"),
+            ("transformer_hier_agg", layers(2, 1), 4, 2, "stack"),
+            ("transformer_mla2", layers(2, 1), 3, 2, "stack"),
+            ("transformer_mla3", layers(2, 1), 4, 2, "interleave"),
+            ("transformer_deepnorm", layers(1), 2, 2, "stack"),  # the new depth's alpha/beta
+            ("transformer_admin", layers(1), 2, 2, "interleave"),
+            ("transformer_rezero", layers(1), 3, 2, "identity"),
+            ("transformer_dsinit", layers(1), 2, 2, "stack"),
+            ("transformer_dlcl_postnorm", layers(1), 3, 2, "interleave"),
+            ("transformer_prenorm", layers(1), 2, 2, "identity"),
+            # issue 41: Mix-LN's --mix-ln-ratio rewritten for the grown depth (its post-norm layers kept)
+            ("transformer_mixln", ["--mix-ln-ratio", "0.5", *layers(2)], 4, 3, "identity"),
+            (
+                "deep_att",
+                layers(2, 1),
+                3,
+                2,
+                "interleave",
+            ),  # the interleaved directions of the columns
+            ("deep_ed_ff", layers(2, 1), 4, 2, "stack"),
+            # RNMT+'s transparent readout
+            ("rnmt_plus", ["--rnmt-transparent", *layers(3, 2)], 4, 3, "stack"),
+            # Transformer encoder, RNMT+ decoder
+            ("hybrid_transformer_rnmt", [*HYBRID, *layers(1)], 2, 2, "stack"),
+            (
+                "hybrid_rnmt_transformer",
+                [*HYBRID, "--rnmt-encoder-layers", "2", "--decoder-layers", "1"],
+                3,
+                2,
+                "interleave",
+            ),
+        ],
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (
+            tiny.arch,
+            [*family.tiny_sizes, *tiny.model, *layers(1)],
             2,
-            "interleave",
+            2,
+            "stack",
         ),
-    ],
-    arch=lambda row: row[0],
-    default=lambda family, tiny: (
-        tiny.arch,
-        [*family.tiny_sizes, *tiny.model, *layers(1)],
-        2,
-        2,
-        "stack",
-    ),
-    applies=lambda family: family.grows,
-)
+        applies=lambda family: family.grows,
+    )
+
+
+FAMILIES = rows()
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from fairseq_deep import own_data
 from fairseq_deep.data.synthetic import write_corpus
 from fairseq_deep.errors import UserError
+from fairseq_deep.models import families
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_SH = os.path.join(REPO, "examples", "own_data", "run.sh")
@@ -144,7 +145,11 @@ def test_setup_times_the_recipes_model_here():
     steps of fairseq's beam search, timed; the bound grows with the test set."""
     settings = own_data.settings_from_env({"WIDTH": "32"}, "cpu")
     cmd = own_data.train_command(
-        settings, "transformer_dlcl", "d", "s", ["--encoder-layers", "2", "--decoder-layers", "2"]
+        settings,
+        families.spec("transformer_dlcl"),
+        "d",
+        "s",
+        ["--encoder-layers", "2", "--decoder-layers", "2"],
     )
     speed = own_data.measure_speed(own_data.check_train_command(cmd), 50, 3, 2, "cpu")
     assert speed.pieces == 5 and speed.batch == own_data.DECODE_BATCH  # round(1.3 x 3) + 1
@@ -189,8 +194,12 @@ def test_budget_and_sizes_follow_the_device_and_the_environment():
         3 * 0.2 * 2560 / (128 * 10)
     )  # 2 batches' forward, x 3
     assert parts["validation"] == pytest.approx(500 / 128 * 0.2 * 2)  # sentences twice as long
-    assert "--max-update" in own_data.train_command(cuda, "transformer_dlcl", "d", "s", [])
-    assert "--max-update" not in own_data.train_command(cpu, "transformer_dlcl", "d", "s", [])
+    assert "--max-update" in own_data.train_command(
+        cuda, families.spec("transformer_dlcl"), "d", "s", []
+    )
+    assert "--max-update" not in own_data.train_command(
+        cpu, families.spec("transformer_dlcl"), "d", "s", []
+    )
 
 
 def test_checkpoints_averaged_are_the_last_of_the_second_half():

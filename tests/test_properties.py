@@ -12,8 +12,9 @@ initialisation seeds, batch sizes, sentence lengths (1 included) and heavy paddi
 Also a property of the batching shim: ``fairseq.data.data_utils.batch_by_size`` (patched by
 fairseq_deep) returns every index exactly once, for any batch settings.
 
-To add a family: append its depth-30 arch (and the flags it needs) to DEEP_ARCHS, and its sizes
-to ``dims8`` when it is not a Transformer.
+A family that none of DEEP_ARCHS is of is a row at its first tiny configuration (its tiny sizes,
+30 encoder layers: ``families.cover``); a row of its own, at dimension 8, is its depth-30 arch (and
+the flags it needs) in DEEP_ARCHS, and its sizes in ``dims8`` when it is not a Transformer.
 """
 
 import numpy as np
@@ -24,9 +25,11 @@ from helpers import build_model, tiny_dictionary
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fairseq_deep.models import families
+
 DEPTH30 = ["--encoder-layers", "30"]
 
-DEEP_ARCHS = [
+_DEEP_ARCHS = [
     ("transformer_dlcl_30l", []),
     ("transformer_dlcl_postnorm_30l", []),
     ("transformer_prenorm_30l", []),
@@ -51,6 +54,19 @@ DEEP_ARCHS = [
     ("deep_att_ff", DEPTH30),
     ("deep_ed_ff", DEPTH30),
 ]
+
+
+def deep_archs():
+    """The rows above, and one of every family that none of them is of: its first tiny
+    configuration with 30 encoder layers (models/families.py)."""
+    return families.cover(
+        _DEEP_ARCHS,
+        arch=lambda row: row[0],
+        default=lambda family, tiny: (tiny.arch, [*family.tiny_sizes, *tiny.model, *DEPTH30]),
+    )
+
+
+DEEP_ARCHS = deep_archs()
 
 DIM8 = [
     "--encoder-embed-dim",

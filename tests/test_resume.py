@@ -28,82 +28,90 @@ import fairseq_deep  # noqa: F401  (allow-list for loading the checkpoints below
 from fairseq_deep import runs
 from fairseq_deep.models import families
 
-FAMILIES = families.cover(
-    [
-        pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
-        pytest.param("transformer_ta", [], id="transformer_ta"),
-        # the diversity criterion, on an aggregation model
-        pytest.param(
-            "transformer_hier_agg",
-            [
-                "--criterion",
-                "label_smoothed_cross_entropy_with_diversity",
-                "--diversity-lambda",
-                "0.1",
-            ],
-            id="transformer_hier_agg",
-        ),
-        # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
-        # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
-        pytest.param(
-            "rnmt_plus",
-            [
-                "--task",
-                "translation_deep",
-                "--adaptive-clip",
-                "--adaptive-clip-warmup",
-                "1",
-                "--adaptive-clip-threshold",
-                "0.01",
-                "--criterion",
-                "sentence_cross_entropy",
-                "--label-smoothing",
-                "0.1",
-                "--lr-scheduler",
+
+def rows():
+    """The resume matrix's rows (models/families.py: ``families.cover``)."""
+    return families.cover(
+        [
+            pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
+            pytest.param("transformer_ta", [], id="transformer_ta"),
+            # the diversity criterion, on an aggregation model
+            pytest.param(
+                "transformer_hier_agg",
+                [
+                    "--criterion",
+                    "label_smoothed_cross_entropy_with_diversity",
+                    "--diversity-lambda",
+                    "0.1",
+                ],
+                id="transformer_hier_agg",
+            ),
+            # adaptive clipping (its statistics travel in the optimizer state; a zero-width band so that
+            # updates are skipped before and after the kill), the sentence-level loss, the Eq. 1 schedule
+            pytest.param(
                 "rnmt_plus",
-                "--rnmt-decay-start",
-                "5",
-                "--rnmt-decay-end",
-                "7",
-            ],
-            id="rnmt_plus",
+                [
+                    "--task",
+                    "translation_deep",
+                    "--adaptive-clip",
+                    "--adaptive-clip-warmup",
+                    "1",
+                    "--adaptive-clip-threshold",
+                    "0.01",
+                    "--criterion",
+                    "sentence_cross_entropy",
+                    "--label-smoothing",
+                    "0.1",
+                    "--lr-scheduler",
+                    "rnmt_plus",
+                    "--rnmt-decay-start",
+                    "5",
+                    "--rnmt-decay-end",
+                    "7",
+                ],
+                id="rnmt_plus",
+            ),
+            # three parameter groups with their own learning rates
+            pytest.param(
+                "deep_att_ff",
+                ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
+                id="deep_att_ff",
+            ),
+            # issue 17: a deep DeepNorm encoder (its constants follow the depth); a deep Admin encoder,
+            # whose omegas are profiled on the first batch of the reference run and must come back from
+            # the checkpoint, not again (12 layers: the 100- and 60-layer presets' code, at a tenth of
+            # the cost; CI's time, issue 39)
+            pytest.param(
+                "transformer_deepnorm", ["--encoder-layers", "12"], id="transformer_deepnorm_12l"
+            ),
+            pytest.param(
+                "transformer_admin", ["--encoder-layers", "12"], id="transformer_admin_12l"
+            ),
+            # issue 41: DWA weights; mHC's connections (static, dynamic and mhc have the same parameter
+            # kinds); ResiDual's dual norm; RK2 blocks in both stacks, two evaluations per layer
+            # (dropout draws twice), their gates
+            pytest.param("transformer_denseformer", [], id="transformer_denseformer"),
+            pytest.param("transformer_mhc", [], id="transformer_mhc"),
+            pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
+            pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
+            # issue 41: the parameters of the per-layer schemes in one run (Sub-LN's and Peri-LN's
+            # norms, as DyTs: alpha, gamma, beta; LayerScale's lambda); B2T and Mix-LN have none of
+            # their own
+            pytest.param(
+                "transformer_subln",
+                ["--peri-ln", "--dyt", "--layerscale"],
+                id="transformer_subln+periln+dyt+layerscale",
+            ),
+        ],
+        arch=lambda row: row.values[0],
+        # a family none of these is of: its first tiny configuration (models/families.py)
+        default=lambda family, tiny: pytest.param(
+            tiny.arch, [*family.tiny_sizes, *tiny.model, *runs.flags(tiny.training)], id=tiny.name
         ),
-        # three parameter groups with their own learning rates
-        pytest.param(
-            "deep_att_ff",
-            ["--optimizer", "deep_att", "--lr-recurrent", "0.02", "--update-rule", "adam"],
-            id="deep_att_ff",
-        ),
-        # issue 17: a deep DeepNorm encoder (its constants follow the depth); a deep Admin encoder,
-        # whose omegas are profiled on the first batch of the reference run and must come back from
-        # the checkpoint, not again (12 layers: the 100- and 60-layer presets' code, at a tenth of
-        # the cost; CI's time, issue 39)
-        pytest.param(
-            "transformer_deepnorm", ["--encoder-layers", "12"], id="transformer_deepnorm_12l"
-        ),
-        pytest.param("transformer_admin", ["--encoder-layers", "12"], id="transformer_admin_12l"),
-        # issue 41: DWA weights; mHC's connections (static, dynamic and mhc have the same parameter
-        # kinds); ResiDual's dual norm; RK2 blocks in both stacks, two evaluations per layer
-        # (dropout draws twice), their gates
-        pytest.param("transformer_denseformer", [], id="transformer_denseformer"),
-        pytest.param("transformer_mhc", [], id="transformer_mhc"),
-        pytest.param("transformer_resi_dual", [], id="transformer_resi_dual"),
-        pytest.param("transformer_ode_rk2", ["--ode-stacks", "both"], id="transformer_ode_rk2"),
-        # issue 41: the parameters of the per-layer schemes in one run (Sub-LN's and Peri-LN's
-        # norms, as DyTs: alpha, gamma, beta; LayerScale's lambda); B2T and Mix-LN have none of
-        # their own
-        pytest.param(
-            "transformer_subln",
-            ["--peri-ln", "--dyt", "--layerscale"],
-            id="transformer_subln+periln+dyt+layerscale",
-        ),
-    ],
-    arch=lambda row: row.values[0],
-    # a family none of these is of: its first tiny configuration (models/families.py)
-    default=lambda family, tiny: pytest.param(
-        tiny.arch, [*family.tiny_sizes, *tiny.model, *runs.flags(tiny.training)], id=tiny.name
-    ),
-)
+    )
+
+
+FAMILIES = rows()
 
 MAX_UPDATE = 7
 SAVE_EVERY = 3  # the run is killed after its first save, at update 3

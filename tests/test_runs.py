@@ -11,6 +11,7 @@ import pytest
 from helpers import TINY
 
 from fairseq_deep import runs
+from fairseq_deep.models import families
 from fairseq_deep.runs import recipes
 
 # the executor itself: real child processes (their peak memory, signals), not the tests' forks
@@ -230,16 +231,20 @@ def test_a_run_is_one_value_with_two_printed_forms():
     runs and the one a document prints are the same run; fairseq's parser reads the recipes."""
     from fairseq import options
 
+    spec = families.spec("transformer_dlcl")
     run = runs.Run.of(
         "train",
         "DATA",
         runs.Part("model", ["--arch", "transformer_dlcl"]),
-        recipes.width("transformer_dlcl", 128),
+        recipes.width(spec, 128),
         *recipes.study(0.002, 400),
         recipes.label_smoothed(0.1),
         recipes.json_log(10),
         {"max_tokens": 2048, "cpu": True, "fp16": False},
+        arch=spec,
     ).plus(["--lr", "0.003"])
+    assert run.arch is spec and run.without("size").arch is spec  # the --arch, resolved once
+    assert run == runs.Run(run.program, run.data, run.parts)  # what it runs is the value
     assert run.argv()[:6] == [
         sys.executable,
         "-m",
@@ -290,9 +295,9 @@ def test_a_run_is_one_value_with_two_printed_forms():
         False,
     )
     # the family's paper recipe (models/rnmt_plus/model.py: settings) at the study's lr, warmup
-    optimizer, schedule = recipes.paper("rnmt_plus", 1e-3, 320)
+    optimizer, schedule = recipes.paper(families.spec("rnmt_plus"), 1e-3, 320)
     assert (optimizer.name, schedule.name) == ("optimizer", "schedule")
-    assert recipes.paper("transformer_dlcl", 1e-3, 320) is None  # it declares none
+    assert recipes.paper(families.spec("transformer_dlcl"), 1e-3, 320) is None  # it declares none
     parsed = options.parse_args_and_arch(
         options.get_training_parser(),
         ["DATA", "--user-dir", runs.PLUGIN_DIR, "--arch", "rnmt_plus", *optimizer, *schedule],

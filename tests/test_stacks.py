@@ -26,12 +26,14 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.sequence_generator import SequenceGenerator
 from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, run_cli
 
-from benchmarks.precision_matrix import FAMILIES  # one tiny model of every family
+from benchmarks import precision_matrix
+from benchmarks.precision_matrix import FAMILIES  # every tiny configuration of every family
+from fairseq_deep.models import families
 from fairseq_deep.patches.better_transformer import BETTER_TRANSFORMER_PARAMS
 
 # post-norm encoders: the ones 0.12.2's fast path would take (plus a pre-norm one for contrast),
 # and the stream-level schemes (issue 41), whose layers carry several streams or run twice
-POST_NORM = [
+_POST_NORM = [
     "transformer_ta",
     "transformer_dlcl_postnorm",
     "transformer_rezero",
@@ -48,6 +50,21 @@ POST_NORM = [
     *("transformer_b2t", "transformer_subln", "transformer_periln", "transformer_mixln"),
     *("transformer_dyt", "transformer_layerscale"),
 ]
+
+
+def post_norm():
+    """The rows above, and the first tiny configuration of every family with Transformer layers
+    that none of them is of (models/families.py)."""
+    rows = precision_matrix.rows()
+    return families.cover(
+        _POST_NORM,
+        arch=lambda name: rows[name][1],
+        default=lambda family, tiny: tiny.name,
+        applies=lambda family: family.transformer_layers,
+    )
+
+
+POST_NORM = post_norm()
 
 
 def build(family, seed=0):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from fairseq_deep import runs, study
+from fairseq_deep.models import families
 from fairseq_deep.study import UserError
 
 
@@ -627,14 +628,19 @@ def test_paper_recipe_per_family_by_default():
     assert _value(zhou, "--optimizer") == "deep_att" and _value(zhou, "--lr") == "4e-5"
     assert "inverse_sqrt" not in zhou
     assert (
-        study.recipe_text(args, "rnmt_plus")
+        study.recipe_text(args, families.spec("rnmt_plus"))
         == "Adam (0.9, 0.999, 1e-6), Eq. 1 (n = 32) to lr 0.0064"
     )
-    assert study.recipe_text(args, "deep_att_ff_5x3").startswith("Adam (0.9, 0.98), inverse_sqrt")
-    assert study.recipe_text(args, "transformer_prenorm").startswith(
+    assert study.recipe_text(args, families.spec("deep_att_ff_5x3")).startswith(
         "Adam (0.9, 0.98), inverse_sqrt"
     )
-    assert study.recipe_text(args, "rnmt_plus", ["--lr-scheduler", "fixed"]) == "own flags"
+    assert study.recipe_text(args, families.spec("transformer_prenorm")).startswith(
+        "Adam (0.9, 0.98), inverse_sqrt"
+    )
+    assert (
+        study.recipe_text(args, families.spec("rnmt_plus"), ["--lr-scheduler", "fixed"])
+        == "own flags"
+    )
 
 
 TRAIN_LOG = """\

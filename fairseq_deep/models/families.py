@@ -5,10 +5,10 @@ A family is a registered model class (fairseq's ``register_model``) and its pres
 ``--arch`` names whose model it is: :meth:`Family.presets`).  One :func:`declare` call, at the end
 of the model's file, names all that the tools and the tests must know about it:
 
-* ``sizes``, its size rule: the options of ``--width W`` (:func:`fairseq_deep.runs.width_flags`);
+* ``sizes``, its size rule: the options of ``--width W`` (:meth:`Spec.width`);
 * ``grows`` and ``depth_options``, its growth: whether ``fairseq-deep-grow`` grows it and which
-  options hold its two depths (the declaration makes :func:`fairseq_deep.modules.growth.declare_family`;
-  its parts declare their own rules beside their classes);
+  options hold its two depths (:meth:`Family.depth_names`, which grow reads; its stacks, parts and
+  layers declare their own rules beside their classes: :mod:`fairseq_deep.modules.growth`);
 * ``reduction``, its export rule: whether a model of it is fairseq's own ``transformer``
   (:func:`~fairseq_deep.models.reduction.residual_stacks`), or why none is
   (:func:`~fairseq_deep.models.reduction.never`);
@@ -22,7 +22,14 @@ of the model's file, names all that the tools and the tests must know about it:
   sweep depth (``depth``, ``modern``: :func:`sweep`);
 * ``tiny_sizes`` and ``tiny``, its tiny configurations (:class:`Tiny`): the rows that every test
   matrix and the precision benchmark derive from this registry, so that a family is covered by
-  every matrix the moment it is declared.
+  every matrix the moment it is declared; each carries the precision benchmark's paper-scale
+  planning figures apart (:class:`PaperScale`), which no test reads;
+* ``stands_for``, the models of fairseq's own that one of its presets is the nearest to (what
+  ``fairseq-deep-grow`` advises for a checkpoint of fairseq's ``transformer`` or ``lstm``).
+
+An ``--arch`` is resolved once (:func:`spec`): a :class:`Spec` carries its family, its preset and
+its depths, and answers the family's size rule, kind and recipe for it; the tools take a
+``Spec`` where they took an ``--arch`` string (``runs.Run``, the study's systems).
 
 Presets registered in a file of their own (the residual schemes' ``transformer_deepnorm``, ...: a
 setting of every Transformer family, registered on ``transformer_dlcl``) add their tiny
@@ -32,15 +39,21 @@ The registry holds data that the floors above read (``runs``, the study, the dia
 tests and benchmarks); it imports nothing above the models.
 """
 
+import argparse
+import logging
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
 from torch import nn
 
 from ..errors import UserError
-from ..modules.growth import declare_family as declare_growth
 from ..modules.layer_weight_kinds import LayerWeightKind
+from .presets import depth_free, named_depth
+
+#: --width's warning for an --arch of no known sizes (said where runs said it)
+logger = logging.getLogger("fairseq_deep.runs")
 
 #: a line of a depth sweep of the study: (technique: its line in the plot, --arch, system prefix)
 SweepLine = Tuple[str, str, str]
@@ -60,21 +73,30 @@ Settings = Mapping[str, object]
 
 
 @dataclass(frozen=True)
+class PaperScale:
+    """The paper-scale run of a tiny configuration, a figure of the precision benchmark's planning
+    only (``benchmarks/precision_matrix.py --scale paper`` trains ``arch``; ``estimate_gb`` plans
+    its GPU memory from ``memory``); no test reads it."""
+
+    #: the --arch at the paper's sizes (a preset of the same family)
+    arch: str
+    #: (parameters in millions, width x layers of its Transformer layers, hidden size x layers x
+    #: directions of its recurrent ones), counted on ``arch`` with an 8k joint vocabulary
+    memory: Tuple[float, int, int]
+
+
+@dataclass(frozen=True)
 class Tiny:
     """A tiny configuration of a family: a row of the test matrices and of
-    ``benchmarks/precision_matrix.py`` (``--scale tiny``: the family's ``tiny_sizes``; ``--scale
-    paper``: ``paper_arch``)."""
+    ``benchmarks/precision_matrix.py`` (``--scale tiny``: ``arch`` at the family's ``tiny_sizes``;
+    ``--scale paper``: ``paper``)."""
 
     #: the row's name in every matrix (its pytest id, its column of the precision table)
     name: str
     #: the depth-free --arch of the tiny model
     arch: str
-    #: the --arch at the paper's sizes
-    paper_arch: str
-    #: GPU memory of one paper-scale run (benchmarks/precision_matrix.estimate_gb): (parameters in
-    #: millions, width x layers of its Transformer layers, hidden size x layers x directions of its
-    #: recurrent ones), counted on ``paper_arch`` with an 8k joint vocabulary
-    paper_memory: Tuple[float, int, int]
+    #: the benchmark's paper-scale run of it (planning figures, :class:`PaperScale`)
+    paper: PaperScale
     #: model options of both scales
     model: Tuple[str, ...] = ()
     #: training settings (a criterion, an optimizer, a task) of both scales: fairseq's option
@@ -123,8 +145,8 @@ class Family:
     #: fairseq-deep-grow grows it ...
     grows: bool = True
     #: ... and the options of its encoder and decoder depth are: args -> (option, option); None:
-    #: encoder_layers and decoder_layers
-    depth_options: Optional[Callable] = None
+    #: encoder_layers and decoder_layers (:meth:`depth_names`; a family may refuse a setting there)
+    depth_options: Optional[Callable[[argparse.Namespace], Tuple[str, str]]] = None
     layer_weights: Tuple[LayerWeightKind, ...] = ()
     recipe: Optional[Recipe] = None
     #: the built-in study groups (fairseq_deep/study/groups.py) that train presets of it (the
@@ -133,6 +155,10 @@ class Family:
     #: its lines of the study's groups that sweep depth: {group: lines}, e.g. ``{"depth": ...}``
     #: (N encoder + N decoder layers), ``{"modern": ...}`` (the schemes after 2022)
     sweeps: Sweeps = ()
+    #: {a model of fairseq's own: the --arch of this family nearest to it}, e.g. ``{"transformer":
+    #: "transformer_postnorm"}`` (fairseq-deep-grow's advice for a checkpoint of fairseq's model),
+    #: stored as ((model, arch), ...)
+    stands_for: Mapping[str, str] = ()
 
     def __post_init__(self):
         if self.kind is None:
@@ -141,24 +167,91 @@ class Family:
         object.__setattr__(self, "sweeps", sweeps)
         extra = tuple(g for g, _ in sweeps if g not in self.study)
         object.__setattr__(self, "study", tuple(self.study) + tuple(dict.fromkeys(extra)))
+        stands_for = self.stands_for
+        pairs = stands_for.items() if isinstance(stands_for, Mapping) else stands_for
+        object.__setattr__(self, "stands_for", tuple(tuple(pair) for pair in pairs))
 
     def presets(self) -> List[str]:
         """Its --arch values, in the order they were registered."""
         return [arch for arch, model in ARCH_MODEL_NAME_REGISTRY.items() if model == self.name]
+
+    def depth_names(self, args: argparse.Namespace) -> Tuple[str, str]:
+        """The options (``args``' names) that hold its encoder and decoder depth in a model of
+        options ``args``: ``depth_options`` of its declaration, else ``encoder_layers`` and
+        ``decoder_layers``."""
+        if self.depth_options is None:
+            return "encoder_layers", "decoder_layers"
+        return self.depth_options(args)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An ``--arch`` resolved once (:func:`spec`): its preset (``arch``), fairseq's model of it
+    (``model``), its family (None for a model of fairseq's own or another plugin's) and its depths;
+    what the tools ask of a family for it (its sizes, kind and recipe) are methods here."""
+
+    #: the preset, as given
+    arch: str
+    #: fairseq's model name of it (``register_model``)
+    model: str
+    family: Optional[Family]
+
+    @property
+    def kind(self) -> str:
+        """transformer, rnmt_plus, rnmt_hybrid, deep_att (what its family declares), or other:
+        fairseq's own Transformers are ``transformer`` (sized as ours), its other models ``other``."""
+        if self.family is not None:
+            return self.family.kind
+        return "transformer" if self.model.startswith("transformer") else "other"
+
+    def width(self, width: Optional[int]) -> List[str]:
+        """Model sizes for ``--width W`` by its family's size rule (``sizes`` of its declaration;
+        fairseq's own Transformers by :func:`transformer_sizes`); nothing for no width, or for a
+        model of no known sizes (a warning: it keeps its own)."""
+        if not width:
+            return []
+        if self.family is not None:
+            return self.family.sizes(width)
+        if self.kind == "transformer":
+            return transformer_sizes(width)
+        logger.warning("--width: no sizes known for --arch %s; it keeps its own", self.arch)
+        return []
+
+    @property
+    def recipe(self) -> Optional["Recipe"]:
+        """The paper recipe its family declares (``recipe``), or None."""
+        return None if self.family is None else self.family.recipe
+
+    @property
+    def depth_free(self) -> str:
+        """The preset without the depth its name states (``transformer_dlcl_30l`` ->
+        ``transformer_dlcl``; :func:`fairseq_deep.models.presets.depth_free`)."""
+        return depth_free(self.arch)
+
+    @property
+    def named_depth(self) -> Optional[int]:
+        """The encoder depth its name states (``..._30l``: 30), or None."""
+        return named_depth(self.arch)
+
+    @cached_property
+    def depths(self) -> Tuple[int, int]:
+        """(encoder, decoder) layers the preset gives when no flag sets them
+        (``--encoder-layers``, ``--decoder-layers``)."""
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[self.arch](args)
+        return int(args.encoder_layers), int(args.decoder_layers)
 
 
 _FAMILIES: Dict[str, Family] = {}
 
 
 def declare(family: Family) -> Family:
-    """Register ``family`` (and its growth rule: ``modules.growth.declare_family``)."""
+    """Register ``family``."""
     if not family.tiny:
         raise TypeError(f"the family {family.name} declares no tiny configuration")
     if family.name in _FAMILIES:
         raise ValueError(f"the family {family.name} is already declared")
     _FAMILIES[family.name] = family
-    if family.grows:
-        declare_growth(family.model, depth_options=family.depth_options)
     return family
 
 
@@ -183,14 +276,27 @@ def get(name: str) -> Optional[Family]:
     return _FAMILIES.get(name)
 
 
-def of_arch(arch: str) -> Optional[Family]:
-    """The family of an --arch; None for a model of fairseq's own (or another plugin's)."""
+def spec(arch: str) -> Spec:
+    """``--arch arch`` resolved: its family, preset and depths (:class:`Spec`); an --arch that
+    fairseq does not know is a UserError."""
     if arch not in ARCH_MODEL_NAME_REGISTRY:
         raise UserError(
             f"--arch {arch}: not a fairseq architecture (fairseq-deep-list-archs lists "
             "this package's)"
         )
-    return _FAMILIES.get(ARCH_MODEL_NAME_REGISTRY[arch])
+    model = ARCH_MODEL_NAME_REGISTRY[arch]
+    return Spec(arch, model, _FAMILIES.get(model))
+
+
+def of_arch(arch: str) -> Optional[Family]:
+    """The family of an --arch; None for a model of fairseq's own (or another plugin's)."""
+    return spec(arch).family
+
+
+def nearest_to(fairseq_model: str) -> List[str]:
+    """The --arch values of the families that stand for ``fairseq_model`` (a model of fairseq's
+    own: ``stands_for`` of their declarations), in the order of declaration."""
+    return [arch for f in registered() for model, arch in f.stands_for if model == fairseq_model]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,11 +69,28 @@ def fix_option(arch: str, args, name: str, value, instead: str, stated: Optional
     setattr(args, name, value)
 
 
+#: a preset named after the encoder depth it owns ends in ``_<N>l`` (``transformer_dlcl_30l``);
+#: the name without it is the depth-free preset of the same family (``transformer_dlcl``)
+NAMED_DEPTH = re.compile(r"_(\d+)l$")
+
+
+def named_depth(arch: str) -> Optional[int]:
+    """The encoder depth the name of ``arch`` states (``..._30l``: 30), or None."""
+    m = NAMED_DEPTH.search(arch)
+    return int(m.group(1)) if m else None
+
+
+def depth_free(arch: str) -> str:
+    """``arch`` without the depth its name states: ``transformer_dlcl_postnorm_16l`` ->
+    ``transformer_dlcl_postnorm`` (a name that states none, as it is)."""
+    return NAMED_DEPTH.sub("", arch)
+
+
 def fix_depth(arch: str, args, encoder_layers: int, decoder_layers: Optional[int] = None):
     """Presets named after an encoder depth (``..._16l``) own it; the depth-free preset of the same
-    family (the name without ``_16l``) is the fix.  The decoder keeps 6 layers unless told, or is
-    owned too when ``decoder_layers`` is given."""
-    family = re.sub(r"_\d+l$", "", arch)  # transformer_dlcl_postnorm_16l -> ..._postnorm
+    family (the name without ``_16l``: :func:`depth_free`) is the fix.  The decoder keeps 6 layers
+    unless told, or is owned too when ``decoder_layers`` is given."""
+    family = depth_free(arch)
     fix_option(
         arch, args, "encoder_layers", encoder_layers, family, f"{encoder_layers} encoder layers"
     )

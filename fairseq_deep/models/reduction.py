@@ -65,9 +65,19 @@ STANDARD_LAYERS = (
 )
 
 
+class Never:
+    """The rule of a family no model of which reduces (:func:`never`); ``why`` says why."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __call__(self, model: nn.Module) -> Optional[str]:
+        return self.why
+
+
 def never(why: str) -> Callable[[nn.Module], Optional[str]]:
-    """The rule of a family no model of which reduces."""
-    return lambda model: why
+    """The rule of a family no model of which reduces (one line: why)."""
+    return Never(why)
 
 
 def why_not_transformer(family: str, model: nn.Module) -> Optional[str]:

@@ -26,7 +26,7 @@ from ..modules.multi_layer_attention import (
     MultiLayerAttentionEncoderLayer,
     mla_window,
 )
-from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
+from .families import TINY_TRANSFORMER, Family, PaperScale, Tiny, declare, transformer_sizes
 from .presets import fill_defaults, register_preset
 from .reduction import residual_stacks
 from .transformer_stack import (
@@ -153,17 +153,23 @@ declare(
             Tiny(
                 "transformer_hier_agg+div",
                 "transformer_hier_agg",
-                "transformer_hier_agg",
-                (79.5, 18 * 512, 0),  # the aggregation nodes keep every layer's output: 1.5x
+                # the aggregation nodes keep every layer's output: 1.5x
+                PaperScale("transformer_hier_agg", (79.5, 18 * 512, 0)),
                 training={
                     "criterion": "label_smoothed_cross_entropy_with_diversity",
                     "label_smoothing": "0.1",
                 },
             ),
             Tiny(
-                "transformer_dense", "transformer_dense", "transformer_dense", (56.4, 18 * 512, 0)
+                "transformer_dense",
+                "transformer_dense",
+                PaperScale("transformer_dense", (56.4, 18 * 512, 0)),
             ),
-            Tiny("transformer_mla3", "transformer_mla3", "transformer_mla3", (85.3, 18 * 512, 0)),
+            Tiny(
+                "transformer_mla3",
+                "transformer_mla3",
+                PaperScale("transformer_mla3", (85.3, 18 * 512, 0)),
+            ),
         ),
     )
 )

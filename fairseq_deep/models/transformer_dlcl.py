@@ -17,7 +17,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from ..modules.denseformer import DENSEFORMER_WEIGHTS
 from ..modules.hyper_connections import HYPER_CONNECTION_WEIGHTS
 from ..modules.layer_history import DLCL_WEIGHTS, DLCLConfig, build_dlcl
-from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
+from .families import TINY_TRANSFORMER, Family, PaperScale, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
 from .reduction import residual_stacks
 from .transformer_stack import (
@@ -188,26 +188,24 @@ declare(
                 ("DLCL", "transformer_dlcl", "dlcl"),
             ),
         },
+        stands_for={"transformer": "transformer_postnorm"},  # which is fairseq's transformer
         tiny_sizes=TINY_TRANSFORMER,
         tiny=(
             Tiny(
                 "transformer_dlcl",
                 "transformer_dlcl",
-                "transformer_dlcl_30l",
-                (132.1, 36 * 512, 0),
+                PaperScale("transformer_dlcl_30l", (132.1, 36 * 512, 0)),
                 samples=("bf16",),
             ),
             Tiny(
                 "transformer_dlcl_postnorm",
                 "transformer_dlcl_postnorm",
-                "transformer_dlcl_postnorm_30l",
-                (132.1, 36 * 512, 0),
+                PaperScale("transformer_dlcl_postnorm_30l", (132.1, 36 * 512, 0)),
             ),
             Tiny(
                 "transformer_prenorm",
                 "transformer_prenorm",
-                "transformer_prenorm_30l",
-                (132.1, 36 * 512, 0),
+                PaperScale("transformer_prenorm_30l", (132.1, 36 * 512, 0)),
             ),
         ),
     )

@@ -31,7 +31,7 @@ papers train on WMT where they do:
 The depth-free preset of each (6 + 6 layers) leaves the depths free; a depth-named preset owns them.
 """
 
-from .families import Tiny, declare_presets
+from .families import PaperScale, Tiny, declare_presets
 from .presets import register_preset
 from .transformer_dlcl import postnorm_architecture, prenorm_architecture
 
@@ -130,27 +130,23 @@ declare_presets(
         Tiny(
             "transformer_deepnorm",
             "transformer_deepnorm",
-            "transformer_deepnorm_18l",
-            (144.7, 36 * 512, 0),
+            PaperScale("transformer_deepnorm_18l", (144.7, 36 * 512, 0)),
         ),
         Tiny(
             "transformer_admin",
             "transformer_admin",
-            "transformer_admin_18l",
-            (144.8, 36 * 512, 0),
+            PaperScale("transformer_admin_18l", (144.8, 36 * 512, 0)),
             samples=("bf16",),
         ),
         Tiny(
             "transformer_dsinit",
             "transformer_dsinit",
-            "transformer_dsinit_12l",
-            (100.6, 24 * 512, 0),
+            PaperScale("transformer_dsinit_12l", (100.6, 24 * 512, 0)),
         ),
         Tiny(
             "transformer_rezero",
             "transformer_rezero",
-            "transformer_rezero_18l",
-            (144.6, 36 * 512, 0),
+            PaperScale("transformer_rezero_18l", (144.6, 36 * 512, 0)),
         ),
     ),
 )
@@ -172,29 +168,36 @@ declare_presets(
         )
     },
     tiny=(
-        Tiny("transformer_b2t", "transformer_b2t", "transformer_b2t_18l", (144.7, 36 * 512, 0)),
         Tiny(
-            "transformer_subln", "transformer_subln", "transformer_subln_18l", (144.9, 36 * 512, 0)
+            "transformer_b2t",
+            "transformer_b2t",
+            PaperScale("transformer_b2t_18l", (144.7, 36 * 512, 0)),
+        ),
+        Tiny(
+            "transformer_subln",
+            "transformer_subln",
+            PaperScale("transformer_subln_18l", (144.9, 36 * 512, 0)),
         ),
         Tiny(
             "transformer_periln",
             "transformer_periln",
-            "transformer_periln_18l",
-            (144.8, 36 * 512, 0),
+            PaperScale("transformer_periln_18l", (144.8, 36 * 512, 0)),
         ),
         Tiny(
             "transformer_mixln",
             "transformer_mixln",
-            "transformer_mixln_18l",
-            (144.7, 36 * 512, 0),
+            PaperScale("transformer_mixln_18l", (144.7, 36 * 512, 0)),
             model=("--mix-ln-ratio", "0.5"),
         ),
-        Tiny("transformer_dyt", "transformer_dyt", "transformer_dyt_18l", (144.7, 36 * 512, 0)),
+        Tiny(
+            "transformer_dyt",
+            "transformer_dyt",
+            PaperScale("transformer_dyt_18l", (144.7, 36 * 512, 0)),
+        ),
         Tiny(
             "transformer_layerscale",
             "transformer_layerscale",
-            "transformer_layerscale_18l",
-            (144.8, 36 * 512, 0),
+            PaperScale("transformer_layerscale_18l", (144.8, 36 * 512, 0)),
         ),
     ),
 )

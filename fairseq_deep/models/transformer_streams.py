@@ -22,7 +22,7 @@ transformer_ta_baseline --resi-dual`` works too).  Depths, for deep translation 
   without the relative positions (this package has none).
 """
 
-from .families import Tiny, declare_presets
+from .families import PaperScale, Tiny, declare_presets
 from .presets import register_preset
 from .transformer_dlcl import postnorm_architecture, prenorm_architecture
 
@@ -113,22 +113,27 @@ declare_presets(
         Tiny(
             "transformer_denseformer",
             "transformer_denseformer",
-            "transformer_denseformer_48l",
-            (188.7, 54 * 512, 0),
+            PaperScale("transformer_denseformer_48l", (188.7, 54 * 512, 0)),
         ),
-        Tiny("transformer_hc", "transformer_hc", "transformer_hc_48l", (188.7, 108 * 512, 0)),
-        Tiny("transformer_mhc", "transformer_mhc", "transformer_mhc_48l", (188.7, 108 * 512, 0)),
+        Tiny(
+            "transformer_hc",
+            "transformer_hc",
+            PaperScale("transformer_hc_48l", (188.7, 108 * 512, 0)),
+        ),
+        Tiny(
+            "transformer_mhc",
+            "transformer_mhc",
+            PaperScale("transformer_mhc_48l", (188.7, 108 * 512, 0)),
+        ),
         Tiny(
             "transformer_resi_dual",
             "transformer_resi_dual",
-            "transformer_resi_dual_48l",
-            (188.7, 54 * 512, 0),
+            PaperScale("transformer_resi_dual_48l", (188.7, 54 * 512, 0)),
         ),
         Tiny(
             "transformer_ode_rk2",
             "transformer_ode_rk2",
-            "transformer_ode_rk2_48l",
-            (188.7, 108 * 512, 0),
+            PaperScale("transformer_ode_rk2_48l", (188.7, 108 * 512, 0)),
             model=("--ode-stacks", "both"),
         ),
     ),

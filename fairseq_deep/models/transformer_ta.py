@@ -35,7 +35,7 @@ from ..modules.transparent_attention import (
     TransparentReadout,
     TransparentReadoutConfig,
 )
-from .families import TINY_TRANSFORMER, Family, Tiny, declare, transformer_sizes
+from .families import TINY_TRANSFORMER, Family, PaperScale, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
 from .reduction import residual_stacks
 from .transformer_stack import (
@@ -230,7 +230,13 @@ declare(
         layer_weights=(TRANSPARENT_WEIGHTS, DENSEFORMER_WEIGHTS, HYPER_CONNECTION_WEIGHTS),
         study=("bapna",),
         tiny_sizes=TINY_TRANSFORMER,
-        tiny=(Tiny("transformer_ta", "transformer_ta", "transformer_ta_16l", (88.0, 22 * 512, 0)),),
+        tiny=(
+            Tiny(
+                "transformer_ta",
+                "transformer_ta",
+                PaperScale("transformer_ta_16l", (88.0, 22 * 512, 0)),
+            ),
+        ),
     )
 )
 

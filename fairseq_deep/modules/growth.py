@@ -7,10 +7,9 @@ it beside its class, in one declaration; a class's rule is looked up along its M
 from the first class that declares it (a residual scheme's mixin before the layer class it is
 mixed into):
 
-* a model family (the class of ``--arch``), :func:`declare_family`, which the family's declaration
-  makes (``grows``, ``depth_options`` of :class:`fairseq_deep.models.families.Family`): which
-  options hold its encoder and decoder depth (``depth_options``; a family may refuse a setting
-  there).  A family that declares nothing is refused in one line;
+* a model family: its declaration (``grows``, ``depth_options`` of
+  :class:`fairseq_deep.models.families.Family`), which ``fairseq-deep-grow`` reads, says which
+  options hold its encoder and decoder depth; a family that does not grow is refused in one line;
 * an encoder or decoder, :func:`declare_stack`: where its layers are (``layers``: key prefix ->
   layers, one entry per column of Deep-Att's encoder), how its history counts units
   (``unit_offset``) and what else a copied layer must share with its source (``layer_role``:
@@ -55,22 +54,12 @@ def _nothing(*_) -> None:
     return None
 
 
-def _default_depth_options(args) -> Tuple[str, str]:
-    return "encoder_layers", "decoder_layers"
-
-
 def _no_identity(layer: nn.Module) -> str:
     return f"its layers ({type(layer).__name__}) declare no identity"
 
 
 def _residual_identity(part: nn.Module) -> str:
     return LAYERS
-
-
-@dataclass(frozen=True)
-class FamilyRule:
-    #: args -> (the option of the encoder depth, the option of the decoder depth)
-    depth_options: Callable[[argparse.Namespace], Tuple[str, str]] = _default_depth_options
 
 
 @dataclass(frozen=True)
@@ -130,18 +119,11 @@ class _Rules:
         return self.rule(**found) if declared else None
 
 
-FAMILIES, STACKS, PARTS, LAYER_RULES = (
-    _Rules(FamilyRule),
+STACKS, PARTS, LAYER_RULES = (
     _Rules(StackRule),
     _Rules(PartRule),
     _Rules(LayerRule),
 )
-
-
-def declare_family(model: type, depth_options=None) -> type:
-    """Declare that the models of ``model`` (a registered model class) grow: ``depth_options``
-    (args -> the options of the two depths; default ``encoder_layers``, ``decoder_layers``)."""
-    return FAMILIES.declare(model, dict(depth_options=depth_options))
 
 
 def declare_stack(stack: type, layers, unit_offset: Optional[int] = None, layer_role=None) -> type:
@@ -161,10 +143,6 @@ def declare_layer(layer: type, role=None, identity=None, options=None) -> type:
     """Declare what a layer class (or a residual scheme's mixin) needs when it is copied, made the
     identity, or when the depth changes the model's options."""
     return LAYER_RULES.declare(layer, dict(role=role, identity=identity, options=options))
-
-
-def family_rule(model: type) -> Optional[FamilyRule]:
-    return FAMILIES.of(model)
 
 
 def layer_rule(layer: nn.Module) -> LayerRule:

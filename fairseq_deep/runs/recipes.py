@@ -9,9 +9,8 @@ No code outside ``runs/`` writes fairseq's training options as words (tests/test
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-from ..models import families
+from ..models.families import Spec
 from .run import Part, flags, has_option
-from .sizes import width_flags
 
 #: the warm-up's first learning rate of the inverse_sqrt schedule the study and the recipes use
 #: (fairseq's own default is 0 unless --warmup-init-lr is given; Vaswani et al. start near 0)
@@ -67,15 +66,14 @@ def study(lr, warmup) -> Tuple[Part, Part]:
     return adam(lr, eps="1e-8"), inverse_sqrt(warmup, WARMUP_INIT_LR)
 
 
-def paper(arch: str, lr, warmup) -> Optional[Tuple[Part, Part]]:
-    """The paper's recipe of the family of ``arch`` (``recipe`` of its declaration,
-    :class:`fairseq_deep.models.families.Recipe`: its optimiser's and schedule's settings at the
-    study's ``lr`` and ``warmup``) as (optimiser, schedule); None where the family declares none
-    (or ``arch`` is fairseq's own)."""
-    family = families.of_arch(arch)  # an unknown --arch: a UserError
-    if family is None or family.recipe is None:
+def paper(arch: Spec, lr, warmup) -> Optional[Tuple[Part, Part]]:
+    """The paper's recipe of the family of ``arch`` (a resolved --arch: ``recipe`` of its family's
+    declaration, :class:`fairseq_deep.models.families.Recipe`: its optimiser's and schedule's
+    settings at the study's ``lr`` and ``warmup``) as (optimiser, schedule); None where the family
+    declares none (or ``arch`` is fairseq's own)."""
+    if arch.recipe is None:
         return None
-    optimizer, schedule = family.recipe.settings(lr, warmup)
+    optimizer, schedule = arch.recipe.settings(lr, warmup)
     return Part("optimizer", flags(optimizer)), Part("schedule", flags(schedule))
 
 
@@ -296,9 +294,10 @@ def post_process(kind: str = "sentencepiece") -> Part:
 # ---------------------------------------------------------------------------------------------
 
 
-def width(arch: str, w: Optional[int]) -> Part:
-    """The family's sizes of ``--width W`` (:func:`~.sizes.width_flags`)."""
-    return Part("size", width_flags(arch, w))
+def width(spec: Spec, w: Optional[int]) -> Part:
+    """The sizes of ``--width W`` by the family of ``spec`` (a resolved --arch:
+    :meth:`~fairseq_deep.models.families.Spec.width`)."""
+    return Part("size", spec.width(w))
 
 
 def transformer_size(embed, ffn, heads) -> Part:

@@ -8,8 +8,11 @@ value of a repeated option; :func:`flags` writes settings (``{"max_tokens": 4096
 import os
 import shlex
 import sys
-from dataclasses import dataclass
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from ..models.families import Spec
 
 #: this package's folder: fairseq's --user-dir
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,31 +153,36 @@ def as_parts(pieces: Iterable[Piece]) -> Tuple[Part, ...]:
 class Run:
     """One run of a fairseq program (or of this package's: :data:`PROGRAMS`): ``program``, the data
     folder it reads (``data``, for train, generate and interactive) and its settings, ``parts`` in
-    order (a later value wins: fairseq keeps the last value of a repeated option)."""
+    order (a later value wins: fairseq keeps the last value of a repeated option); ``arch``, the
+    --arch of the model it trains, resolved once by its maker (a Spec: its family, preset and
+    depths, :func:`fairseq_deep.models.families.spec`), where it has one."""
 
     program: str
     data: Optional[str] = None
     parts: Tuple[Part, ...] = ()
+    arch: Optional["Spec"] = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.program not in PROGRAMS:
             raise ValueError(f"Run: no program {self.program!r} (one of {', '.join(PROGRAMS)})")
 
     @classmethod
-    def of(cls, program: str, data: Optional[str] = None, *pieces: Piece) -> "Run":
+    def of(
+        cls, program: str, data: Optional[str] = None, *pieces: Piece, arch: "Spec" = None
+    ) -> "Run":
         """``Run.of("train", DATA, recipes.adam(...), ["--seed", "1"], {"max_tokens": 4096})``."""
-        return cls(program, data, as_parts(pieces))
+        return cls(program, data, as_parts(pieces), arch)
 
     def plus(self, *pieces: Piece) -> "Run":
         """This run with more settings after its own (so they win)."""
-        return Run(self.program, self.data, self.parts + as_parts(pieces))
+        return replace(self, parts=self.parts + as_parts(pieces))
 
     def __add__(self, words: Piece) -> "Run":
         return self.plus(words)
 
     def without(self, name: str) -> "Run":
         """This run without its parts named ``name``."""
-        return Run(self.program, self.data, tuple(p for p in self.parts if p.name != name))
+        return replace(self, parts=tuple(p for p in self.parts if p.name != name))
 
     @property
     def args(self) -> List[str]:

@@ -12,7 +12,6 @@ from typing import Dict, List, Tuple
 
 from ..errors import ArgumentParser, UserError, report_user_errors
 from ..quiet import quiet_warnings
-from ..runs import model_kind
 from ..runs.recipes import PRECISIONS
 from .commands import EPOCH, train_command
 from .groups import GROUPS, expand_group, parse_depths
@@ -194,7 +193,7 @@ def select_groups(args) -> Dict[str, Tuple[str, List[System]]]:
                 s.depth = common_depth
     for _, systems in groups.values():
         for s in systems:
-            model_kind(s.arch)  # unknown --arch: stop before anything runs
+            _ = s.spec  # the --arch resolved (an unknown one: stop before anything runs)
     return groups
 
 

@@ -6,7 +6,7 @@ command lines)."""
 import os
 from typing import List, Sequence, Tuple, Union
 
-from ..models import families
+from ..models.families import Spec
 from ..runs import Part, Run, grow, has_option, recipes, restore_flags
 from .systems import System
 
@@ -40,18 +40,11 @@ def precision(args, system: System) -> str:
     return getattr(args, "precision", None) or "fp32"
 
 
-def _paper_recipe(arch: str):
-    """The paper's recipe that the family of ``arch`` declares (``recipe`` of its declaration,
-    :mod:`fairseq_deep.models.families`), or None."""
-    family = families.of_arch(arch)  # an unknown --arch: a UserError
-    return None if family is None else family.recipe
-
-
-def recipe(args, arch: str) -> Tuple[str, Part, Part]:
+def recipe(args, arch: Spec) -> Tuple[str, Part, Part]:
     """(name, optimiser flags, LR-schedule flags) of a system: ``--recipe shared`` gives every
     system the study's Adam (0.9, 0.98) with inverse_sqrt warm-up over ``--warmup`` to ``--lr``;
     ``--recipe paper`` (the default, issue 25) gives a family the recipe of its paper where its
-    declaration names one (``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and
+    declaration names one (``arch.recipe``: ``rnmt_plus``: Chen et al. Sec. 4.1, Adam (0.9, 0.999, eps 1e-6) and
     Eq. 1 with n = 32 replicas, peak 3.2 x ``--lr``: ``models/rnmt_plus/model.py``,
     ``recipe``, its settings; written by ``runs.recipes.paper``), the shared recipe otherwise.
 
@@ -69,15 +62,16 @@ def recipe(args, arch: str) -> Tuple[str, Part, Part]:
     paper = recipes.paper(arch, args.lr, args.warmup)
     if paper is None:
         return shared
-    return (_paper_recipe(arch).name, *paper)
+    return (arch.recipe.name, *paper)
 
 
-def recipe_text(args, arch: str, flags: Sequence[str] = ()) -> str:
-    """The results table's words for the optimiser and schedule a system trained with."""
+def recipe_text(args, arch: Spec, flags: Sequence[str] = ()) -> str:
+    """The results table's words for the optimiser and schedule a system (of ``arch``, a resolved
+    --arch) trained with."""
     if recipes.gives(flags, "optimizer") or recipes.gives(flags, "schedule"):
         return "own flags"
     if recipe(args, arch)[0] != "shared":
-        return _paper_recipe(arch).text(args.lr)
+        return arch.recipe.text(args.lr)
     return f"Adam (0.9, 0.98), inverse_sqrt, lr {args.lr}, warm-up {args.warmup}"
 
 
@@ -89,11 +83,12 @@ def train_run(args, system: System, seed: int, save_dir: str) -> Run:
         "train",
         args.data,
         Part("model", ["--arch", system.arch]),
-        recipes.width(system.arch, args.width),
+        recipes.width(system.spec, args.width),
+        arch=system.spec,
     )
     if args.dropout is not None:
         run += recipes.dropout(args.dropout)
-    _, optimizer, schedule = recipe(args, system.arch)
+    _, optimizer, schedule = recipe(args, system.spec)
     # the system's own optimizer, schedule or criterion replaces the recipe's (its --lr: the study's)
     run += recipes.learning_rate(args.lr) if recipes.gives(own, "optimizer") else optimizer
     if not recipes.gives(own, "schedule"):

@@ -60,7 +60,7 @@ def results(study: Study) -> dict:
                 **{k: v for k, v in asdict(s).items() if k != "group"},
                 "seeds": seeds,
                 "seeds_done": len(ok),
-                "recipe": recipe_text(a, s.arch, s.flags + a.train_args_list),
+                "recipe": recipe_text(a, s.spec, s.flags + a.train_args_list),
                 "precision": precision(a, s),
             }
             for metric in ("bleu", "chrf"):

@@ -1,15 +1,17 @@
 """A study's systems: :class:`System` (a row: fairseq-train ``--arch`` plus flags), a ``--system``
 value parsed, and the systems of a family at a depth (the presets' names where they exist)."""
 
-import argparse
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import List, Optional, Sequence, Tuple
 
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_MODEL_REGISTRY
 
 from ..errors import UserError
+from ..models import families
+from ..models.presets import named_depth
 
 CUSTOM = "custom"  # the group of the --system systems
 
@@ -32,6 +34,12 @@ class System:
     def key(self) -> str:
         return f"{self.group}/{self.name}"
 
+    @cached_property
+    def spec(self) -> families.Spec:
+        """Its --arch resolved, once (its family, preset and depths: :func:`families.spec`); an
+        --arch fairseq does not know is a UserError."""
+        return families.spec(self.arch)
+
 
 _NAME = re.compile(r"^[A-Za-z0-9][\w.+-]*$")
 
@@ -39,10 +47,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][\w.+-]*$")
 def infer_depth(arch: str, flags: Sequence[str]) -> Optional[int]:
     """The encoder depth a system states: ``--encoder-layers N`` (the last one) or an arch named
     ``..._Nl``; None when neither says."""
-    depth = None
-    m = re.search(r"_(\d+)l$", arch)
-    if m:
-        depth = int(m.group(1))
+    depth = named_depth(arch)
     for i, word in enumerate(flags):
         if word == "--encoder-layers" and i + 1 < len(flags):
             depth = int(flags[i + 1])
@@ -76,10 +81,9 @@ def parse_system(value: str, group: str = CUSTOM) -> System:
 
 
 def preset_depths(arch: str) -> Tuple[int, int]:
-    """(encoder, decoder) layers that ``--arch arch`` gives when no flag sets them."""
-    args = argparse.Namespace()
-    ARCH_CONFIG_REGISTRY[arch](args)
-    return int(args.encoder_layers), int(args.decoder_layers)
+    """(encoder, decoder) layers that ``--arch arch`` gives when no flag sets them
+    (:attr:`families.Spec.depths`)."""
+    return families.spec(arch).depths
 
 
 def shaped_system(

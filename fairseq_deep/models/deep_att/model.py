@@ -9,7 +9,7 @@ from torch import nn
 
 from ...errors import UserError, refuse_options
 from ...modules.fast_forward_lstm import RECURRENT, mark
-from ..families import Family, Tiny, declare, embedding_sizes, hidden_sizes
+from ..families import Family, PaperScale, Tiny, declare, embedding_sizes, hidden_sizes
 from ..reduction import never
 from .config import DeepAttConfig
 from .decoder import DeepAttDecoder
@@ -104,6 +104,7 @@ declare(
         reduction=never(
             "Deep-Att is a recurrent model with fast-forward connections (Zhou et al. 2016)"
         ),
+        stands_for={"lstm": "deep_att"},  # an LSTM family
         # fairseq-deep-grow: --encoder-layers (every column) and --decoder-layers
         grows=True,
         study=("zhou",),
@@ -112,12 +113,11 @@ declare(
             Tiny(
                 "deep_att_ff+deep_att_optim",
                 "deep_att_ff",
-                "deep_att_ff_5x3",
-                (65.0, 0, 13 * 512),
+                PaperScale("deep_att_ff_5x3", (65.0, 0, 13 * 512)),
                 training={"optimizer": "deep_att", "deep_att_lr_recurrent": "5e-4"},
                 samples=("bf16",),
             ),
-            Tiny("deep_ed_ff", "deep_ed_ff", "deep_ed_ff", (115.8, 0, 25 * 512)),
+            Tiny("deep_ed_ff", "deep_ed_ff", PaperScale("deep_ed_ff", (115.8, 0, 25 * 512))),
         ),
     )
 )

@@ -9,7 +9,7 @@ from torch import nn
 from ...errors import refuse_options
 from ...modules.layer_history import DLCL_WEIGHTS
 from ...modules.transparent_attention import TRANSPARENT_WEIGHTS
-from ..families import Family, Recipe, Tiny, declare, embedding_sizes, hidden_sizes
+from ..families import Family, PaperScale, Recipe, Tiny, declare, embedding_sizes, hidden_sizes
 from ..reduction import never
 from .config import RNMTPlusConfig
 from .decoder import RNMTPlusDecoder
@@ -127,6 +127,7 @@ declare(
         # embeddings and LSTM cells W (per direction in the encoder)
         sizes=lambda width: embedding_sizes(width) + hidden_sizes(width),
         reduction=never("RNMT+ is a recurrent model (LSTM layers, Chen et al. 2018)"),
+        stands_for={"lstm": "rnmt_plus"},  # an LSTM family
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the stacks: encoder.py, decoder.py)
         grows=True,
         layer_weights=(DLCL_WEIGHTS, TRANSPARENT_WEIGHTS),  # --dlcl-stacks, --rnmt-transparent
@@ -145,8 +146,7 @@ declare(
             Tiny(
                 "rnmt_plus+clip+sent_ce",
                 "rnmt_plus",
-                "rnmt_plus_512",
-                (78.6, 0, 20 * 512),
+                PaperScale("rnmt_plus_512", (78.6, 0, 20 * 512)),
                 training={
                     "task": "translation_deep",
                     "adaptive_clip": True,
@@ -158,15 +158,13 @@ declare(
             Tiny(
                 "rnmt_plus_ta",
                 "rnmt_plus",
-                "rnmt_plus_512_ta",
-                (78.6, 0, 20 * 512),
+                PaperScale("rnmt_plus_512_ta", (78.6, 0, 20 * 512)),
                 model=("--rnmt-transparent",),
             ),
             Tiny(
                 "rnmt_plus_dlcl",
                 "rnmt_plus",
-                "rnmt_plus_512",
-                (78.6, 0, 20 * 512),
+                PaperScale("rnmt_plus_512", (78.6, 0, 20 * 512)),
                 model=("--dlcl-stacks", "both"),
             ),
         ),

@@ -11,7 +11,15 @@ from fairseq.models.transformer import TransformerModel
 from ....modules.growth import GrowError
 from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
 from ....modules.transparent_attention import TRANSPARENT_WEIGHTS
-from ...families import TINY_TRANSFORMER, Family, Tiny, declare, hidden_sizes, transformer_sizes
+from ...families import (
+    TINY_TRANSFORMER,
+    Family,
+    PaperScale,
+    Tiny,
+    declare,
+    hidden_sizes,
+    transformer_sizes,
+)
 from ...reduction import never
 from ...transformer_stack import FairseqTransformerDecoder, FairseqTransformerEncoder
 from ..decoder import RNMTPlusDecoder
@@ -153,9 +161,9 @@ TINY_HYBRID = (
 
 
 def _tiny(name: str, params: float, transformer: int, recurrent: int, samples=()) -> Tiny:
-    """A named hybrid's tiny configuration (its paper_memory: parameters in millions, Transformer
-    and recurrent width x layers)."""
-    return Tiny(name, name, name, (params, transformer, recurrent), samples=samples)
+    """A named hybrid's tiny configuration (its paper-scale memory: parameters in millions,
+    Transformer and recurrent width x layers)."""
+    return Tiny(name, name, PaperScale(name, (params, transformer, recurrent)), samples=samples)
 
 
 declare(
