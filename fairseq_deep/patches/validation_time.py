@@ -15,7 +15,8 @@ Versions: every fairseq 0.12 (the official 0.12.2 and later ``main``); a log wit
 (an older run's) is read as before.
 
 Pinned by: tests/test_study.py (``test_study_end_to_end_and_resume``: every ``valid`` record of
-its runs has a ``wall``; ``test_learning_curve_times_from_the_validations``).
+its runs has a ``wall``), tests/test_study_results.py
+(``test_learning_curve_times_from_the_validations``).
 """
 
 from fairseq.logging import metrics
