@@ -396,7 +396,7 @@ class RestackedDLCL:
 
 def encoder_memory(a) -> List[Dict[str, float]]:
     """Saved activations and time of one forward+backward through the encoder alone."""
-    from fairseq_deep.modules.layer_history import DynamicLinearCombination
+    from fairseq_deep.modules.histories.layer_history import DynamicLinearCombination
 
     d = harness.dictionary(1000)
     src = random_tokens(d, a.act_batch, a.act_length, 0).to(a.device)

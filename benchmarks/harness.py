@@ -425,7 +425,7 @@ def tiny_model(arch: str, extra: Sequence[str] = (), dictionary=None, seed: int 
     Transformer takes it and, with torch 2.x, fails on a padded batch)."""
     from fairseq import options, tasks
 
-    from fairseq_deep.patches.better_transformer import without_better_transformer
+    from fairseq_deep.modules.common.better_transformer import without_better_transformer
 
     args = options.parse_args_and_arch(
         options.get_training_parser(),

@@ -61,7 +61,7 @@ class DeepAttLayer(torch.nn.Module):
 
     def __init__(self, H, impl):
         super().__init__()
-        from fairseq_deep.modules.fast_forward_lstm import FFLSTMLayer
+        from fairseq_deep.modules.recurrent.fast_forward_lstm import FFLSTMLayer
 
         self.layer = FFLSTMLayer(H, H, impl=impl)
         with torch.no_grad():  # trained values instead of the paper's zero start (Sec. 4.3)
@@ -74,7 +74,7 @@ class DeepAttLayer(torch.nn.Module):
 
 
 def build(T, B, H, bidirectional, impls, device, cell="ln"):
-    from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+    from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM
 
     torch.manual_seed(0)
     models = {"nn.LSTM": torch.nn.LSTM(H, H, bidirectional=bidirectional).to(device)}

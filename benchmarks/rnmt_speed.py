@@ -40,7 +40,7 @@ def interleaved(fa, fb, rounds, repeats, device="cpu"):
 
 
 def bench_layer(hidden, batch, length, bidirectional, rounds, repeats, device="cpu"):
-    from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+    from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM
 
     torch.manual_seed(0)
     ours = LayerNormLSTM(hidden, hidden, bidirectional=bidirectional).to(device)

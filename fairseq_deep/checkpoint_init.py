@@ -17,7 +17,7 @@ from typing import List, Tuple
 from fairseq.dataclass import FairseqDataclass
 from torch import nn
 
-from .patches.better_transformer import without_better_transformer_keys
+from .modules.common.better_transformer import without_better_transformer_keys
 
 logger = logging.getLogger(__name__)
 

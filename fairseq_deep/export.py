@@ -44,7 +44,7 @@ from .errors import (
     report_user_errors,
 )
 from .models.reduction import SERVED_BY, fold, why_not_transformer
-from .patches.better_transformer import without_better_transformer
+from .modules.common.better_transformer import without_better_transformer
 from .patches.checkpoint_history import history_of
 from .quiet import quiet_warnings, script_logging
 from .serving import describe_timing, fairseq_hypothesis, matching_settings  # noqa: F401

@@ -24,31 +24,31 @@ How it works: the grown model is built from the grown options through fairseq's 
 (so every depth-dependent module has the shape the family gives it), then every parameter and
 buffer of it is either copied from its place in the shallow model or deliberately initialised, and
 :func:`grow_state` checks that none was left out.  What each part needs is declared beside its
-class (:mod:`fairseq_deep.modules.growth`; docs/grow.md, "Adding a growth rule") and applied here:
+class (:mod:`fairseq_deep.modules.common.growth`; docs/grow.md, "Adding a growth rule") and applied here:
 the family names its depth options, each stack where its layers are, each layer what a copy must
 share with its source, each history or readout how its tensors grow:
 
 * layers: copied by the method's map; a copy must have the same role (class, parameter shapes,
   and what the layer and its stack declare: the direction of a Deep-Att layer, the residual
   connection of an RNMT+ layer, the number of lower layers of multi-layer attention): otherwise
-  the nearest old layer with that role is taken (modules/growth.py);
+  the nearest old layer with that role is taken (modules/common/growth.py);
 * DLCL (Wang et al. 2019) weights W, (U+1) x (U+1) over units (the embedding and layer outputs of a
   Transformer stack; the layer outputs of an RNMT+ stack): rows of kept layers keep their old
   weights, new rows take the model's ``--dlcl-init`` (by default the paper's average 1/(r+1));
-  the layer norms of the units follow the unit map (modules/layer_history.py);
+  the layer norms of the units follow the unit map (modules/histories/layer_history.py);
 * transparent attention (Bapna et al. 2018) logits, (N+1) x M: entry u takes the logit of its
   source entry minus log(number of its copies), column j that of decoder layer j's source, so each
   old entry keeps its share of every mixture (exactly, when the copies are equal)
-  (modules/transparent_attention.py);
+  (modules/histories/transparent_attention.py);
 * layer aggregation (Dou et al. 2018): linear-combination matrices W_l of copies are shared out
   like the transparent weights (W / copies); iterative and hierarchical nodes are copied from the
   node that merged the source layers where the shapes agree, otherwise initialised
-  (modules/layer_aggregation.py);
+  (modules/histories/layer_aggregation.py);
 * DeepNorm (Wang et al. 2022): alpha and beta are functions of N and M.  By default
   (``--deepnorm-constants new``) the grown model uses the new depth's constants: every layer,
   copied or not, then computes LN(alpha' x + G(x)) with the new alpha', a different function;
   ``keep`` writes the old constants into ``--deepnorm-alpha/--deepnorm-beta`` instead
-  (modules/residual_schemes.py);
+  (modules/schemes/residual_schemes.py);
 * Admin (Liu et al. 2020): omegas (the profile, a buffer, and the learned part) travel with their
   layer (profiled: not profiled again);
 * ReZero (Bachlechner et al. 2020): alphas travel with their layer; ``--method identity`` sets the
@@ -69,7 +69,7 @@ from typing import Dict, List, Optional, Tuple
 from .checkpoints import family_of, load, model_args
 from .errors import ArgumentParser, UserError, report_user_errors
 from .grow_report import report
-from .modules.growth import (
+from .modules.common.growth import (
     LAYERS,
     READOUT,
     GrowError,

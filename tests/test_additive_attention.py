@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fairseq_deep.modules.additive_attention import AdditiveAttention
+from fairseq_deep.modules.recurrent.additive_attention import AdditiveAttention
 
 
 def naive(att, query, keys, mask):

@@ -11,7 +11,8 @@ from helpers import PLUGIN_DIR, build_model, dtype_marker, parse_model_args, ran
 from torch import nn
 
 from fairseq_deep.checkpoint_init import load_matching
-from fairseq_deep.modules.layer_aggregation import (
+from fairseq_deep.modules.common.better_transformer import without_better_transformer_keys
+from fairseq_deep.modules.histories.layer_aggregation import (
     AggregationNode,
     DenseHistory,
     HierarchicalAggregationHistory,
@@ -20,7 +21,6 @@ from fairseq_deep.modules.layer_aggregation import (
     TreeNode,
     hierarchical_plan,
 )
-from fairseq_deep.patches.better_transformer import without_better_transformer_keys
 
 PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 LAYERS = ["--encoder-layers", "3", "--decoder-layers", "3"]

@@ -6,7 +6,7 @@ import torch
 from fairseq import options, tasks
 from helpers import build_model, tiny_dictionary
 
-from fairseq_deep.modules.layer_aggregation import AggregationNode
+from fairseq_deep.modules.histories.layer_aggregation import AggregationNode
 
 
 def _base_params(arch, extra=()):

@@ -8,7 +8,7 @@ import torch
 from helpers import random_batch
 from test_hybrids import build as build_hybrid
 
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM
 
 
 def _as_torch_lstm(layer: LayerNormLSTM) -> torch.nn.LSTM:

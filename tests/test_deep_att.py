@@ -11,7 +11,7 @@ from fairseq.optim import build_optimizer
 from helpers import PLUGIN_DIR, random_batch, run_cli, tiny_dictionary
 
 from fairseq_deep.models.deep_att.encoder import column_directions
-from fairseq_deep.modules.fast_forward_lstm import (
+from fairseq_deep.modules.recurrent.fast_forward_lstm import (
     FFLSTMCell,
     FFLSTMStack,
     ff_input,

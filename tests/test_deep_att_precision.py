@@ -5,7 +5,7 @@ The fast-forward path f^k = W_f^k [Half(f^{k-1}), Dr(h^{k-1})] (Zhou et al. 2016
 and grows geometrically with depth: at the paper's settings (512 cells, N(0, 0.07^2)) Deep-ED's
 decoder reaches max |f| = 2.3e5 at initialisation, beyond float16's 65504.  So the F-F layers, the
 interface and the attention run in float32 under --fp16 / --bf16 / --amp
-(:mod:`fairseq_deep.modules.fast_forward_lstm`).  A tiny model reproduces the overflow with a larger
+(:mod:`fairseq_deep.modules.recurrent.fast_forward_lstm`).  A tiny model reproduces the overflow with a larger
 init: at 8 cells and std 1.5 each layer multiplies the variance of f by 1.5^2 * 16 = 36.
 
 * the overflowing tiny model gives finite log-probabilities near float32's in ``.half()`` and
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from helpers import random_batch
 from test_deep_att import build
 
-from fairseq_deep.modules.fast_forward_lstm import FFLSTMLayer
+from fairseq_deep.modules.recurrent.fast_forward_lstm import FFLSTMLayer
 
 REDUCED = [torch.float16, torch.bfloat16]
 IDS = ["fp16", "bf16"]

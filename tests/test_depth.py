@@ -19,7 +19,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from helpers import assert_incremental_equals_full, build_model, dtype_marker, random_batch
 
 from fairseq_deep.models import families
-from fairseq_deep.modules.residual_schemes import (
+from fairseq_deep.modules.schemes.residual_schemes import (
     DeepNormResidual,
     unprofiled_admin_layers,
 )

@@ -76,7 +76,7 @@ def test_the_layout_reader_sees_a_missing_module():
         line for line in block.splitlines() if not line.strip().startswith("triton_common.py")
     )
     assert named_modules(block) - named_modules(without) == {
-        "fairseq_deep/modules/triton_common.py"
+        "fairseq_deep/modules/recurrent/triton_common.py"
     }
 
 
@@ -274,6 +274,60 @@ def floor_problems(package: Path = PACKAGE, design: Path = ROOT / "docs" / "desi
     return problems
 
 
+def floor_units(package: Path = PACKAGE, design: Path = ROOT / "docs" / "design.md"):
+    """(the floors computed from the import graph, problems): each entry of design's Floors table
+    (a folder, or a module directly under the package) is one unit, the modules of a folder
+    sharing its floor (a sub-folder named on a row of its own, ``modules/histories/``, is a unit
+    of its own).  A unit's floor is the length of its longest chain of imports of other units: 0
+    where it imports none, else one more than the highest of those it imports; a problem is a
+    row that names a module inside a folder (a folder standing on two floors), a cycle between
+    units, and a unit drawn on another floor than its imports put it."""
+    floors = floor_table(design.read_text())
+    graph = package_graph(package)
+    problems = []
+    for entry in floors:
+        path = package.parent / entry.replace(".", "/")
+        if entry.count(".") > 1 and not path.is_dir():
+            problems.append(f"{entry} is a module of a folder drawn apart from it")
+
+    def unit(module):
+        if module in floors:
+            return module
+        found = [p for p in floors if p != "fairseq_deep" and (module + ".").startswith(p + ".")]
+        return max(found, key=len) if found else None
+
+    uses = {}
+    for name, imported in graph.items():
+        if unit(name) is not None:
+            uses.setdefault(unit(name), set()).update(
+                unit(m) for m in imported if unit(m) not in (None, unit(name))
+            )
+    computed, chain = {}, {}
+
+    def level(u, path=()):
+        if u in path:
+            problems.append("a cycle of units: " + " -> ".join((*path[path.index(u) :], u)))
+            return 0
+        if u not in computed:
+            below = [(level(v, (*path, u)), v) for v in sorted(uses.get(u, ()))]
+            top = max(below, default=(-1, None))
+            computed[u], chain[u] = top[0] + 1, top[1]
+        return computed[u]
+
+    for u in sorted(uses):
+        level(u)
+    for u in sorted(computed):
+        if computed[u] != floors[u]:
+            down, v = [u], chain[u]
+            while v is not None:
+                down, v = down + [v], chain[v]
+            problems.append(
+                f"{u} is drawn on floor {floors[u]}, its imports put it on floor {computed[u]} "
+                f"({' -> '.join(down)})"
+            )
+    return computed, problems
+
+
 def test_the_floors_are_drawn_as_they_are():
     """design.md's Floors table assigns every module of the package a floor (the root too), and
     every import (at the top or inside a function, of the root too) goes to a module of the same
@@ -282,11 +336,21 @@ def test_the_floors_are_drawn_as_they_are():
     assert not problems, "docs/design.md's Floors do not hold:\n" + "\n".join(problems)
 
 
+def test_each_folder_stands_on_the_floor_its_imports_give_it():
+    """Each folder (and each module directly under the package) stands on one floor, the one
+    its longest chain of imports gives it: a floor drawn higher or lower than the code has, a
+    module drawn apart from its folder or a cycle between folders fails."""
+    computed, problems = floor_units()
+    assert not problems, "docs/design.md's Floors do not hold:\n" + "\n".join(problems)
+    assert max(computed.values()) == 7  # the floors the code has: 0-7
+
+
 def test_the_floor_check_sees_what_is_untrue(tmp_path):
     """The check itself, on a small package and its drawing: a model importing the command-line
     layer, a model importing the package's root (which stands above it), a module the table does
     not name and a name of the table that is no module are found, and nothing else (the
-    command-line layer importing a model is fine)."""
+    command-line layer importing a model is fine); a floor drawn other than the imports give
+    it and a module drawn apart from its folder are found by the floors' own check."""
     package = tmp_path / "fairseq_deep"
     (package / "models").mkdir(parents=True)
     (package / "__init__.py").write_text("from .models import family  # noqa: F401\n")
@@ -307,5 +371,26 @@ def test_the_floor_check_sees_what_is_untrue(tmp_path):
         "fairseq_deep.models.family (floor 2) imports fairseq_deep.cli (floor 4)",
         "fairseq_deep.models.other (floor 2) imports fairseq_deep (floor 3)",
     ]
-    floors = floor_table((ROOT / "docs" / "design.md").read_text())
-    assert floors["fairseq_deep.patches.better_transformer"] < floors["fairseq_deep.patches"]
+    # the floors' own check: models and cli import each other; cli drawn too high
+    (package / "models" / "family.py").write_text("X = 1\n")
+    (package / "models" / "other.py").write_text("")
+    (package / "orphan.py").unlink()
+    design.write_text(
+        "## Floors\n\n| floor | modules | what |\n| --- | --- | --- |\n"
+        "| 4 scripts | `cli.py` | x |\n| 3 root | `__init__.py` | x |\n"
+        "| 0 models | `models/` | x |\n| 0 a model | `models/other.py` | x |\n\n## Next\n"
+    )
+    computed, problems = floor_units(package, design)
+    assert computed == {
+        "fairseq_deep": 1,
+        "fairseq_deep.cli": 1,
+        "fairseq_deep.models": 0,
+        "fairseq_deep.models.other": 0,
+    }
+    assert problems == [
+        "fairseq_deep.models.other is a module of a folder drawn apart from it",
+        "fairseq_deep is drawn on floor 3, its imports put it on floor 1 "
+        "(fairseq_deep -> fairseq_deep.models)",
+        "fairseq_deep.cli is drawn on floor 4, its imports put it on floor 1 "
+        "(fairseq_deep.cli -> fairseq_deep.models)",
+    ]

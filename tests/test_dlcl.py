@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import build_model, parse_model_args, random_batch
 
-from fairseq_deep.modules.layer_history import DynamicLinearCombination
+from fairseq_deep.modules.histories.layer_history import DynamicLinearCombination
 
 PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 LAYERS = ["--encoder-layers", "3", "--decoder-layers", "2"]
@@ -235,7 +235,7 @@ def test_fixed_weights_are_a_buffer():
 def test_weighted_sum_gradients_match_autograd():
     """The fused combination (one autograd node, no stacked copy) against double-precision
     finite differences, and against the plain sum of products."""
-    from fairseq_deep.modules.layer_history import weighted_sum
+    from fairseq_deep.modules.histories.layer_history import weighted_sum
 
     torch.manual_seed(0)
     w = torch.randn(4, dtype=torch.double, requires_grad=True)
@@ -286,7 +286,7 @@ def test_training_rows_equal_the_per_entry_products(normalize_before, softmax):
     same values and gradients as the per-entry products of `weighted_sum`, for a loss on the
     readout, on an inner layer's input only (the backward starts below the top row), and twice
     over one graph."""
-    from fairseq_deep.modules.layer_history import EntryState, _TrainingState
+    from fairseq_deep.modules.histories.layer_history import EntryState, _TrainingState
 
     torch.manual_seed(0)
     hist = DynamicLinearCombination(4, 6, normalize_before, softmax=softmax).double()

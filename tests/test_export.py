@@ -502,8 +502,8 @@ def test_ctranslate2_scores_equal_fairseqs(arch, extra, tmp_path):
 def test_parts_that_state_nothing_are_refused():
     """A new history, or a layer whose residual connection states no scale, is not taken for the
     residual network: refused, not exported wrong."""
-    from fairseq_deep.modules import residual_schemes
-    from fairseq_deep.modules.layer_history import LayerHistory
+    from fairseq_deep.modules.histories.layer_history import LayerHistory
+    from fairseq_deep.modules.schemes import residual_schemes
 
     class DoubledResidual:  # a new residual scheme, mixed in as apply_schemes does
         def residual_connection(self, x, residual):

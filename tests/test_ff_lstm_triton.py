@@ -28,8 +28,8 @@ from helpers import (
 )
 from test_deep_att import build
 
-from fairseq_deep.modules import kernel_choice
-from fairseq_deep.modules.fast_forward_lstm import (
+from fairseq_deep.modules.recurrent import kernel_choice
+from fairseq_deep.modules.recurrent.fast_forward_lstm import (
     FFLSTMCell,
     FFLSTMRecurrence,
     loop_recurrence,
@@ -74,7 +74,7 @@ def _outputs_and_grads(function, inputs):
 def _check_against_loop(inputs, atol, rtol):
     """Outputs, the final (h, s) and the gradients of f, W_r, theta, h0 and s0: the fused Function
     against autograd through :func:`lstm_recurrence`, and the no-gradient path against the loop."""
-    from fairseq_deep.modules.ff_lstm_triton import TritonFFLSTMRecurrence, recurrence
+    from fairseq_deep.modules.recurrent.ff_lstm_triton import TritonFFLSTMRecurrence, recurrence
 
     ref, ours, g_ref, g_ours = _outputs_and_grads(TritonFFLSTMRecurrence.apply, inputs)
     names = ["out", "h_n", "s_n", "d_f", "d_w_r", "d_theta", "d_h0", "d_s0"]
@@ -116,7 +116,7 @@ def test_fused_recurrence_equals_loop(T, B, H, dtype, transposed):
 def test_only_some_outputs_get_a_gradient():
     """A loss on the outputs alone (the final state unused, as in the encoder) and on the final
     state alone (gradients of the other outputs are zeros)."""
-    from fairseq_deep.modules.ff_lstm_triton import TritonFFLSTMRecurrence
+    from fairseq_deep.modules.recurrent.ff_lstm_triton import TritonFFLSTMRecurrence
 
     inputs = _inputs(3, 2, 4, torch.float64, seed=1)
     for pick in (lambda r: r[0].pow(2).sum(), lambda r: r[2].sum() - r[1].sum()):
@@ -359,7 +359,10 @@ def test_cpu_without_the_interpreter_is_refused():
 def test_without_triton_the_option_says_what_to_do(monkeypatch):
     """The package imports and runs without triton; asking for the fused cell names the fix."""
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
-    for name in ("fairseq_deep.modules.ff_lstm_triton", "fairseq_deep.modules.ln_lstm_triton"):
+    for name in (
+        "fairseq_deep.modules.recurrent.ff_lstm_triton",
+        "fairseq_deep.modules.recurrent.ln_lstm_triton",
+    ):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--deep-att-cell-impl loop"):
         FFLSTMCell(4, impl="triton")
@@ -377,7 +380,7 @@ def test_kernels_compile_for_an_h100():
     (ahead of time, no GPU needed), float32, the launch configuration of B x H = 128 x 512."""
     import triton
 
-    from fairseq_deep.modules import ff_lstm_triton as fused
+    from fairseq_deep.modules.recurrent import ff_lstm_triton as fused
 
     try:
         from triton.backends.compiler import GPUTarget

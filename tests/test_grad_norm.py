@@ -10,14 +10,14 @@ from fairseq.logging import metrics
 from helpers import PLUGIN_DIR, TINY, build_model, parse_model_args, random_batch, run_cli
 from torch import nn
 
-from fairseq_deep.diagnostics.grad_norm import (
+from fairseq_deep.diagnostics.plot_training import main as plot_main
+from fairseq_deep.diagnostics.plot_training import parse_log_lines
+from fairseq_deep.optim.noam import noam_lr
+from fairseq_deep.tasks.grad_norm import (
     GradNormRatioProbe,
     encoder_end_layers,
     grad_norm_ratio,
 )
-from fairseq_deep.diagnostics.plot_training import main as plot_main
-from fairseq_deep.diagnostics.plot_training import parse_log_lines
-from fairseq_deep.optim.noam import noam_lr
 from fairseq_deep.tasks.translation_deep import TranslationDeepTask
 
 MODELS = [

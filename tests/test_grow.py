@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 from fairseq_deep.errors import UserError
 from fairseq_deep.grow import depth_options, grow
 from fairseq_deep.models import families
-from fairseq_deep.modules.growth import base_layer_map
-from fairseq_deep.modules.residual_schemes import deepnorm_constants
+from fairseq_deep.modules.common.growth import base_layer_map
+from fairseq_deep.modules.schemes.residual_schemes import deepnorm_constants
 from fairseq_deep.tasks.freeze import freeze_bottom_layers
 
 
@@ -492,13 +492,13 @@ def test_bad_input(tmp_path):
 
 def test_a_part_without_a_growth_rule_is_refused(tmp_path, monkeypatch):
     """Growth is declared by each family (``grows`` of its declaration, models/families.py) and
-    stack (modules/growth.py): a family that does not grow or a stack that declares no rule is
+    stack (modules/common/growth.py): a family that does not grow or a stack that declares no rule is
     refused in one line, before anything is written."""
     from dataclasses import replace
 
     from fairseq_deep.grow import GrowError
     from fairseq_deep.models.transformer_stack import HistoryTransformerEncoder
-    from fairseq_deep.modules.growth import STACKS
+    from fairseq_deep.modules.common.growth import STACKS
 
     save_tiny("transformer_dlcl", layers(2), tmp_path / "in.pt")
     with monkeypatch.context() as m:

@@ -10,7 +10,7 @@ from fairseq_deep.models.transformer_stack import (
     HistoryTransformerDecoder,
     HistoryTransformerEncoder,
 )
-from fairseq_deep.modules.layer_history import LayerHistory
+from fairseq_deep.modules.histories.layer_history import LayerHistory
 
 
 class RecordingEncoder(HistoryTransformerEncoder):

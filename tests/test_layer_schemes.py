@@ -18,14 +18,14 @@ from helpers import assert_incremental_equals_full, build_model, random_batch
 from torch import nn
 
 from fairseq_deep.errors import UserError
-from fairseq_deep.modules.norm_schemes import (
+from fairseq_deep.modules.schemes.norm_schemes import (
     DynamicTanh,
     SubLayerNormInput,
     SublayerOutput,
     layerscale_epsilon,
     subln_gamma,
 )
-from fairseq_deep.modules.residual_schemes import (
+from fairseq_deep.modules.schemes.residual_schemes import (
     AdminResidual,
     B2TResidual,
     admin_closed_form,

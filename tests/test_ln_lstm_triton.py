@@ -24,7 +24,11 @@ from helpers import (
     tiny_dictionary,
 )
 
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM, LNLSTMRecurrence, _ln_lstm_recurrence
+from fairseq_deep.modules.recurrent.ln_lstm import (
+    LayerNormLSTM,
+    LNLSTMRecurrence,
+    _ln_lstm_recurrence,
+)
 
 
 @needs_triton
@@ -65,7 +69,7 @@ def _check_against_loop(inputs, pad, cell_clip, output_tanh, atol, rtol):
     """Outputs, final states and the gradients of every input: the fused Function against the
     loop's hand-written backward (itself tested against autograd in test_rnmt_plus.py), and the
     no-gradient path against the plain loop."""
-    from fairseq_deep.modules.ln_lstm_triton import TritonLNLSTMRecurrence, recurrence
+    from fairseq_deep.modules.recurrent.ln_lstm_triton import TritonLNLSTMRecurrence, recurrence
 
     options = (pad, cell_clip, output_tanh, 1e-6)
     ref = LNLSTMRecurrence.apply(*inputs, *options)
@@ -239,7 +243,7 @@ def test_without_triton_the_option_says_what_to_do(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
-    monkeypatch.delitem(sys.modules, "fairseq_deep.modules.ln_lstm_triton", raising=False)
+    monkeypatch.delitem(sys.modules, "fairseq_deep.modules.recurrent.ln_lstm_triton", raising=False)
     with pytest.raises(ImportError, match="needs the triton package.*--rnmt-lstm-impl loop"):
         LayerNormLSTM(4, 5, impl="triton")
     with pytest.raises(
@@ -256,7 +260,7 @@ def test_kernels_compile_for_an_h100():
     (ahead of time, no GPU needed), float32, every option on, the launch configuration of H = 1024."""
     import triton
 
-    from fairseq_deep.modules import ln_lstm_triton as fused
+    from fairseq_deep.modules.recurrent import ln_lstm_triton as fused
 
     try:
         from triton.backends.compiler import GPUTarget
@@ -342,7 +346,7 @@ def test_the_option_defaults_to_auto_which_is_the_loop_on_a_cpu():
 def test_auto_takes_the_kernels_where_triton_runs_and_equals_the_loop():
     """Under Triton's interpreter (as on a CUDA device) the default ``auto`` runs the fused kernels
     and gives the loop's scores and gradients."""
-    from fairseq_deep.modules import kernel_choice
+    from fairseq_deep.modules.recurrent import kernel_choice
 
     assert kernel_choice.resolve("auto", torch.zeros(1)) == "triton"
     loop, d = _model(["--rnmt-lstm-impl", "loop"])

@@ -21,8 +21,8 @@ from fairseq import options
 from helpers import build_family, random_batch
 
 from benchmarks.precision_matrix import FAMILIES  # one list of families for the script and tests
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM, _ln_lstm_recurrence
-from fairseq_deep.modules.precision import Float32UnderHalf
+from fairseq_deep.modules.common.precision import Float32UnderHalf
+from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM, _ln_lstm_recurrence
 
 REDUCED = [torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp16", "bf16"]

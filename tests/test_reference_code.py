@@ -26,8 +26,8 @@ import pytest
 import torch
 from helpers import build_model
 
-from fairseq_deep.modules.norm_schemes import subln_gamma
-from fairseq_deep.modules.residual_schemes import admin_closed_form, deepnorm_constants
+from fairseq_deep.modules.schemes.norm_schemes import subln_gamma
+from fairseq_deep.modules.schemes.residual_schemes import admin_closed_form, deepnorm_constants
 
 pytestmark = pytest.mark.reference
 

@@ -27,7 +27,7 @@ from hyper_connections.manifold_constrained_hyper_connections import (  # noqa: 
     ManifoldConstrainedHyperConnections,
 )
 
-from fairseq_deep.modules.hyper_connections import HyperConnection  # noqa: E402
+from fairseq_deep.modules.schemes.hyper_connections import HyperConnection  # noqa: E402
 
 N, T, B, D = 3, 5, 2, 8
 

@@ -13,7 +13,7 @@ import torch
 from helpers import assert_incremental_equals_full, build_model, random_batch
 
 from fairseq_deep.errors import UserError
-from fairseq_deep.modules.residual_schemes import (
+from fairseq_deep.modules.schemes.residual_schemes import (
     AdminResidual,
     DeepNormResidual,
     ReZeroResidual,

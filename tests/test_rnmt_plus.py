@@ -7,7 +7,7 @@ from fairseq import options, tasks
 from helpers import random_batch, tiny_dictionary
 
 from fairseq_deep.models.rnmt_plus.encoder import reorder_encoder_out
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +145,7 @@ def test_ln_lstm_gradients_reach_every_parameter():
 def test_hand_written_backward_equals_autograd(directions, clip, output_tanh, padded):
     """LNLSTMRecurrence (backward through time by hand) against autograd through the plain loop:
     same outputs, same gradients for every input incl. the initial state, in float64."""
-    from fairseq_deep.modules.ln_lstm import LNLSTMRecurrence, _ln_lstm_recurrence
+    from fairseq_deep.modules.recurrent.ln_lstm import LNLSTMRecurrence, _ln_lstm_recurrence
 
     torch.manual_seed(directions)
     T, D, B, H = 6, directions, 3, 5

@@ -4,7 +4,7 @@ ve-fairseq 0.12.3 of Python >= 3.11; CI runs this file on both).
 fairseq 0.12.2's encoder layer has a "BetterTransformer" fast path: eight fused parameter copies
 per layer and, after a state dict was loaded, a fused kernel in eval mode that our stacks would
 feed wrongly (decoding then depends on the batch size, or crashes).
-``patches.better_transformer.without_better_transformer`` takes it out of every encoder layer the
+``modules.common.better_transformer.without_better_transformer`` takes it out of every encoder layer the
 package builds.  What must hold on either stack:
 
 * every parameter gets a gradient (torch DDP without ``--find-unused-parameters``), and none is a
@@ -29,7 +29,7 @@ from helpers import PLUGIN_DIR, TINY, build_family, dtype_marker, random_batch, 
 from benchmarks import precision_matrix
 from benchmarks.precision_matrix import FAMILIES  # every tiny configuration of every family
 from fairseq_deep.models import families
-from fairseq_deep.patches.better_transformer import BETTER_TRANSFORMER_PARAMS
+from fairseq_deep.modules.common.better_transformer import BETTER_TRANSFORMER_PARAMS
 
 # post-norm encoders: the ones 0.12.2's fast path would take (plus a pre-norm one for contrast),
 # and the stream-level schemes (issue 41), whose layers carry several streams or run twice

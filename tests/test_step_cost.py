@@ -164,7 +164,7 @@ def test_a_fused_lstm_is_counted_as_its_products():
 COUNT_TRITON = """
 import torch
 from benchmarks import step_cost  # the subprocess runs in the repository root
-from fairseq_deep.modules.ln_lstm import LayerNormLSTM
+from fairseq_deep.modules.recurrent.ln_lstm import LayerNormLSTM
 layer = LayerNormLSTM(4, 3, impl="triton")
 counter = step_cost.OpCounter(("all",), "all")
 with torch.no_grad(), counter:

@@ -17,8 +17,8 @@ from helpers import assert_incremental_equals_full, build_model, random_batch
 
 from fairseq_deep.diagnostics.layer_weights import extract_layer_weights
 from fairseq_deep.errors import UserError
-from fairseq_deep.modules.denseformer import DenseFormerHistory
-from fairseq_deep.modules.hyper_connections import HyperConnection, sinkhorn
+from fairseq_deep.modules.schemes.denseformer import DenseFormerHistory
+from fairseq_deep.modules.schemes.hyper_connections import HyperConnection, sinkhorn
 
 DEPTH = ["--encoder-layers", "3", "--decoder-layers", "2"]
 

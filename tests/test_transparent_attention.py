@@ -10,7 +10,7 @@ from helpers import build_model, parse_model_args, random_batch
 from torch import nn
 
 from fairseq_deep.models.transformer_ta import MEMORY_KEY, NoResidualEncoderLayer
-from fairseq_deep.modules.transparent_attention import TransparentReadout
+from fairseq_deep.modules.histories.transparent_attention import TransparentReadout
 
 SMALL = ["--encoder-layers", "3", "--decoder-layers", "2"]
 PRENORM = ["--encoder-normalize-before", "--decoder-normalize-before"]

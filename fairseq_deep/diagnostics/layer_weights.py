@@ -5,7 +5,7 @@
 
 Every learned layer-weight matrix of the model is found by the suffix of its state-dict key,
 through the *kinds* that the model families declare (:func:`kinds`: each technique's
-:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind` beside its module, named in
+:class:`~fairseq_deep.modules.common.layer_weight_kinds.LayerWeightKind` beside its module, named in
 its families' declarations, :mod:`fairseq_deep.models.families`).  For each matrix the command
 writes ``<key>.json`` (matrix, labels, key, kind), ``<key>.csv`` and ``<key>.png``, a heatmap
 drawn as in Fig. 5: one row per reader (layer l+1 ... the readout),
@@ -27,7 +27,7 @@ from torch import Tensor
 from ..checkpoints import load_as_saved
 from ..errors import ArgumentParser, UserError, import_optional, report_user_errors
 from ..models import families
-from ..modules.layer_weight_kinds import (  # noqa: F401  (cfg_value, layer_labels: this module's API)
+from ..modules.common.layer_weight_kinds import (  # noqa: F401  (cfg_value, layer_labels: this module's API)
     LayerWeightKind,
     cfg_value,
     layer_labels,

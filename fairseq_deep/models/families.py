@@ -8,12 +8,12 @@ of the model's file, names all that the tools and the tests must know about it:
 * ``sizes``, its size rule: the options of ``--width W`` (:meth:`Spec.width`);
 * ``grows`` and ``depth_options``, its growth: whether ``fairseq-deep-grow`` grows it and which
   options hold its two depths (:meth:`Family.depth_names`, which grow reads; its stacks, parts and
-  layers declare their own rules beside their classes: :mod:`fairseq_deep.modules.growth`);
+  layers declare their own rules beside their classes: :mod:`fairseq_deep.modules.common.growth`);
 * ``reduction``, its export rule: whether a model of it is fairseq's own ``transformer``
   (:func:`~fairseq_deep.models.reduction.residual_stacks`), or why none is
   (:func:`~fairseq_deep.models.reduction.never`);
 * ``layer_weights``, the kinds of learned layer-weight matrices its models hold
-  (:class:`~fairseq_deep.modules.layer_weight_kinds.LayerWeightKind`, declared beside their
+  (:class:`~fairseq_deep.modules.common.layer_weight_kinds.LayerWeightKind`, declared beside their
   modules), which ``fairseq-deep-layer-weights`` reads;
 * ``recipe``, the optimiser and schedule of its paper that the study gives it (RNMT+'s), as
   settings (option names -> values) that :func:`fairseq_deep.runs.recipes.paper` writes: a model
@@ -49,7 +49,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
 from torch import nn
 
 from ..errors import UserError
-from ..modules.layer_weight_kinds import LayerWeightKind
+from ..modules.common.layer_weight_kinds import LayerWeightKind
 from .presets import depth_free, named_depth
 
 #: --width's warning for an --arch of no known sizes (said where runs said it)

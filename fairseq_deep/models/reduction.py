@@ -27,7 +27,7 @@ carries ``s * x`` instead of x.  With s_k the scale of sublayer k of a stack (bo
   the decoder is divided by s_1 when the output projection is the (scaled) decoder embedding, so
   that the logits are unchanged; the scaled embeddings are no longer shared with the encoder's.
 
-LayerScale's lambda (``modules/norm_schemes.py``) multiplies a sublayer's output, so it folds into
+LayerScale's lambda (``modules/schemes/norm_schemes.py``) multiplies a sublayer's output, so it folds into
 the rows and bias of the linear map that ends the sublayer (out_proj, fc2), in pre- and post-norm
 layers alike (:func:`_fold_output_scales`).  The schemes that add or replace layer norms (Sub-LN,
 Peri-LN, DyT), mix norm positions in a stack (Mix-LN between 0 and 1) or add a connection (B2T)
@@ -46,9 +46,9 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..modules.norm_schemes import mixed_norm_positions, output_scales
-from ..modules.norm_schemes import why_not_standard as norm_why_not_standard
-from ..modules.residual_schemes import residual_scales, scheme_base
+from ..modules.schemes.norm_schemes import mixed_norm_positions, output_scales
+from ..modules.schemes.norm_schemes import why_not_standard as norm_why_not_standard
+from ..modules.schemes.residual_schemes import residual_scales, scheme_base
 from . import families
 
 #: what serves a model that does not reduce

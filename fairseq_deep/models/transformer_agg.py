@@ -19,8 +19,8 @@ from fairseq.models.transformer.transformer_legacy import transformer_vaswani_wm
 from torch import Tensor
 
 from ..checkpoint_init import PretrainedInitConfig, PretrainedInitMixin
-from ..modules.layer_aggregation import AggregationConfig, build_aggregation, node_factory
-from ..modules.multi_layer_attention import (
+from ..modules.histories.layer_aggregation import AggregationConfig, build_aggregation, node_factory
+from ..modules.histories.multi_layer_attention import (
     MultiLayerAttentionConfig,
     MultiLayerAttentionDecoderLayer,
     MultiLayerAttentionEncoderLayer,
@@ -141,7 +141,7 @@ declare(
         transformer_layers=True,
         sizes=transformer_sizes,
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the aggregation histories and the
-        # multi-layer attention layers declare the rest: modules/layer_aggregation.py,
+        # multi-layer attention layers declare the rest: modules/histories/layer_aggregation.py,
         # multi_layer_attention.py)
         grows=True,
         # fairseq-deep-export: fairseq's transformer with every technique off (--agg-* none,

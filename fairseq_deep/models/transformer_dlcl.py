@@ -2,7 +2,7 @@
 
 Wang, Li, Xiao, Zhu, Li, Wong, Chao (ACL 2019). Learning Deep Transformer Models for Machine
 Translation.  The model is fairseq's `transformer` with its layer loops handed to a
-:class:`~fairseq_deep.modules.DynamicLinearCombination` (``--dlcl-stacks``); with
+:class:`~fairseq_deep.modules.histories.layer_history.DynamicLinearCombination` (``--dlcl-stacks``); with
 ``--dlcl-stacks none`` it is the plain pre-norm or post-norm Transformer of Table 1.
 """
 
@@ -14,9 +14,9 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_wmt_en_de_big_t2t,
 )
 
-from ..modules.denseformer import DENSEFORMER_WEIGHTS
-from ..modules.hyper_connections import HYPER_CONNECTION_WEIGHTS
-from ..modules.layer_history import DLCL_WEIGHTS, DLCLConfig, build_dlcl
+from ..modules.histories.layer_history import DLCL_WEIGHTS, DLCLConfig, build_dlcl
+from ..modules.schemes.denseformer import DENSEFORMER_WEIGHTS
+from ..modules.schemes.hyper_connections import HYPER_CONNECTION_WEIGHTS
 from .families import TINY_TRANSFORMER, Family, PaperScale, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
 from .reduction import residual_stacks

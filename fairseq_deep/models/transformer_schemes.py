@@ -1,5 +1,5 @@
 """Named architectures of the residual, initialisation and layer norm schemes
-(modules/residual_schemes.py, modules/norm_schemes.py).
+(modules/schemes/residual_schemes.py, modules/schemes/norm_schemes.py).
 
 Each is the plain Transformer-Base of the ``transformer_dlcl`` family (``--dlcl-stacks none``:
 512/2048/8 heads, dropout 0.1), post-norm or pre-norm as the scheme needs, with one scheme on; the
@@ -152,7 +152,7 @@ declare_presets(
 )
 
 # issue 41: the per-layer schemes' lines of the study's modern group and rows of the matrices
-# (modules/norm_schemes.py, B2T in residual_schemes.py); Mix-LN at ratio 0.5 in the matrices, not
+# (modules/schemes/norm_schemes.py, B2T in residual_schemes.py); Mix-LN at ratio 0.5 in the matrices, not
 # the paper's 0.25 (the preset's, which the study trains): the tiny 3 + 2 layers then mix post- and
 # pre-norm on both sides
 declare_presets(

@@ -3,7 +3,7 @@
 Everything but the loop is fairseq's (`TransformerEncoderBase`, `TransformerDecoderBase`,
 `TransformerEncoderLayerBase`, `TransformerDecoderLayerBase`): embeddings, masks, layers, the final
 layer norm of pre-norm stacks, output projection, incremental state of the attention layers.
-The loop reads each layer's input from a :class:`~fairseq_deep.modules.LayerHistory` and pushes
+The loop reads each layer's input from a :class:`~fairseq_deep.modules.histories.layer_history.LayerHistory` and pushes
 its output back; with the residual history it computes exactly what fairseq's loop computes.
 
 Layers are built by one depth-aware hook, ``build_layer(cfg, index, num_layers)``: fairseq's
@@ -12,7 +12,7 @@ the stacks here count the calls, hand the hook the layer's index (0-based) and t
 and wrap what it returns once for activation checkpointing and FSDP, as fairseq does.  A scheme
 whose layers depend on their depth (DeepNorm, DS-Init, Admin: a residual scale or an
 initialisation of layer l of N) is applied to what ``build_layer`` returns
-(:func:`~fairseq_deep.modules.residual_schemes.apply_schemes`), so it composes with every history
+(:func:`~fairseq_deep.modules.schemes.residual_schemes.apply_schemes`), so it composes with every history
 and every layer class, and to the stack's own norms once it is built (``finish_stack``: Mix-LN's
 final norm, DyT); a stack whose layers differ in kind (multi-layer attention) overrides
 ``build_layer`` only.
@@ -38,22 +38,22 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from ..modules.growth import declare_stack
-from ..modules.layer_history import LayerHistory
-from ..modules.residual_schemes import (
+from ..modules.common.better_transformer import without_better_transformer
+from ..modules.common.growth import declare_stack
+from ..modules.histories.layer_history import LayerHistory
+from ..modules.schemes.residual_schemes import (
     AdminProfile,
     ResidualSchemesConfig,
     apply_schemes,
     finish_stack,
     scheme_names,
 )
-from ..modules.stream_schemes import (
+from ..modules.schemes.stream_schemes import (
     StreamSchemesConfig,
     apply_streams,
     stream_history,
     stream_scheme_names,
 )
-from ..patches.better_transformer import without_better_transformer
 from .flags import add_new_flag_names
 
 logger = logging.getLogger(__name__)
@@ -91,10 +91,12 @@ class TechniqueTransformerModel(TransformerModel):
         model = super().build_model(args, task)
         if scheme_names(args):
             logger.info(
-                f"residual/initialisation schemes: {scheme_names(args)} (modules/residual_schemes.py)"
+                f"residual/initialisation schemes: {scheme_names(args)} (modules/schemes/residual_schemes.py)"
             )
         if stream_scheme_names(args):
-            logger.info(f"stream scheme: {stream_scheme_names(args)} (modules/stream_schemes.py)")
+            logger.info(
+                f"stream scheme: {stream_scheme_names(args)} (modules/schemes/stream_schemes.py)"
+            )
         return model
 
 
@@ -168,7 +170,7 @@ def _give_norm_to_history(layer: nn.Module, taken_over: bool):
 
 class FairseqTransformerEncoder(TransformerEncoderBase):
     """fairseq's own Transformer encoder (the hybrids' Transformer parts), its layers without
-    fairseq 0.12.2's fused fast path (patches/better_transformer.py) and under the initialisation
+    fairseq 0.12.2's fused fast path (modules/common/better_transformer.py) and under the initialisation
     scheme of ``cfg`` (``--ds-init``; the hybrids refuse the residual schemes, their Transformer
     parts being pre-norm)."""
 
@@ -212,8 +214,8 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
 
     def build_encoder_layer(self, cfg):
         """fairseq's hook, called once per layer: builds layer ``index`` of N (without fairseq
-        0.12.2's fused fast path, patches/better_transformer.py), applies the residual and
-        initialisation schemes of ``cfg`` (modules/residual_schemes.py) and wraps it."""
+        0.12.2's fused fast path, modules/common/better_transformer.py), applies the residual and
+        initialisation schemes of ``cfg`` (modules/schemes/residual_schemes.py) and wraps it."""
         index, self._layers_built = self._layers_built, self._layers_built + 1
         if index == 0:
             self.admin_profile = AdminProfile()  # shared by the stack's layers under --admin
@@ -415,7 +417,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         return x, extra
 
 
-# fairseq-deep-grow (modules/growth.py): the layers of every Transformer stack of the package; the
+# fairseq-deep-grow (modules/common/growth.py): the layers of every Transformer stack of the package; the
 # units of a history and of transparent attention count the embedding as unit 0
 for _stack in (
     HistoryTransformerEncoder,

@@ -1,4 +1,4 @@
-"""Named architectures of the stream-level schemes (modules/stream_schemes.py).
+"""Named architectures of the stream-level schemes (modules/schemes/stream_schemes.py).
 
 Each is the plain Transformer-Base of the ``transformer_dlcl`` family (``--dlcl-stacks none``:
 512/2048/8 heads) with one scheme on: pre-norm (as ``transformer_prenorm``) for DenseFormer,

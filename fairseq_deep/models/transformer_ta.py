@@ -25,16 +25,16 @@ from fairseq.models.transformer import base_architecture as fairseq_transformer_
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor
 
-from ..modules.denseformer import DENSEFORMER_WEIGHTS
-from ..modules.growth import declare_layer
-from ..modules.hyper_connections import HYPER_CONNECTION_WEIGHTS
-from ..modules.layer_history import LayerHistory
-from ..modules.reorder import reorder_batch
-from ..modules.transparent_attention import (
+from ..modules.common.growth import declare_layer
+from ..modules.common.reorder import reorder_batch
+from ..modules.histories.layer_history import LayerHistory
+from ..modules.histories.transparent_attention import (
     TRANSPARENT_WEIGHTS,
     TransparentReadout,
     TransparentReadoutConfig,
 )
+from ..modules.schemes.denseformer import DENSEFORMER_WEIGHTS
+from ..modules.schemes.hyper_connections import HYPER_CONNECTION_WEIGHTS
 from .families import TINY_TRANSFORMER, Family, PaperScale, Tiny, declare, transformer_sizes
 from .presets import PRENORM, first_line, register_preset
 from .reduction import residual_stacks
@@ -79,7 +79,7 @@ class NoResidualEncoderLayer(TransformerEncoderLayerBase):
         return x
 
 
-# fairseq-deep-grow (modules/growth.py): F(x) is not x for any value of its parameters
+# fairseq-deep-grow (modules/common/growth.py): F(x) is not x for any value of its parameters
 declare_layer(
     NoResidualEncoderLayer,
     identity=lambda layer: (
@@ -223,7 +223,7 @@ declare(
         transformer_layers=True,
         sizes=transformer_sizes,
         # fairseq-deep-grow: --encoder-layers and --decoder-layers (the transparent weights:
-        # modules/transparent_attention.py)
+        # modules/histories/transparent_attention.py)
         grows=True,
         reduction=_reduction,  # fairseq-deep-export: the baselines with residuals
         # --denseformer and --hyper-connections replace its residual history

@@ -20,14 +20,14 @@ Installed by :func:`apply` when ``fairseq_deep`` is imported (so also by plain `
   continued, averaged, saved again with every checkpoint of the run), :mod:`.validation_time` (when
   each validation happened: the training clock in its record, to 0.01 s).
 
-Called by the layer builders, not installed: :mod:`.better_transformer` (fairseq 0.12.2's fused
-encoder path turned off in our layers).
+Not here: fairseq 0.12.2's fused encoder path, turned off in the layers the package builds, is
+the layers' own (:mod:`fairseq_deep.modules.common.better_transformer`, called by the layer
+builders, installed by none), so that this folder stands on one floor (docs/design.md, "Floors").
 
 Installed by the console scripts only (:mod:`.scripts`): :mod:`.arguments`, :mod:`.training_progress`,
 :mod:`.decoding_progress`, :mod:`.interactive`.
 
-This file imports nothing at import time, so that a model module imports the one patch it needs
-(``from ..patches.better_transformer import without_better_transformer``) without the others.
+This file imports nothing at import time: importing one patch module imports none of the others.
 """
 
 

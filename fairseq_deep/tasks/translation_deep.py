@@ -22,7 +22,9 @@ from fairseq.logging import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from ..diagnostics.grad_norm import (
+from ..optim.adaptive_clip import AdaptiveClipConfig, AdaptiveClipTaskMixin  # --adaptive-clip
+from .freeze import freeze_bottom_layers  # --freeze-grown-from
+from .grad_norm import (
     FIRST_KEY,
     TA_COUNT_KEY,
     GradNormRatioProbe,
@@ -31,8 +33,6 @@ from ..diagnostics.grad_norm import (
     is_ta_weight_key,
     transparent_weights_logging,
 )
-from ..optim.adaptive_clip import AdaptiveClipConfig, AdaptiveClipTaskMixin  # --adaptive-clip
-from .freeze import freeze_bottom_layers  # --freeze-grown-from
 
 logger = logging.getLogger(__name__)
 

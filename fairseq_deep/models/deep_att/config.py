@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ...modules.kernel_choice import DEFAULT as DEFAULT_IMPL
-from ...modules.kernel_choice import IMPLS
+from ...modules.recurrent.kernel_choice import DEFAULT as DEFAULT_IMPL
+from ...modules.recurrent.kernel_choice import IMPLS
 
 
 def _opt(default, help_text, may_change=False):

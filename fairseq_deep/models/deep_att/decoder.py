@@ -12,11 +12,11 @@ the f of each layer is recomputed from the step's input, so a step equals the fu
 
 Precision: with float16/bfloat16 parameters or under autocast, everything up to the top h (the
 stack, c_t and the attention, which read the float32 interface) runs in float32, as explained in
-:mod:`fairseq_deep.modules.fast_forward_lstm`; the top h, in [-1, 1], returns to the output projection's
+:mod:`fairseq_deep.modules.recurrent.fast_forward_lstm`; the top h, in [-1, 1], returns to the output projection's
 dtype.  The incremental state is float32 then.  Under ``.half()``
 (--fp16) every parameter but the output projection stays float32 (issue 24): the unscaled
 gradients of the F-F stack, the embeddings and the attention pass 65504 (see
-:mod:`fairseq_deep.modules.fast_forward_lstm`), so only the output layer runs in float16.
+:mod:`fairseq_deep.modules.recurrent.fast_forward_lstm`), so only the output layer runs in float16.
 """
 
 from typing import Dict, List, Optional
@@ -26,17 +26,17 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from ...modules.additive_attention import AdditiveAttention
-from ...modules.fast_forward_lstm import (
+from ...modules.common.growth import declare_stack
+from ...modules.common.precision import Float32UnderHalf
+from ...modules.common.reorder import reorder_batch
+from ...modules.recurrent.additive_attention import AdditiveAttention
+from ...modules.recurrent.fast_forward_lstm import (
     FFLSTMStack,
     no_autocast,
     wide_dtype,
     wide_linear,
     with_dtype,
 )
-from ...modules.growth import declare_stack
-from ...modules.precision import Float32UnderHalf
-from ...modules.reorder import reorder_batch
 from .config import DeepAttConfig
 
 
@@ -165,5 +165,5 @@ class DeepAttDecoder(Float32UnderHalf, FairseqIncrementalDecoder):
         return self.max_target_positions
 
 
-# fairseq-deep-grow (modules/growth.py): the decoder's one column of F-F LSTM layers
+# fairseq-deep-grow (modules/common/growth.py): the decoder's one column of F-F LSTM layers
 declare_stack(DeepAttDecoder, layers=lambda stack: {"stack.layers": stack.stack.layers})

@@ -18,10 +18,10 @@ Without F-F (``--ff-mode none``) the f parts are left out.  fairseq left-pads th
 encoder moves each sentence to the front (right padding), reverses backward layers within each
 sentence's length, and hands the interface back in the layout of ``src_tokens``.
 
-The interface holds f, which does not fit float16 (see :mod:`fairseq_deep.modules.fast_forward_lstm`):
+The interface holds f, which does not fit float16 (see :mod:`fairseq_deep.modules.recurrent.fast_forward_lstm`):
 with float16/bfloat16 parameters or under autocast it is computed and returned in float32.  The
 encoder's parameters stay float32 when the model is cast to float16 (``--fp16``; issue 24): their
-gradients pass the float16 range (:class:`~fairseq_deep.modules.precision.Float32UnderHalf`).
+gradients pass the float16 range (:class:`~fairseq_deep.modules.common.precision.Float32UnderHalf`).
 """
 
 from typing import Dict, List, Optional
@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from ...modules.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
-from ...modules.growth import declare_stack
-from ...modules.precision import Float32UnderHalf
-from ...modules.reorder import reorder_encoder_out
+from ...modules.common.growth import declare_stack
+from ...modules.common.precision import Float32UnderHalf
+from ...modules.common.reorder import reorder_encoder_out
+from ...modules.recurrent.fast_forward_lstm import FFLSTMStack, gather_time, wide_linear
 from .config import DeepAttConfig
 
 
@@ -157,7 +157,7 @@ class DeepAttEncoder(Float32UnderHalf, FairseqEncoder):
         return self.max_source_positions
 
 
-# fairseq-deep-grow (modules/growth.py): each column is a stack of its own, grown by the same map
+# fairseq-deep-grow (modules/common/growth.py): each column is a stack of its own, grown by the same map
 # (a copy keeps its layer's direction: FFLSTMLayer's role)
 declare_stack(
     DeepAttEncoder,

@@ -8,7 +8,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, reg
 from torch import nn
 
 from ...errors import UserError, refuse_options
-from ...modules.fast_forward_lstm import RECURRENT, mark
+from ...modules.recurrent.fast_forward_lstm import RECURRENT, mark
 from ..families import Family, PaperScale, Tiny, declare, embedding_sizes, hidden_sizes
 from ..reduction import never
 from .config import DeepAttConfig

@@ -3,18 +3,18 @@
 ``RNMTConfig`` holds only what a Transformer does not have, so that the hybrids can add it next
 to fairseq's Transformer options; ``RNMTPlusConfig`` adds the options whose names the Transformer
 shares (embedding sizes, layer counts, dropout, embedding sharing) for the plain ``rnmt_plus``.
-The ``--ta-*`` options are the transparent readout's (:mod:`fairseq_deep.modules.transparent_attention`)
-and the ``--dlcl-*`` options the layer history's (:mod:`fairseq_deep.modules.layer_history`).
+The ``--ta-*`` options are the transparent readout's (:mod:`fairseq_deep.modules.histories.transparent_attention`)
+and the ``--dlcl-*`` options the layer history's (:mod:`fairseq_deep.modules.histories.layer_history`).
 """
 
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
-from ...modules.kernel_choice import DEFAULT as DEFAULT_IMPL
-from ...modules.kernel_choice import IMPLS
-from ...modules.layer_history import DLCL_STACKS, DLCLConfig
-from ...modules.transparent_attention import TransparentReadoutConfig
+from ...modules.histories.layer_history import DLCL_STACKS, DLCLConfig
+from ...modules.histories.transparent_attention import TransparentReadoutConfig
+from ...modules.recurrent.kernel_choice import DEFAULT as DEFAULT_IMPL
+from ...modules.recurrent.kernel_choice import IMPLS
 
 
 @dataclass

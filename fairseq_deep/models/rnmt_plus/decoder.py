@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from ...modules.additive_attention import AdditiveAttention
-from ...modules.growth import declare_stack
-from ...modules.ln_lstm import LayerNormLSTM
-from ...modules.reorder import reorder_batch
+from ...modules.common.growth import declare_stack
+from ...modules.common.reorder import reorder_batch
+from ...modules.recurrent.additive_attention import AdditiveAttention
+from ...modules.recurrent.ln_lstm import LayerNormLSTM
 from .config import RNMTPlusConfig
 from .stack import build_history, layer_output, residual_role, run_stack
 
@@ -216,7 +216,7 @@ class RNMTPlusDecoder(FairseqIncrementalDecoder):
         return self.max_target_positions
 
 
-# fairseq-deep-grow (modules/growth.py): as the encoder's (rnmt_plus/encoder.py)
+# fairseq-deep-grow (modules/common/growth.py): as the encoder's (rnmt_plus/encoder.py)
 declare_stack(
     RNMTPlusDecoder,
     layers=lambda stack: {"layers": stack.layers},

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from fairseq.models import FairseqEncoder
 from torch import Tensor, nn
 
-from ...modules.growth import declare_stack
-from ...modules.layer_history import LayerHistory
-from ...modules.ln_lstm import LayerNormLSTM
-from ...modules.reorder import reorder_encoder_out
-from ...modules.transparent_attention import TransparentReadout
+from ...modules.common.growth import declare_stack
+from ...modules.common.reorder import reorder_encoder_out
+from ...modules.histories.layer_history import LayerHistory
+from ...modules.histories.transparent_attention import TransparentReadout
+from ...modules.recurrent.ln_lstm import LayerNormLSTM
 from .config import RNMTPlusConfig
 from .stack import build_history, layer_output, residual_role, run_stack
 
@@ -132,7 +132,7 @@ class RNMTPlusEncoder(FairseqEncoder):
         return self.max_source_positions
 
 
-# fairseq-deep-grow (modules/growth.py): the units of the history and of the transparent readout
+# fairseq-deep-grow (modules/common/growth.py): the units of the history and of the transparent readout
 # are the layer outputs (unit 0: the first layer's); a copied layer keeps its residual connection
 declare_stack(
     RNMTPlusEncoder,

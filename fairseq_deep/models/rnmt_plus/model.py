@@ -7,8 +7,8 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, reg
 from torch import nn
 
 from ...errors import refuse_options
-from ...modules.layer_history import DLCL_WEIGHTS
-from ...modules.transparent_attention import TRANSPARENT_WEIGHTS
+from ...modules.histories.layer_history import DLCL_WEIGHTS
+from ...modules.histories.transparent_attention import TRANSPARENT_WEIGHTS
 from ..families import Family, PaperScale, Recipe, Tiny, declare, embedding_sizes, hidden_sizes
 from ..reduction import never
 from .config import RNMTPlusConfig

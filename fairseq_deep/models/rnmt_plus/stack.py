@@ -1,7 +1,7 @@
 """The layer loop of the recurrent stacks (RNMT+ encoder and decoder, Chen et al. 2018, Sec. 4.1).
 
 The same start/push/readout loop as the Transformer's (:mod:`fairseq_deep.models.transformer_stack`),
-over a :class:`~fairseq_deep.modules.LayerHistory`: the history starts from the *first layer's*
+over a :class:`~fairseq_deep.modules.histories.layer_history.LayerHistory`: the history starts from the *first layer's*
 output y_1 (the embedding has another width, E instead of the layers' width), layer l >= 2 reads
 ``next_input()`` and its output is pushed; the stack returns ``readout()``.  With the residual
 history this is the plain stack (layer l reads y_{l-1}); with ``--dlcl-stacks`` it is DLCL
@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...modules.layer_history import HistoryState, LayerHistory, build_dlcl
+from ...modules.histories.layer_history import HistoryState, LayerHistory, build_dlcl
 
 
 def has_residual(layer_index: int, residual_start: int) -> bool:
@@ -27,7 +27,7 @@ def has_residual(layer_index: int, residual_start: int) -> bool:
 
 def residual_role(stack, index: int) -> bool:
     """What a copy of layer ``index`` of an RNMT+ ``stack`` keeps when fairseq-deep-grow stacks
-    layers (modules/growth.py): its residual connection."""
+    layers (modules/common/growth.py): its residual connection."""
     return has_residual(index, stack.residual_start)
 
 

@@ -9,8 +9,12 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.utils import safe_getattr
 
 from ....errors import UserError
-from ....modules.norm_schemes import NORM_SCHEMES, scheme_on
-from ....modules.residual_schemes import RESIDUAL_SCHEMES, ResidualSchemesConfig, check_schemes
+from ....modules.schemes.norm_schemes import NORM_SCHEMES, scheme_on
+from ....modules.schemes.residual_schemes import (
+    RESIDUAL_SCHEMES,
+    ResidualSchemesConfig,
+    check_schemes,
+)
 from ..config import RNMTConfig, RNMTPlusConfig
 
 COLUMN_KINDS = ("rnmt", "transformer")
@@ -107,7 +111,7 @@ def rnmt_options(args) -> RNMTPlusConfig:
 def check_hybrid_schemes(args):
     """The residual schemes do not apply to a hybrid: its Transformer parts are pre-norm (Chen et
     al. 2018, Sec. 2.3), its RNMT+ parts LSTMs; nor do the layer norm schemes and LayerScale
-    (modules/norm_schemes.py), which the hybrids' Transformer parts do not apply to their stacks.
+    (modules/schemes/norm_schemes.py), which the hybrids' Transformer parts do not apply to their stacks.
     ``--ds-init`` does: it re-initialises every Transformer layer of the hybrid, l counted within
     each Transformer part."""
     opts = ResidualSchemesConfig.from_namespace(args)

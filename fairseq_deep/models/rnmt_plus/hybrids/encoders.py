@@ -12,9 +12,9 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor, nn
 
 from ....checkpoints import load
-from ....modules.reorder import reorder_encoder_out
-from ....modules.residual_schemes import apply_schemes
-from ....patches.better_transformer import without_better_transformer
+from ....modules.common.better_transformer import without_better_transformer
+from ....modules.common.reorder import reorder_encoder_out
+from ....modules.schemes.residual_schemes import apply_schemes
 from ...transformer_stack import FairseqTransformerEncoder, wrap_layer
 from ..encoder import RNMTPlusEncoder
 from ..model import build_embedding

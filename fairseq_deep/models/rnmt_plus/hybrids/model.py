@@ -8,9 +8,9 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import ARCH_CONFIG_REGISTRY, FairseqEncoderDecoderModel, register_model
 from fairseq.models.transformer import TransformerModel
 
-from ....modules.growth import GrowError
-from ....modules.residual_schemes import ResidualSchemesConfig, scheme_names
-from ....modules.transparent_attention import TRANSPARENT_WEIGHTS
+from ....modules.common.growth import GrowError
+from ....modules.histories.transparent_attention import TRANSPARENT_WEIGHTS
+from ....modules.schemes.residual_schemes import ResidualSchemesConfig, scheme_names
 from ...families import (
     TINY_TRANSFORMER,
     Family,
@@ -49,7 +49,8 @@ class RNMTHybridModel(FairseqEncoderDecoderModel):
         check_hybrid_schemes(args)
         if scheme_names(args):
             logger.info(
-                f"initialisation scheme of the Transformer parts: {scheme_names(args)} (modules/residual_schemes.py)"
+                f"initialisation scheme of the Transformer parts: {scheme_names(args)} "
+                "(modules/schemes/residual_schemes.py)"
             )
         opts, cfg = RNMTHybridConfig.from_namespace(args), transformer_cfg(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary

@@ -34,7 +34,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence,
 
 from torch import Tensor, nn
 
-from ..errors import UserError
+from ...errors import UserError
 
 #: ``identity`` of a part: its readout gives the new layers weight 0 (exact, whatever they are)
 READOUT = "readout"

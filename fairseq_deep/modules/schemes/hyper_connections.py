@@ -32,7 +32,7 @@ stack's final layer norm (as the paper's "sum of the rows of H").
 
 Only pre-norm stacks: T includes its sublayer's pre-norm (with post-norm T would not end before
 the norm).  Granularity: per sublayer, as the paper, through fairseq's ``residual_connection``
-(:mod:`~fairseq_deep.modules.residual_streams`).  Incremental decoding keeps no stream state (the
+(:mod:`~fairseq_deep.modules.schemes.residual_streams`).  Incremental decoding keeps no stream state (the
 streams are position-wise).
 """
 
@@ -45,9 +45,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from .growth import LAYERS, declare_layer, declare_part
-from .layer_weight_kinds import LayerWeightKind, cfg_value
-from .precision import no_autocast
+from ..common.growth import LAYERS, declare_layer, declare_part
+from ..common.layer_weight_kinds import LayerWeightKind, cfg_value
+from ..common.precision import no_autocast
 from .residual_streams import StreamHistory, StreamLayer, StreamPass, mix_into, sublayer_names
 
 KINDS = ("none", "static", "dynamic", "mhc")

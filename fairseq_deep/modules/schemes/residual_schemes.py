@@ -45,7 +45,7 @@ for O(log n) output change, n for O(1), 1 for O(n), n the stack's residual subla
 encoder, 3M in the decoder), which admin-torch, having removed the profiling stage, uses.
 
 The layer norm schemes (Sub-LN, Peri-LN, Mix-LN, DyT) and LayerScale are in
-:mod:`~fairseq_deep.modules.norm_schemes`; :func:`apply_schemes` applies them too.
+:mod:`~fairseq_deep.modules.schemes.norm_schemes`; :func:`apply_schemes` applies them too.
 
 Combinations: DeepNorm, Admin, ReZero and B2T each replace the residual connection, so at most
 one is on; each needs a post-norm stack (ReZero: no layer norm at all); DS-Init composes with
@@ -70,9 +70,9 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from ..errors import UserError
+from ...errors import UserError
+from ..common.growth import GrowError, declare_layer
 from . import norm_schemes
-from .growth import GrowError, declare_layer
 from .norm_schemes import NORM_SCHEMES, NormSchemesConfig
 
 logger = logging.getLogger(__name__)
@@ -552,7 +552,7 @@ def apply_schemes(
 
 def finish_stack(stack: nn.Module, cfg, side: str, num_layers: int):
     """The schemes' changes to a built stack outside its layers (Mix-LN's final norm, DyT's
-    replacement of the stack's own norms): :func:`~fairseq_deep.modules.norm_schemes.finish_stack`."""
+    replacement of the stack's own norms): :func:`~fairseq_deep.modules.schemes.norm_schemes.finish_stack`."""
     norm_schemes.finish_stack(stack, check_schemes(cfg), side, num_layers)
 
 
@@ -571,7 +571,7 @@ def unprofiled_admin_layers(model: nn.Module) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Growing (fairseq-deep-grow, modules/growth.py): how a new layer of each residual connection
+# Growing (fairseq-deep-grow, modules/common/growth.py): how a new layer of each residual connection
 # starts as the identity, and DeepNorm's constants, which depend on the depth
 # ----------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ rules (``denseformer`` on GitHub, epfml/DenseFormer, installable from its reposi
 PyPI).
 
 It is DLCL's pre-norm combination (Wang et al. 2019, Eq. 8) with three differences, and the
-module is a :class:`~fairseq_deep.modules.layer_history.DynamicLinearCombination`: no layer norm
+module is a :class:`~fairseq_deep.modules.histories.layer_history.DynamicLinearCombination`: no layer norm
 of the entries (DLCL normalises every y_k before weighting it; DWA averages the raw block outputs,
 whose blocks are pre-norm Transformer blocks with their own residual), initialisation at the
 residual network (DLCL: the mean of the layers below, ``--dlcl-init avg``), and the dilation and
@@ -40,9 +40,9 @@ import torch
 from fairseq.dataclass import FairseqDataclass
 from torch import Tensor, nn
 
-from .growth import READOUT, GrowError, GrownState, StackGrowth, declare_part
-from .layer_history import DynamicLinearCombination, grow_rows, history_labels
-from .layer_weight_kinds import LayerWeightKind, cfg_value
+from ..common.growth import READOUT, GrowError, GrownState, StackGrowth, declare_part
+from ..common.layer_weight_kinds import LayerWeightKind, cfg_value
+from ..histories.layer_history import DynamicLinearCombination, grow_rows, history_labels
 
 
 @dataclass

@@ -29,7 +29,7 @@ once per evaluation.  Incremental decoding: evaluation i > 1 of a decoder layer 
 own keys and values of the earlier positions (those of y_t + sum a_ij F_j, not y_t), so each
 evaluation keeps its own attention cache: the first in fairseq's incremental state, evaluation i
 in a dict of its own inside it (``ode_stage_caches``), which follows the beam through
-:func:`~fairseq_deep.modules.reorder.reorder_batch` (its entries are fairseq's attention buffers,
+:func:`~fairseq_deep.modules.common.reorder.reorder_batch` (its entries are fairseq's attention buffers,
 batch first).  The authors' code (libeineu/ODE-Transformer, a fork of fairseq 0.6.2) installs from
 no package registry; its ``ode_transformer.py`` as published does not parse (a missing colon) and
 adds the layer's own residual to F, so this follows the paper's equations.
@@ -43,8 +43,8 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor, nn
 
-from ..errors import UserError
-from .reorder import reorder_batch
+from ...errors import UserError
+from ..common.reorder import reorder_batch
 from .residual_streams import mix_into
 
 #: method -> (a_ij rows of the stages 2.., gamma of the classical method)

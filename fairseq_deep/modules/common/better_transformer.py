@@ -10,8 +10,8 @@ crash, and the unused copies would stop DDP and inflate parameter counts (docs/d
 fairseq stacks").  :func:`without_better_transformer`, called by the stacks' layer builders, turns
 it off for every encoder layer the package builds: the same parameters, the same outputs and the
 same checkpoints on both stacks.  No function of fairseq's is replaced and nothing is installed
-at import; the models import this module alone (it imports neither fairseq nor the rest of the
-package).
+at import, so it is no module of ``patches/`` but the layers' own (it imports neither fairseq nor
+the rest of the package).
 
 Under fully sharded training (fairscale's FSDP flattens each wrapped layer's parameters into one
 ``flat_param``) a state dict holds no weight of the layer's own, and 0.12.2's

@@ -24,9 +24,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from .growth import LAYERS, READOUT, GrownState, StackGrowth, declare_part
-from .layer_weight_kinds import LayerWeightKind, cfg_value, layer_labels
-from .precision import no_autocast
+from ..common.growth import LAYERS, READOUT, GrownState, StackGrowth, declare_part
+from ..common.layer_weight_kinds import LayerWeightKind, cfg_value, layer_labels
+from ..common.precision import no_autocast
 
 #: the warnings of fairseq-deep-layer-weights about a DLCL matrix (its kind is declared here)
 logger = logging.getLogger("fairseq_deep.diagnostics.layer_weights")
@@ -121,7 +121,7 @@ class LayerHistory(nn.Module):
     def hidden(self, y: Tensor) -> Tensor:
         """What a layer's output y is to the rest of the model (the encoder states transparent
         attention reads, the decoder's inner states): y itself, but for a history whose layers
-        carry several streams (modules/residual_streams.py)."""
+        carry several streams (modules/schemes/residual_streams.py)."""
         return y
 
 
@@ -466,7 +466,7 @@ def build_dlcl(cfg, prefix: str, num_layers: int, embed_dim: int, normalize_befo
 
 
 # ---------------------------------------------------------------------------------------------
-# Growing (fairseq-deep-grow, modules/growth.py): what the histories need when the depth changes
+# Growing (fairseq-deep-grow, modules/common/growth.py): what the histories need when the depth changes
 # ---------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..modules.transparent_attention import TransparentReadout
+from ..modules.histories.transparent_attention import TransparentReadout
 
 FIRST_KEY = "_gnorm_ratio_first_sq"
 LAST_KEY = "_gnorm_ratio_last_sq"

@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .growth import declare_layer
+from ..common.growth import declare_layer
+from ..common.precision import custom_bwd, custom_fwd, in_float32_when_reduced
 from .kernel_choice import DEFAULT as DEFAULT_IMPL
 from .kernel_choice import IMPLS, scripted
 from .kernel_choice import resolve as resolve_impl
-from .precision import custom_bwd, custom_fwd, in_float32_when_reduced
 
 
 def _cell_output(
@@ -557,7 +557,7 @@ class LayerNormLSTM(nn.Module):
         return h, c
 
 
-# fairseq-deep-grow (modules/growth.py): an LSTM layer has no branch that 0 turns off
+# fairseq-deep-grow (modules/common/growth.py): an LSTM layer has no branch that 0 turns off
 declare_layer(
     LayerNormLSTM, identity=lambda layer: "its layers are LSTM layers, which have no zero branch"
 )

@@ -1,7 +1,7 @@
 """Where a Transformer layer's layer norms go, what stands in for them, and a scale on each
 sublayer's output: five later schemes, each a setting of whatever layer a stack builds.
 
-They are applied by :func:`~fairseq_deep.modules.residual_schemes.apply_schemes` to the layer
+They are applied by :func:`~fairseq_deep.modules.schemes.residual_schemes.apply_schemes` to the layer
 ``build_layer`` returned (fairseq's layer, a multi-layer-attention layer), before it is wrapped for
 activation checkpointing and FSDP, and by :func:`finish_stack` to the stack's own norms (the final
 layer norm of a pre-norm stack, the embedding's, a history's), so they compose with every layer
@@ -55,7 +55,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 @dataclass
@@ -415,7 +415,7 @@ def finish_stack(stack: nn.Module, opts, side: str, num_layers: int):
 
 
 # ----------------------------------------------------------------------------------------------
-# What the tools read: exporting (models/reduction.py) and growing (modules/growth.py)
+# What the tools read: exporting (models/reduction.py) and growing (modules/common/growth.py)
 # ----------------------------------------------------------------------------------------------
 
 

@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .growth import declare_layer
+from ..common.growth import declare_layer
+from ..common.precision import REDUCED, autocast_enabled, custom_bwd, custom_fwd, no_autocast
 from .kernel_choice import DEFAULT as DEFAULT_IMPL
 from .kernel_choice import IMPLS, scripted
 from .kernel_choice import resolve as resolve_impl
-from .precision import REDUCED, autocast_enabled, custom_bwd, custom_fwd, no_autocast
 
 FF_MODES = ("half", "whole", "none")
 RECURRENT = "recurrent"
@@ -299,7 +299,7 @@ class FFLSTMLayer(nn.Module):
         return f, h, state
 
 
-# fairseq-deep-grow (modules/growth.py): a copy runs in the direction of its place (Deep-Att's
+# fairseq-deep-grow (modules/common/growth.py): a copy runs in the direction of its place (Deep-Att's
 # interleaved encoder alternates them); an LSTM layer has no branch that 0 turns off
 declare_layer(
     FFLSTMLayer,

@@ -1,7 +1,7 @@
 """Layer aggregation (Dou, Tu, Wang, Shi, Zhang, 2018. Exploiting Deep Representations for Neural
 Machine Translation, Sec. 3.1.1) as layer histories.
 
-Each strategy is a :class:`~fairseq_deep.modules.LayerHistory` with its own per-pass state: the
+Each strategy is a :class:`~fairseq_deep.modules.histories.layer_history.LayerHistory` with its own per-pass state: the
 backbone layers are fairseq's, the loop of :mod:`fairseq_deep.models.transformer_stack` asks the
 state for each layer's input and for the stack's readout.  H^1..H^L are the layer outputs; the
 embedding output H^0 takes part in no aggregation (the paper's sums start at l = 1).
@@ -25,7 +25,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention
 from torch import Tensor, nn
 
-from .growth import READOUT, GrownState, StackGrowth, declare_part
+from ..common.growth import READOUT, GrownState, StackGrowth, declare_part
 from .layer_history import HistoryState, LayerHistory
 
 AGG_FUNCTIONS = ("ff_sigmoid", "ff_relu", "self_attn")
@@ -464,7 +464,7 @@ def node_factory(cfg, embed_dim: int, num_heads: int, ffn_dim: Optional[int] = N
 
 
 # ---------------------------------------------------------------------------------------------
-# Growing (fairseq-deep-grow, modules/growth.py): what the aggregation histories need when the
+# Growing (fairseq-deep-grow, modules/common/growth.py): what the aggregation histories need when the
 # depth changes
 # ---------------------------------------------------------------------------------------------
 

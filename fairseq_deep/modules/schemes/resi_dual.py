@@ -13,7 +13,7 @@ it.  The final LN is the history's own (``dual_norm``; epsilon 1e-7 as the autho
 gain and bias 0 the model is the post-norm Transformer, exactly (tests/test_stream_schemes.py).
 
 Granularity: per sublayer, as the paper, through fairseq's ``residual_connection``
-(:mod:`~fairseq_deep.modules.residual_streams`): the post-LN stream is what fairseq's layer
+(:mod:`~fairseq_deep.modules.schemes.residual_streams`): the post-LN stream is what fairseq's layer
 computes, the dual stream is the pass's.  Incremental decoding keeps nothing: both streams are
 position-wise.  Not in the paper's equations, not options here: the authors' code has a scale of
 the x_N term (``enc_alpha``/``dec_alpha``, 1 in every configuration) and one of the whole dual
@@ -29,7 +29,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.modules import LayerNorm
 from torch import Tensor
 
-from .growth import LAYERS, declare_layer, declare_part
+from ..common.growth import LAYERS, declare_layer, declare_part
 from .residual_streams import StreamHistory, StreamLayer, StreamPass, mix_into, sublayer_names
 
 NAME = "ResiDual (Xie et al. 2023)"

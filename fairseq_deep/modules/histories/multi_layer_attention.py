@@ -39,7 +39,7 @@ from fairseq.modules.transformer_layer import (
 from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
-from .growth import declare_layer
+from ..common.growth import declare_layer
 
 
 @dataclass
@@ -246,7 +246,7 @@ class MultiLayerAttentionDecoderLayer(_MultiLayerAttention, TransformerDecoderLa
             return super().forward(x, *args, **kwargs)
 
 
-# fairseq-deep-grow (modules/growth.py): a copy attends to as many lower layers as its source
+# fairseq-deep-grow (modules/common/growth.py): a copy attends to as many lower layers as its source
 # (layer l to min(k, l)), and no new layer with lower attention starts as the identity
 for _layer in (MultiLayerAttentionEncoderLayer, MultiLayerAttentionDecoderLayer):
     declare_layer(

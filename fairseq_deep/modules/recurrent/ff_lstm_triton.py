@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .precision import custom_bwd, custom_fwd
+from ..common.precision import custom_bwd, custom_fwd
 from .triton_common import check_device as _check_device
 from .triton_common import sigmoid as _sigmoid
 from .triton_common import tanh as _tanh

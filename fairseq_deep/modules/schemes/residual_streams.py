@@ -6,7 +6,7 @@ Such a stack carries n streams of width d between its layers instead of one: a s
 activation checkpointing (which hands autograd the tensor arguments of a layer) and fully sharded
 wrapping see an ordinary tensor.  Two parts:
 
-* a :class:`StreamHistory` (a :class:`~fairseq_deep.modules.layer_history.LayerHistory`):
+* a :class:`StreamHistory` (a :class:`~fairseq_deep.modules.histories.layer_history.LayerHistory`):
   ``start(y_0)`` expands the embedding into the streams (``expand``), each layer maps S to S, and
   the readout reduces the last streams to one state (``reduce``); ``hidden(S)`` is what a layer's
   output is to the rest of the model (the encoder states that transparent attention reads, the
@@ -35,8 +35,8 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from ..errors import UserError
-from .layer_history import HistoryState, LayerHistory
+from ...errors import UserError
+from ..histories.layer_history import HistoryState, LayerHistory
 
 #: fairseq's own layers: a scheme that rewires their sublayers takes these and nothing mixed in
 FAIRSEQ_LAYERS = (TransformerEncoderLayerBase, TransformerDecoderLayerBase)

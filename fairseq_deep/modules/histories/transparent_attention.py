@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor, nn
 
-from .growth import LAYERS, GrownState, StackGrowth, declare_part
-from .layer_weight_kinds import LayerWeightKind, layer_labels
+from ..common.growth import LAYERS, GrownState, StackGrowth, declare_part
+from ..common.layer_weight_kinds import LayerWeightKind, layer_labels
 
 INITS = ("uniform", "top")
 
@@ -135,7 +135,7 @@ class TransparentReadout(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Growing (fairseq-deep-grow, modules/growth.py): the (N+1) x M logits when the depth changes
+# Growing (fairseq-deep-grow, modules/common/growth.py): the (N+1) x M logits when the depth changes
 # ---------------------------------------------------------------------------------------------
 
 

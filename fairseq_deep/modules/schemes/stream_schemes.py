@@ -21,14 +21,14 @@ from typing import List
 
 from torch import nn
 
-from ..errors import UserError
+from ...errors import UserError
+from ..histories.layer_history import LayerHistory
 from .denseformer import DenseFormerConfig, build_denseformer
 from .hyper_connections import (
     HyperConnectionHistory,
     HyperConnectionsConfig,
     apply_hyper_connections,
 )
-from .layer_history import LayerHistory
 from .ode_block import ODEConfig, apply_ode
 from .resi_dual import ResiDualConfig, ResiDualHistory, apply_resi_dual
 from .residual_schemes import RESIDUAL_SCHEMES, ResidualSchemesConfig
