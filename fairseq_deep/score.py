@@ -38,6 +38,8 @@ PROG = "fairseq-deep-score"
 #: sentencepiece's word mark
 WORD_MARK = "\u2581"
 _GENERATE_LINE = re.compile(r"^[HD]-\d+\t")
+#: fairseq's translation task's log line of the test set it loaded (``DATA test de-en 1000 examples``)
+_LOADED = re.compile(r"\| fairseq\.tasks\.translation \| .* \S+-\S+ (\d+) examples$")
 
 
 class ScoreError(UserError):
@@ -61,10 +63,28 @@ def _ids(ids: Sequence[int]) -> str:
     return shown + (f", ... ({len(ids)} in all)" if len(ids) > 5 else "")
 
 
-def in_input_order(by_id: Dict[int, str], n: int, path: str, ref: str) -> List[str]:
+def test_set_size(lines: Sequence[str]) -> Optional[int]:
+    """The number of sentences of the test set fairseq-generate loaded, from its translation task's
+    ``... test de-en 1000 examples`` log line (the last one); None where the output has none."""
+    sizes = [int(m.group(1)) for m in map(_LOADED.search, lines) if m]
+    return sizes[-1] if sizes else None
+
+
+def in_input_order(
+    by_id: Dict[int, str], n: int, path: str, ref: str, loaded: Optional[int] = None
+) -> List[str]:
     """fairseq-generate's hypotheses ``{sentence id: text}`` as a list in input order, one for each
-    of the ``n`` references; a :class:`ScoreError` naming the missing or stray ids otherwise."""
+    of the ``n`` references; a :class:`ScoreError` naming the missing or stray ids otherwise.
+    ``loaded``: the size of the test set fairseq-generate loaded (:func:`test_set_size`), where its
+    output says it: a test set fully translated and smaller than ``--ref`` is the wrong ``--ref``,
+    not a dropped batch."""
     missing = sorted(set(range(n)) - set(by_id))
+    if missing and loaded is not None and loaded < n and set(by_id) == set(range(loaded)):
+        raise ScoreError(
+            f"--ref {ref} has {n:,} lines and {path} {len(by_id):,} hypotheses, one for every "
+            f"sentence of the test set fairseq-generate loaded ({loaded:,}): the reference file "
+            "does not match this test set"
+        )
     strays = sorted(set(by_id) - set(range(n)))
     if strays:
         raise ScoreError(
@@ -76,6 +96,7 @@ def in_input_order(by_id: Dict[int, str], n: int, path: str, ref: str) -> List[s
         why = (
             "plain fairseq-generate drops a last partial batch (fairseq issue #5036); "
             "fairseq-deep-generate decodes every sentence"
+            + ("" if loaded == n else f"; or --ref {ref} is not the reference of this test set")
             if tail
             else "fairseq-generate skips a sentence longer than --max-source-positions, and "
             "fairseq-deep-generate stops at FAIRSEQ_DEEP_DEADLINE"
@@ -111,14 +132,16 @@ def read_hypotheses(path: str, n_refs: int, ref: str = "--ref") -> Hypotheses:
     input order, one for each of the ``n_refs`` references, pieces decoded."""
     lines = _read(path, "HYPOTHESES")
     if any(_GENERATE_LINE.match(line) for line in lines):
-        hyps = in_input_order(parse_generate(lines).hypotheses, n_refs, path, ref)
+        hyps = in_input_order(
+            parse_generate(lines).hypotheses, n_refs, path, ref, test_set_size(lines)
+        )
         source = "fairseq-generate"
     else:
         if len(lines) != n_refs:
             raise ScoreError(
-                f"{path} has {len(lines):,} lines and --ref {ref} {n_refs:,}: a plain hypotheses "
-                "file has one line per reference, in input order (fairseq-generate's output is "
-                "recognised by its H-/D- lines)"
+                f"{path} has {len(lines):,} lines and --ref {ref} {n_refs:,}: the counts differ "
+                "(a plain hypotheses file has one line per reference, in input order; "
+                "fairseq-generate's output is recognised by its H-/D- lines)"
             )
         hyps, source = lines, "plain"
     pieces = any(WORD_MARK in h for h in hyps)

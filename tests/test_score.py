@@ -42,13 +42,19 @@ def pieces(text: str) -> str:
     return " ".join(p for p in out if p)
 
 
-def generate_output(hyps, detok=True, order_seed=0, drop=()):
+def generate_output(hyps, detok=True, order_seed=0, drop=(), loaded=None):
     """fairseq-generate's output for ``hyps``: S/T/H/D lines per sentence, sentences in a
     shuffled order (as its length-sorted batches finish), the H- lines pieces, D- lines the
     detokenized text (``detok``) or the pieces as they are (no --post-process)."""
     ids = [i for i in range(len(hyps)) if i not in drop]
     random.Random(order_seed).shuffle(ids)
     lines = ["2026-11-26 12:00:00 | INFO | fairseq_cli.generate | loading model(s)"]
+    if loaded is not None:  # fairseq's translation task says the size of the test set it loaded
+        lines.insert(
+            0,
+            "2026-11-26 12:00:00 | INFO | fairseq.tasks.translation | data-bin test src-tgt "
+            f"{loaded} examples",
+        )
     for i in ids:
         lines += [
             f"S-{i}\t{pieces('source sentence number ' + str(i))}",
@@ -141,6 +147,11 @@ def test_mistakes_end_in_one_line(files, capsys, monkeypatch):
     tmp_path, ref = files
     (tmp_path / "partial.out").write_text(generate_output(HYPS, drop={5, 6}), encoding="utf-8")
     (tmp_path / "all.out").write_text(generate_output(HYPS), encoding="utf-8")
+    (tmp_path / "loaded.out").write_text(generate_output(HYPS, loaded=7), encoding="utf-8")
+    (tmp_path / "dropped.out").write_text(
+        generate_output(HYPS, drop={5, 6}, loaded=7), encoding="utf-8"
+    )
+    (tmp_path / "nine.en").write_text("\n".join(REFS + REFS[:2]) + "\n", encoding="utf-8")
     (tmp_path / "hole.out").write_text(generate_output(HYPS, drop={2}), encoding="utf-8")
     (tmp_path / "short.txt").write_text("\n".join(HYPS[:-1]) + "\n", encoding="utf-8")
     (tmp_path / "pieces.en").write_text("\n".join(map(pieces, REFS)) + "\n", encoding="utf-8")
@@ -152,8 +163,16 @@ def test_mistakes_end_in_one_line(files, capsys, monkeypatch):
             [tmp_path / "partial.out", "--ref", ref],
             ["translated 5 of the 7 sentences", "missing ids 5, 6", "#5036"],
         ),
+        (  # the wrong reference file (issue 46, item 7): the counts, not a dropped batch
+            [tmp_path / "loaded.out", "--ref", tmp_path / "nine.en"],
+            ["nine.en has 9 lines", "7 hypotheses", "(7)", "reference file does not match"],
+        ),
+        (
+            [tmp_path / "dropped.out", "--ref", ref],
+            ["translated 5 of the 7 sentences", "missing ids 5, 6", "#5036"],
+        ),
         ([tmp_path / "hole.out", "--ref", ref], ["missing ids 2", "--max-source-positions"]),
-        ([tmp_path / "short.txt", "--ref", ref], ["has 6 lines and --ref", "7"]),
+        ([tmp_path / "short.txt", "--ref", ref], ["has 6 lines and --ref", "7", "counts differ"]),
         ([tmp_path / "short.txt", "--ref", tmp_path / "pieces.en"], ["sentencepiece pieces"]),
         (
             [tmp_path / "all.out", "--ref", tmp_path / "six.en"],
