@@ -18,8 +18,8 @@ The package's other console scripts live beside what they do: ``fairseq-deep-lis
 Every script of ours ends a person's mistake (:mod:`fairseq_deep.errors`) with one line
 ``<prog>: error: ...`` and exit status 2 instead of a traceback (``FAIRSEQ_DEEP_TRACEBACK=1`` shows
 it), answers ``--help`` with the options of the ``--arch`` given, suggests the nearest names for a
-mistyped ``--arch``, and filters fairseq's and torch's warnings that say nothing to the user
-(:mod:`fairseq_deep.quiet`).
+mistyped ``--arch``, filters fairseq's and torch's warnings that say nothing to the user, and logs
+fairseq's whole configuration at DEBUG level (``LOGLEVEL=DEBUG`` shows it; :mod:`fairseq_deep.quiet`).
 """
 
 import difflib
@@ -33,7 +33,7 @@ from .model_from import take_model_from
 from .model_options import check_restore
 from .patches.arguments import option_value
 from .patches.scripts import install_generate, install_interactive, install_parsing, install_train
-from .quiet import PLUGIN_DIR, quiet_warnings, script_logging
+from .quiet import PLUGIN_DIR, config_at_debug, quiet_warnings, script_logging
 
 
 def with_user_dir(argv: List[str]) -> List[str]:
@@ -102,6 +102,7 @@ CHECKS = {
 def _run(main, log_stream="stdout", needs_arch=False, prepare_argv=None, required=None, checks=()):
     quiet_warnings()
     script_logging(log_stream)
+    config_at_debug()  # fairseq's whole configuration: LOGLEVEL=DEBUG shows it
     # --arch ARCH --help; argparse's errors in one line; REQUIRED and CHECKS once parsed
     install_parsing(required, checks)
     # This module lives in fairseq_deep, so the package (models registered, checkpoint types

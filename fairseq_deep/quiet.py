@@ -19,6 +19,12 @@ Two kinds, each filtered by its exact message (and category or logger), never wh
   ``fairseq_deep`` is imported, before it imports fairseq (its ``__init__`` imports this module
   first).  Logger filters only: ``--tensorboard-logdir`` without tensorboardX still warns
   (fairseq's progress bar says "tensorboard not found").
+- fairseq's whole configuration (:data:`CONFIG_LOGS`): fairseq_cli's train, generate and
+  interactive log it (``logger.info(cfg)``, about 10 kB: ``{'_name': None, 'common': {...``) as
+  their second line.  Our console scripts (:func:`config_at_debug`, called by ``fairseq_deep.cli``
+  only: plain ``fairseq-train --user-dir`` keeps it) log it at DEBUG level instead: ``LOGLEVEL=DEBUG
+  fairseq-deep-train ...`` shows it (fairseq's own variable), and every checkpoint holds it
+  (``torch.load(ck)["cfg"]``).
 """
 
 import logging
@@ -52,6 +58,11 @@ QUIET_LOGS = [
     ("fairseq.tasks.text_to_speech", r"Please install tensorboardX: pip install tensorboardX$"),
     ("fairseq.utils", r"--user-dir=" + re.escape(PLUGIN_DIR) + r"/? has already been imported\.$"),
 ]
+
+#: the loggers of fairseq_cli's scripts that log the whole configuration (``logger.info(cfg)``),
+#: and that record's message (an omegaconf DictConfig printed as a dict)
+CONFIG_LOGS = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.interactive")
+CONFIG_MESSAGE = r"\{'_name': None, 'common': \{"
 
 
 def quiet_warnings():
@@ -111,6 +122,34 @@ class DropMessages(logging.Filter):
         except Exception:  # noqa: BLE001 - a malformed record is not ours to judge
             return True
         return not any(p.match(text) for p in self.patterns)
+
+
+class ConfigAtDebug(logging.Filter):
+    """fairseq's configuration record (:data:`CONFIG_MESSAGE`) turned into a DEBUG record: kept
+    where its logger is enabled for DEBUG (``LOGLEVEL=DEBUG``), dropped otherwise."""
+
+    pattern = re.compile(CONFIG_MESSAGE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or isinstance(record.msg, str):
+            return True  # the configuration is logged as the object itself
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is not ours to judge
+            return True
+        if not self.pattern.match(text):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def config_at_debug():
+    """Install :class:`ConfigAtDebug` on the loggers of :data:`CONFIG_LOGS` (once; console scripts
+    only)."""
+    for name in CONFIG_LOGS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ConfigAtDebug) for f in logger.filters):
+            logger.addFilter(ConfigAtDebug())
 
 
 def quiet_logs():

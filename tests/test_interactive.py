@@ -4,6 +4,7 @@ warning, an empty line gets an empty hypothesis with a warning, and the lines af
 translated as if they were alone; on sentencepiece data without --bpe it applies the spm.model
 beside the data or stops with one line (issue 26, item 6)."""
 
+import os
 import re
 import sys
 
@@ -17,7 +18,7 @@ MAX_SOURCE = 12  # tokens with </s>
 def model(synthetic_bin, tmp_path_factory):
     """A tiny transformer_dlcl with --max-source-positions 12, one epoch."""
     save = tmp_path_factory.mktemp("interactive") / "checkpoints"
-    run_cli(
+    proc = run_cli(
         "fairseq-deep-train",
         str(synthetic_bin),
         "--arch",
@@ -51,10 +52,11 @@ def model(synthetic_bin, tmp_path_factory):
         "--no-progress-bar",
         "--no-epoch-checkpoints",
     )
+    (save / "train.log").write_text(proc.stdout + proc.stderr)
     return save / "checkpoint_last.pt"
 
 
-def interactive(synthetic_bin, model, lines, *extra):
+def interactive(synthetic_bin, model, lines, *extra, env=None):
     proc = run_cli(
         "fairseq-deep-interactive",
         str(synthetic_bin),
@@ -73,6 +75,7 @@ def interactive(synthetic_bin, model, lines, *extra):
         "5",
         *extra,
         input="".join(line + "\n" for line in lines),
+        env=env,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -280,3 +283,41 @@ def test_hub_interface_refuses_sentencepiece_data_without_a_model(
     ):
         hub_load(monkeypatch, data)
     assert hub_load(monkeypatch, synthetic_bin).bpe is None  # word-level data: nothing to do
+
+
+CONFIG = re.compile(r"\{'_name': None, 'common': \{")  # fairseq's whole configuration (10 kB)
+
+
+def test_configuration_is_kept_off_a_normal_run(synthetic_bin, model):
+    """Issue 46, item 7: fairseq-deep-train and -interactive printed fairseq's whole configuration
+    as their second line; it is logged at DEBUG level (LOGLEVEL=DEBUG shows it)."""
+    train_log = (model.parent / "train.log").read_text()
+    assert not any(CONFIG.search(line) for line in train_log.splitlines())
+    for normal in ("| task: ", "| model: ", "| criterion: ", "| num. shared model params: "):
+        assert normal in train_log, normal
+    assert re.search(r"\| progress: update 1\b", train_log)  # the progress line remains
+    words = open(synthetic_bin / "dict.src.txt").read().split()[::2][4:9]
+    hyps, log = interactive(synthetic_bin, model, [" ".join(words)])
+    assert sorted(hyps) == [0]
+    assert not any(CONFIG.search(line) for line in log.splitlines())
+    assert "| loading model(s) from " in log
+    _, debug_log = interactive(
+        synthetic_bin, model, [" ".join(words)], env=dict(os.environ, LOGLEVEL="DEBUG")
+    )
+    shown = [line for line in debug_log.splitlines() if CONFIG.search(line)]
+    assert len(shown) == 1 and "| DEBUG | fairseq_cli.interactive | " in shown[0]
+
+
+def test_empty_input_is_said(synthetic_bin, model):
+    """Issue 46, item 7: on an empty stdin fairseq-interactive prints nothing; one warning line
+    says so, exit status 0 (as fairseq's)."""
+    hyps, log = interactive(synthetic_bin, model, [])
+    assert hyps == {}
+    said = [line for line in log.splitlines() if "no input lines" in line]
+    assert len(said) == 1, log[-2000:]
+    assert said == [
+        said[0].split(" | WARNING | ")[0]
+        + " | WARNING | fairseq_deep.interactive | no input lines (stdin was empty): "
+        "nothing to translate"
+    ], log[-2000:]
+    assert "Traceback" not in log

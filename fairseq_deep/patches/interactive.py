@@ -14,12 +14,14 @@ Replaces:
   (:func:`~fairseq_deep.data.sentencepiece_data.sentencepiece_to_apply`), it applies ``--bpe
   sentencepiece --sentencepiece-model M`` with the ``spm.model`` found beside the data, with a
   warning naming it, or stops with one line naming the flags to add.  The hub interface gets the
-  same check (:mod:`.hub`), worded in its keyword arguments.
+  same check (:mod:`.hub`), worded in its keyword arguments; and on an input without a line
+  (empty stdin or ``--input`` file), where fairseq-interactive prints nothing, it says so in one
+  warning line (exit status 0, as fairseq's).
 
 Versions: every fairseq 0.12 (0.12.2 and ve-fairseq 0.12.3).
 
 Pinned by: tests/test_interactive.py (``test_every_line_gets_one_hypothesis``,
-``test_cut_line_equals_its_first_tokens``, the sentencepiece tests).
+``test_cut_line_equals_its_first_tokens``, the sentencepiece tests, ``test_empty_input_is_said``).
 """
 
 import logging
@@ -115,7 +117,26 @@ def make_batches_kept_going(make_batches):
         yield from make_batches(lines, cfg, task, max_positions, encode_fn)
 
     kept_going._fairseq_deep = True
+    kept_going.lines_seen = lambda: seen[0]
     return kept_going
+
+
+def with_empty_input_said(main, lines_seen):
+    """fairseq-interactive's ``main(cfg)``, which warns in one line when its input had no line
+    (``lines_seen()``: the lines its ``make_batches`` was given)."""
+
+    def said(cfg, *args, **kwargs):
+        result = main(cfg, *args, **kwargs)
+        if lines_seen() == 0:
+            source = cfg.interactive.input
+            logger.warning(
+                "no input lines (%s was empty): nothing to translate",
+                "stdin" if source == "-" else source,
+            )
+        return result
+
+    said._fairseq_deep = True
+    return said
 
 
 def with_sentencepiece_check(main, reparse):

@@ -23,7 +23,7 @@ from typing import List
 
 from .arguments import parse_args_and_arch_with_help, training_parser_with_model_from
 from .decoding_progress import install_decoding_progress
-from .interactive import make_batches_kept_going, with_sentencepiece_check
+from .interactive import make_batches_kept_going, with_empty_input_said, with_sentencepiece_check
 from .training_progress import install_training_progress
 
 
@@ -58,7 +58,8 @@ def install_generate():
 
 
 def install_interactive():
-    """Every input line one hypothesis; sentencepiece data without ``--bpe``."""
+    """Every input line one hypothesis; sentencepiece data without ``--bpe``; an empty input
+    said."""
     from fairseq_cli import interactive as fairseq_interactive
 
     if not getattr(fairseq_interactive.make_batches, "_fairseq_deep", False):
@@ -75,5 +76,10 @@ def install_interactive():
 
     if not getattr(
         fairseq_interactive.main, "_fairseq_deep", False
-    ):  # sentencepiece data without --bpe
-        fairseq_interactive.main = with_sentencepiece_check(fairseq_interactive.main, reparse)
+    ):  # sentencepiece data without --bpe; an input without a line said
+        fairseq_interactive.main = with_sentencepiece_check(
+            with_empty_input_said(
+                fairseq_interactive.main, fairseq_interactive.make_batches.lines_seen
+            ),
+            reparse,
+        )
