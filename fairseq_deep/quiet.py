@@ -24,7 +24,7 @@ Two kinds, each filtered by its exact message (and category or logger), never wh
   their second line.  Our console scripts (:func:`config_at_debug`, called by ``fairseq_deep.cli``
   only: plain ``fairseq-train --user-dir`` keeps it) log it at DEBUG level instead: ``LOGLEVEL=DEBUG
   fairseq-deep-train ...`` shows it (fairseq's own variable), and every checkpoint holds it
-  (``torch.load(ck)["cfg"]``).
+  (its ``cfg``).
 """
 
 import logging
