@@ -176,6 +176,10 @@ def test_console_script_needs_no_user_dir(trained, synthetic_bin, generated, tmp
         fresh=True,
     )
     assert hypotheses(proc.stdout) == hypotheses(generated)
+    # fairseq's whole configuration is logged at DEBUG only (issue 46, item 7), as in -train
+    log = proc.stdout + proc.stderr
+    assert "| fairseq_cli.generate | loading model(s) from " in log
+    assert "{'_name': None, 'common': {" not in log
 
 
 def test_plain_generate_without_user_dir_fails(trained, synthetic_bin, tmp_path):
