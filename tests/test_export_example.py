@@ -39,7 +39,7 @@ def test_translate_py_prints_no_deprecation_of_fairseqs_pins():
 
 
 STUBS = {  # the programs run.sh runs, standing in for a dry run: they record what they are given
-    "fairseq-deep-export": 'mkdir -p "${@: -1}"\n',
+    "fairseq-deep-export": 'while [ "$1" != --out ]; do shift; done; mkdir -p "$2"\n',
     "fairseq-generate": 'echo "2026-01-01 | INFO | fairseq_cli.generate | Generate test"\n',
     "fairseq-deep-score": 'echo "$*" >> "$STUB_OUT/score.args"\n',
     # python "$HERE/translate.py" ...: what it reads on its standard input, one line out per line in
@@ -81,6 +81,7 @@ def test_run_sh_reads_a_gzip_input_as_the_recipe_takes_it(tmp_path):
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=str(tmp_path),
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert (tmp_path / "translate.stdin").read_text(encoding="utf-8") == text, source
