@@ -13,9 +13,17 @@ for run.sh: the training and decoding commands, and the seconds to keep for what
 (its start-up and last validation, averaging, decoding at the speed measured).  run.sh gives
 training what is left of ``MINUTES`` after preparation and that reserve, as fairseq's
 ``--stop-time-hours``.  ``checkpoint`` averages the last epoch checkpoints of the second half of
-training (and the final one), or names ``checkpoint_best.pt`` when there are too few.  ``score``
+training (and the final one), or names ``checkpoint_best.pt`` when there are too few, and warns
+when training ended before the end of warm-up (:func:`short_of_warmup`).  ``score``
 puts the hypotheses of fairseq-generate back in input order and prints one sacreBLEU line with
 its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
+
+RAW's validation set is ``valid.SRC``/``.TGT``, or Multi30k's ``val.*`` where those are missing
+(said); a missing file's error names the files of RAW that look like it
+(``test_2016_flickr.de.gz``).
+A run in a WORK that holds an earlier run's ``train.log``, ``generate.out``, ``score.txt`` and
+``test.hyp`` keeps them as ``NAME.N`` (:func:`earlier_run`; said), as the checkpoints and the
+preparation are kept and resumed.
 
 Decoding's reserve may take at most :data:`DECODE_SHARE` of the budget (``setup`` says when the
 measured bound is more, with the MINUTES that keep enough for all); training warns after its
@@ -46,8 +54,14 @@ from .cli import PLUGIN_DIR, check_arch
 from .errors import ArgumentParser, UserError, report_user_errors
 from .models import families
 from .models.families import Spec
-from .prepare import check_aligned, check_inputs, open_text, read_lines
-from .progress import DEADLINE_STOP, DECODE_FRACTION_ENV, DECODE_SUBSET
+from .prepare import check_aligned, check_inputs, find_file, open_text, read_lines
+from .progress import (
+    DEADLINE_STOP,
+    DECODE_FRACTION_ENV,
+    DECODE_SUBSET,
+    RECIPE_BUDGET_ENV,
+    recipe_minutes,
+)
 from .quiet import quiet_warnings
 from .runs import Part, Run, flags, read_generate, recipes
 
@@ -86,6 +100,13 @@ PIECES_PER_WORD = 1.3
 PROBE_STEPS = 8
 #: seconds of the budget after decoding's deadline: fairseq-generate's summary and exit, and scoring
 END_MARGIN_S = 15
+#: the splits of RAW, and the other names of a split taken where its own files are missing (Multi30k
+#: names its validation set val.de.gz, val.en.gz)
+SPLITS = ("train", "valid", "test")
+SPLIT_NAMES = {"valid": ("val",)}
+#: what a run of run.sh writes in WORK and a later run would overwrite (the preparation and the
+#: checkpoints are reused, not rewritten): an earlier run's are kept as NAME.N (:func:`earlier_run`)
+RUN_FILES = ("train.log", "generate.out", "score.txt", "test.hyp")
 #: the most of the budget that decoding's reserve may take: the budget is for training.  Decoding
 #: itself decides how much of the test set the time left allows, from its own speed (progress's
 #: decoding plan): all of it when it fits, else an evenly spaced subset.  (A 12-minute run on
@@ -347,6 +368,74 @@ def sentences_and_words(path: str) -> Tuple[int, float]:
     return lines, words / max(1, lines)
 
 
+def _has(prefix: str, *langs: str) -> bool:
+    """``PREFIX.LANG`` (plain or .gz) of every one of ``langs`` is there."""
+    return all(any(os.path.exists(f"{prefix}.{lang}{gz}") for gz in ("", ".gz")) for lang in langs)
+
+
+def split_prefixes(raw: str, src: str, tgt: str) -> Dict[str, str]:
+    """RAW's prefix of each split: ``RAW/SPLIT``, or one of the split's other names
+    (:data:`SPLIT_NAMES`: Multi30k's ``val``) where ``SPLIT.SRC`` or ``SPLIT.TGT`` is missing and
+    both files of the other name are there (plain or .gz)."""
+    prefixes = {}
+    for split in SPLITS:
+        prefix = os.path.join(raw, split)
+        if not _has(prefix, src, tgt):
+            prefix = next(
+                (
+                    os.path.join(raw, other)
+                    for other in SPLIT_NAMES.get(split, ())
+                    if _has(os.path.join(raw, other), src, tgt)
+                ),
+                prefix,
+            )
+        prefixes[split] = prefix
+    return prefixes
+
+
+def look_alikes(raw: str, split: str, lang: str) -> List[str]:
+    """The files of RAW that may be ``split``'s in ``lang`` under another name (its other names
+    and ``SPLIT*.LANG[.gz]``: Multi30k's ``test_2016_flickr.de.gz``)."""
+    stems = (split, *SPLIT_NAMES.get(split, ()))
+    lang_end = re.compile(rf"\.{re.escape(lang)}(\.gz)?$")
+    return sorted(
+        name for name in os.listdir(raw) if name.startswith(stems) and lang_end.search(name)
+    )
+
+
+def find_inputs(raw: str, src: str, tgt: str) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """``(prefixes, files)`` of the splits (:func:`split_prefixes`, :func:`check_inputs`); a
+    missing file's error names the files of RAW that look like it, and what to do."""
+    prefixes = split_prefixes(raw, src, tgt)
+    for split, prefix in prefixes.items():
+        for lang in (src, tgt):
+            try:
+                find_file(prefix, lang)
+            except UserError as e:
+                alikes = look_alikes(raw, split, lang)
+                if not alikes:
+                    raise
+                raise UserError(
+                    f"{e}; {raw} holds {', '.join(alikes)}: name (or link) the one to use "
+                    f"{split}.{lang}{'.gz' if alikes[0].endswith('.gz') else ''}"
+                ) from None
+    return prefixes, check_inputs(prefixes, src, tgt)
+
+
+def earlier_run(work: str) -> Tuple[int, List[Tuple[str, str]]]:
+    """What a new run in ``work`` would overwrite (:data:`RUN_FILES` there) and the names it is
+    kept under: ``NAME.N``, N the first number no file of :data:`RUN_FILES` has yet, so that an
+    earlier run's files keep one number (``.1`` the first run's, ``.2`` the second's, ...).
+    ``(0, [])`` when there is none.  run.sh renames them (``EARLIER``); nothing is written here."""
+    present = [name for name in RUN_FILES if os.path.exists(os.path.join(work, name))]
+    if not present:
+        return 0, []
+    n = 1
+    while any(os.path.exists(os.path.join(work, f"{name}.{n}")) for name in RUN_FILES):
+        n += 1
+    return n, [(os.path.join(work, name), os.path.join(work, f"{name}.{n}")) for name in present]
+
+
 def detect_device(env: Dict[str, str]) -> str:
     if env.get("DEVICE", "").strip() == "--cpu":  # run.sh's old setting
         return "cpu"
@@ -386,8 +475,7 @@ def setup(
     device = detect_device(env)
     s = settings_from_env(env, device)
     check_arch(["fairseq-train", "--arch", arch])  # a mistyped name: the nearest ones
-    prefixes = {split: os.path.join(raw, split) for split in ("train", "valid", "test")}
-    files = check_inputs(prefixes, src, tgt)
+    prefixes, files = find_inputs(raw, src, tgt)
     check_aligned(
         files, prefixes, src, tgt
     )  # an empty or misaligned file: before any folder is made
@@ -420,6 +508,7 @@ def setup(
         parts["decoding"] = min(decode_all, DECODE_SHARE * budget)
     reserve = int(math.ceil(sum(parts.values())))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
+    _, renamed = earlier_run(work)
     values = {
         "WORK": work,
         "SAVE": save_dir,
@@ -443,6 +532,7 @@ def setup(
         "INTERACTIVE": interactive_run(
             data_bin, src, tgt, os.path.join(work, "spm.model"), device
         ).arguments(user_dir=False),
+        "EARLIER": [path for pair in renamed for path in pair],  # run.sh: mv FROM TO, in pairs
     }
     for name, value in values.items():
         print(_shell(name, value), file=out)
@@ -464,6 +554,21 @@ def setup(
         ),
         file=log,
     )
+    for split, prefix in prefixes.items():
+        name = os.path.basename(prefix)
+        if name != split:  # Multi30k's val.*
+            print(
+                f"{PROG}: the {split} set is {files[f'{split}.{src}']} and "
+                f"{files[f'{split}.{tgt}']} (no {split}.{src}, {split}.{tgt} in {raw}: "
+                f"{name}.* taken instead)",
+                file=log,
+            )
+    if renamed:
+        print(
+            f"{PROG}: the earlier run's files in {work} are kept (this run writes new ones): "
+            + ", ".join(f"{os.path.basename(a)} as {os.path.basename(b)}" for a, b in renamed),
+            file=log,
+        )
     if decode_all > parts["decoding"]:
         print(
             f"{PROG}: decoding all {test_sentences:,} test sentences could take up to {decode_all:.0f} s at the "
@@ -492,15 +597,55 @@ def choose_checkpoints(last_updates: int, epochs: Sequence[Tuple[str, int]], n: 
     return chosen + ["checkpoint_last.pt"] if chosen else []
 
 
-def _updates(path: str) -> int:
-    state = load_as_saved(path)
+def _num_updates(state: Dict) -> int:
     history = state.get("optimizer_history") or [{}]
     return int(history[-1].get("num_updates", 0))
 
 
-def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
+def _updates(path: str) -> int:
+    return _num_updates(load_as_saved(path))
+
+
+def _cfg_section(state: Dict, name: str) -> Dict:
+    """A section of the checkpoint's fairseq configuration (``{}`` in one saved without it)."""
+    cfg = state.get("cfg") or {}
+    return (cfg.get(name) if hasattr(cfg, "get") else None) or {}
+
+
+def short_of_warmup(state: Dict, recipe: Optional[str] = None) -> Optional[str]:
+    """The warning of a training that ended before the end of its warm-up (the checkpoint's
+    updates fewer than its ``--warmup-updates``: the learning rate never reached its peak, e.g.
+    383 of 400 updates in the budget), with what to do: a larger MINUTES (the one that reaches it
+    at the run's own speed, with the recipe's figures, :data:`RECIPE_BUDGET_ENV`) or MAX_UPDATE,
+    or a shorter warm-up; None when warm-up ended.  Training's own warning foresees this after its
+    first updates (progress.BudgetCheck), but only where the speed of those updates says so:
+    validations and saves slow it later."""
+    updates = _num_updates(state)
+    warmup = int(_cfg_section(state, "lr_scheduler").get("warmup_updates") or 0)
+    if updates >= warmup:
+        return None
+    max_update = int(_cfg_section(state, "optimization").get("max_update") or 0)
+    if max_update and updates >= max_update:
+        larger = f"a larger MAX_UPDATE ({warmup:,} or more)"
+    else:
+        seconds = float((state.get("extra_state") or {}).get("previous_training_time") or 0)
+        minutes = recipe_minutes(recipe, seconds * warmup / max(1, updates)) if seconds else None
+        larger = (
+            f"a larger MINUTES ({minutes} reaches it at this run's speed)"
+            if minutes
+            else ("a larger MINUTES")
+        )
+    return (
+        f"training ended after {updates:,} updates, before the end of warm-up (--warmup-updates "
+        f"{warmup:,}): the learning rate never reached its peak. {larger[0].upper()}{larger[1:]}, "
+        f"or a shorter warm-up (WARMUP={max(1, updates // 2)} or less), trains past it"
+    )
+
+
+def checkpoint(save_dir: str, n: int, log=sys.stderr, recipe: Optional[str] = None) -> str:
     """The checkpoint to decode: the average of :func:`choose_checkpoints` (written to
-    ``SAVE_DIR/checkpoint_average.pt``) or ``checkpoint_best.pt``."""
+    ``SAVE_DIR/checkpoint_average.pt``) or ``checkpoint_best.pt``; first a warning when training
+    ended before the end of warm-up (:func:`short_of_warmup`; ``recipe``: run.sh's figures)."""
     best = os.path.join(save_dir, "checkpoint_best.pt")
     last = os.path.join(save_dir, "checkpoint_last.pt")
     if not os.path.exists(last):
@@ -516,7 +661,11 @@ def checkpoint(save_dir: str, n: int, log=sys.stderr) -> str:
         if n >= 2
         else []
     )
-    last_updates = _updates(last)
+    state = load_as_saved(last)
+    last_updates = _num_updates(state)
+    warning = short_of_warmup(state, recipe)
+    if warning:
+        print(f"{PROG}: warning: {warning}", file=log)
     chosen = choose_checkpoints(last_updates, epochs, n)
     if not chosen:
         print(
@@ -607,7 +756,8 @@ def main(argv: Optional[Sequence[str]] = None):
     elif a.command == "checkpoint":
         if len(rest) != 2:
             p.error("checkpoint SAVE_DIR N")
-        report_user_errors(lambda: print(checkpoint(rest[0], int(rest[1]))), PROG)
+        recipe = os.environ.get(RECIPE_BUDGET_ENV)
+        report_user_errors(lambda: print(checkpoint(rest[0], int(rest[1]), recipe=recipe)), PROG)
     else:
         if len(rest) != 3:
             p.error("score REFERENCE GENERATE_OUT HYP_OUT")

@@ -25,7 +25,8 @@ A budget too small to learn: after its first updates (:data:`BUDGET_CHECK_UPDATE
 ``--stop-time-hours`` checks, at the rate measured, how many updates the budget reaches; where that
 is short of the end of warm-up (``--warmup-updates``; without warm-up, :data:`FEW_UPDATES`), it says
 so at once, with the training time (and, under a recipe that sets :data:`RECIPE_BUDGET_ENV`, the
-recipe's setting, ``MINUTES=N``) that would reach it.
+recipe's setting, ``MINUTES=N``) that would reach it, or a warm-up of at most half the updates in
+reach.
 
 A deadline for decoding: :data:`DEADLINE_ENV` (``FAIRSEQ_DEEP_DEADLINE``, a Unix time in seconds,
 e.g. ``$(( $(date +%s) + 600 ))``) makes ``fairseq-deep-generate``'s batch iterator start no batch
@@ -187,6 +188,8 @@ class BudgetCheck:
         minutes = recipe_minutes(self.recipe, needed)
         if minutes is not None:
             text += f"; {minutes} would"
+        if self.warmup and self.target == self.warmup:
+            text += f"; or a shorter warm-up (--warmup-updates {max(1, int(reached) // 2)} or less)"
         return text
 
 

@@ -116,6 +116,113 @@ def test_empty_inputs_are_refused_before_any_folder_is_made(raw, tmp_path, empti
     assert not (tmp_path / "work").exists()
 
 
+def multi30k_names(raw, tmp_path):
+    """RAW as Multi30k names its files: val.* for valid.*, test_2016_flickr.* for test.*, gzipped."""
+    import gzip
+
+    mine = tmp_path / "m30k"
+    mine.mkdir()
+    for split, name in (("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")):
+        for lang in ("src", "tgt"):
+            with open(os.path.join(raw, f"{split}.{lang}"), "rb") as f, gzip.open(
+                mine / f"{name}.{lang}.gz", "wb"
+            ) as g:
+                g.write(f.read())
+    return mine
+
+
+def test_multi30ks_own_names_are_taken_or_named(raw, tmp_path):
+    """Issue 46: RAW without valid.* but with Multi30k's val.* validates on them, and says so;
+    without test.*, the error names the test_2016_flickr.* found beside it and what to do."""
+    mine = multi30k_names(raw, tmp_path)
+    with pytest.raises(UserError) as e:
+        run_setup(["transformer_dlcl"], env_for(str(mine), tmp_path))
+    assert str(e.value) == (
+        f"no file {mine}/test.src (or {mine}/test.src.gz); {mine} holds test_2016_flickr.src.gz: "
+        "name (or link) the one to use test.src.gz"
+    )
+    assert not (tmp_path / "work").exists()
+    for lang in ("src", "tgt"):
+        os.symlink(mine / f"test_2016_flickr.{lang}.gz", mine / f"test.{lang}.gz")
+    values, log = run_setup(["transformer_dlcl"], env_for(str(mine), tmp_path))
+    assert values["PREFIX_VALID"] == str(mine / "val") and values["PREFIX_TEST"] == str(
+        mine / "test"
+    )
+    assert (
+        f"run.sh: the valid set is {mine}/val.src.gz and {mine}/val.tgt.gz (no valid.src, "
+        f"valid.tgt in {mine}: val.* taken instead)"
+    ) in log.splitlines()
+    # valid.* where they are: taken, val.* beside them left alone
+    (mine / "valid.src").write_text("a b\n")
+    (mine / "valid.tgt").write_text("c d\n")
+    values, log = run_setup(["transformer_dlcl"], env_for(str(mine), tmp_path))
+    assert values["PREFIX_VALID"] == str(mine / "valid") and "taken instead" not in log
+    # half of val.*: not taken, and named
+    (mine / "valid.tgt").unlink()
+    (mine / "val.tgt.gz").unlink()
+    with pytest.raises(UserError, match=re.escape(f"no file {mine}/valid.tgt (or")):
+        run_setup(["transformer_dlcl"], env_for(str(mine), tmp_path))
+
+
+def test_an_earlier_runs_files_are_kept_with_one_number(tmp_path):
+    """Issue 46: a second run in the same WORK overwrote the first's train.log, generate.out,
+    score.txt and test.hyp; they are kept as NAME.N, N the first number none of them has, so that
+    one run's files share it."""
+    work = tmp_path / "work"
+    assert own_data.earlier_run(str(work)) == (0, [])
+    work.mkdir()
+    assert own_data.earlier_run(str(work)) == (0, [])
+    for name in ("train.log", "score.txt"):
+        (work / name).write_text("run 2")
+    (work / "generate.out.1").write_text("run 1")  # the first run's, a failed decoding: no score
+    n, renamed = own_data.earlier_run(str(work))
+    assert n == 2 and renamed == [
+        (str(work / "train.log"), str(work / "train.log.2")),
+        (str(work / "score.txt"), str(work / "score.txt.2")),
+    ]
+    assert set(own_data.RUN_FILES) == {"train.log", "generate.out", "score.txt", "test.hyp"}
+
+
+def fake_checkpoint(updates, warmup, max_update=0, seconds=383.0):
+    return {
+        "model": {},
+        "optimizer_history": [{"num_updates": updates}],
+        "cfg": {
+            "lr_scheduler": {"warmup_updates": warmup},
+            "optimization": {"max_update": max_update},
+        },
+        "extra_state": {"previous_training_time": seconds},
+    }
+
+
+def test_a_training_that_ends_before_its_warmup_does_is_said_with_what_to_do(tmp_path):
+    """Issue 46: 383 of 400 warm-up updates fitted the budget, and nothing said so (training's
+    early warning foresaw the end of warm-up at the speed of its first updates).  Decoding's
+    checkpoint step says so, with the MINUTES that reach it at the run's speed (383 updates in
+    383 s: 400 s, and the recipe's 120 s outside training: MINUTES=9) or a shorter warm-up."""
+    warning = own_data.short_of_warmup(fake_checkpoint(383, 400), "MINUTES 120")
+    assert warning == (
+        "training ended after 383 updates, before the end of warm-up (--warmup-updates 400): the "
+        "learning rate never reached its peak. A larger MINUTES (MINUTES=9 reaches it at this run's "
+        "speed), or a shorter warm-up (WARMUP=191 or less), trains past it"
+    )
+    assert "A larger MINUTES, or" in own_data.short_of_warmup(fake_checkpoint(383, 400))
+    assert "A larger MAX_UPDATE (400 or more)" in own_data.short_of_warmup(
+        fake_checkpoint(300, 400, max_update=300)
+    )
+    for state in (fake_checkpoint(400, 400), fake_checkpoint(383, 0), {"model": {}}):
+        assert own_data.short_of_warmup(state) is None
+    save = tmp_path / "save"
+    save.mkdir()
+    import torch
+
+    torch.save(fake_checkpoint(383, 400), save / "checkpoint_last.pt")
+    log = io.StringIO()
+    assert own_data.checkpoint(str(save), 0, log=log) == str(save / "checkpoint_best.pt")
+    first = log.getvalue().splitlines()[0]
+    assert first.startswith("run.sh: warning: training ended after 383 updates, before the end of")
+
+
 def test_decodings_reserve_is_the_speed_measured_and_at_most_its_share(raw, tmp_path):
     """Issue 40: the seconds kept for decoding are those of the speed measured on this machine
     (the encoder and the steps of beam search of the recipe's model, to the length bound), at
@@ -342,6 +449,8 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
         PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
         PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
     )
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "score.txt").write_text("the first run's score\n")  # issue 46: kept
     before = int(time.time())
     proc = subprocess.run(
         ["bash", RUN_SH], env=env, capture_output=True, text=True, cwd=str(tmp_path)
@@ -377,6 +486,12 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
         and "DLCLModel(" not in proc.stdout
     )
     assert "'common'" in (tmp_path / "work" / "train.log").read_text()
+    assert (tmp_path / "work" / "score.txt.1").read_text() == "the first run's score\n"
+    assert "sacreBLEU on 1 of 9" in (tmp_path / "work" / "score.txt").read_text()
+    assert (
+        f"run.sh: the earlier run's files in {tmp_path / 'work'} are kept (this run writes new "
+        "ones): score.txt as score.txt.1"
+    ) in proc.stderr
 
 
 def test_run_sh_is_valid_bash():

@@ -323,7 +323,8 @@ def test_a_budget_too_small_to_learn_is_said_after_the_first_updates_with_the_mi
     assert record.getMessage() == (
         "progress: a budget too small to learn: at 0.2 updates/s, --stop-time-hours 0.05 ends training after about "
         "36 updates, before the end of warm-up (--warmup-updates 400): the model will hardly have learnt. About "
-        "0:33:20 of training reach it (--stop-time-hours 0.556); MINUTES=36 would"
+        "0:33:20 of training reach it (--stop-time-hours 0.556); MINUTES=36 would; or a shorter "
+        "warm-up (--warmup-updates 18 or less)"  # issue 46: half the updates in reach
     )
     clock.t += 5.0
     progress.step(12, training_seconds=5.0 + clock.t)

@@ -11,12 +11,13 @@
 # the test split); INPUT: a file to translate, one sentence per line: raw text with SPM_MODEL (the
 # data's sentencepiece model, e.g. fairseq-deep-prepare's DESTDIR/spm.model), else pieces as in the
 # data; REFERENCE: the raw references of the test split (then INPUT is its raw source): both
-# engines' translations are scored with sacreBLEU.  Variables (defaults): COMPUTE_TYPE (the one the
-# export found fastest here), BEAM (5), MAX_LEN_A and MAX_LEN_B (1.2 and 10, the recipes' length
-# limit), BATCH (32), THREADS (2), DEVICE_ARGS ("--cpu" on a machine without GPU).
+# engines' translations are scored with sacreBLEU.  INPUT and REFERENCE: plain or .gz, as the
+# own-data recipe takes them (Multi30k's test_2016_flickr.de.gz).  Variables (defaults):
+# COMPUTE_TYPE (the one the export found fastest here), BEAM (5), MAX_LEN_A and MAX_LEN_B (1.2 and
+# 10, the recipes' length limit), BATCH (32), THREADS (2), DEVICE_ARGS ("--cpu" without a GPU).
 set -euo pipefail
 if [ $# -lt 3 ]; then
-    sed -n '2,17p' "$0"
+    sed -n '2,18p' "$0"
     exit 2
 fi
 CK=$1 DATA=$2 WORK=$3 INPUT=${4:-} SPM=${5:-} REF=${6:-}
@@ -50,9 +51,11 @@ fi
 # 3. CTranslate2 in $COMPUTE_TYPE, with the settings that give fairseq-generate's hypotheses
 if [ -n "$INPUT" ]; then
     DEVICE=$([ "$DEVICE_ARGS" = "--cpu" ] && echo cpu || echo cuda)
-    python "$HERE/translate.py" "$WORK/ct2" ${SPM:+--spm "$SPM"} --beam "$BEAM" \
+    # the input as it is stored, plain or gzip (fairseq-deep-score reads a .gz REFERENCE itself)
+    case "$INPUT" in *.gz) gzip -dc -- "$INPUT" ;; *) cat -- "$INPUT" ;; esac |
+        python "$HERE/translate.py" "$WORK/ct2" ${SPM:+--spm "$SPM"} --beam "$BEAM" \
         --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" --batch "$BATCH" --threads "$THREADS" \
-        --device "$DEVICE" --compute-type "$COMPUTE_TYPE" < "$INPUT" > "$WORK/ct2.txt"
+        --device "$DEVICE" --compute-type "$COMPUTE_TYPE" > "$WORK/ct2.txt"
     echo "ct2 ($COMPUTE_TYPE): $(wc -l < "$WORK/ct2.txt") translations in $WORK/ct2.txt"
     if [ -n "$REF" ]; then
         fairseq-deep-score "$WORK/ct2.txt" --ref "$REF" | tee "$WORK/ct2.score"

@@ -16,10 +16,27 @@ is fairseq-generate's length limit (A x the batch's longest source + B; the reci
 
 import argparse
 import sys
+import warnings
 
 import ctranslate2
 
-from fairseq_deep.serving import translate
+
+def _import_quietly():
+    """``fairseq_deep.serving.translate``, without the warnings a normal run keeps off its output
+    (``fairseq_deep.quiet``: importing the package imports fairseq, whose import of fairscale warns
+    that ``torch.cuda.amp.custom_fwd`` is deprecated).  The filters come with the package, so the
+    warnings of its import are caught and shown after it, but for those the filters drop
+    (``PYTHONWARNINGS`` or ``-W`` still apply first)."""
+    with warnings.catch_warnings(record=True) as caught:
+        from fairseq_deep.quiet import quiet_warnings
+        from fairseq_deep.serving import translate
+    quiet_warnings()
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return translate
+
+
+translate = _import_quietly()
 
 
 def main(argv=None):

@@ -4,7 +4,8 @@
 #
 #   SRC=de TGT=en RAW=path/to/raw [MINUTES=30] bash examples/own_data/run.sh [ARCH] [fairseq-train flags]
 #
-# RAW holds train.SRC, train.TGT, valid.*, test.* (plain or .gz), one raw sentence per line.
+# RAW holds train.SRC, train.TGT, valid.*, test.* (plain or .gz), one raw sentence per line;
+# without valid.*, Multi30k's val.* are taken (and said).
 # ARCH: any architecture of the package (default transformer_dlcl; fairseq-deep-list-archs lists
 # them, `fairseq-deep-train --arch X --help` shows their options); the flags go to fairseq-train
 # last, so they override the script's.  Settings by environment (defaults CPU / CUDA):
@@ -24,15 +25,18 @@
 #   training; 0: decode checkpoint_best.pt), LOG_INTERVAL (10 / 100), PRECISION (e.g. --fp16 or
 #   --bf16 on a GPU), DEVICE=--cpu (use the CPU although CUDA is there).
 # Everything is checked before any work; preparation is done once (WORK/prepare.stamp); running
-# again resumes WORK/checkpoints/ARCH_wWIDTH/checkpoint_last.pt (delete it to start afresh).
+# again resumes WORK/checkpoints/ARCH_wWIDTH/checkpoint_last.pt (delete it to start afresh) and
+# keeps the earlier run's train.log, generate.out, score.txt and test.hyp as NAME.1 (then .2, ...).
 set -euo pipefail
 START=$(date +%s)
 export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
 eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
-               # RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE
+               # RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE EARLIER
 mkdir -p "$WORK"
+# an earlier run's train.log, generate.out, score.txt and test.hyp are kept as NAME.N (setup says so)
+for ((i = 0; i < ${#EARLIER[@]}; i += 2)); do mv -- "${EARLIER[i]}" "${EARLIER[i + 1]}"; done
 
 # 1. sentencepiece (joint) + fairseq-preprocess, unless WORK/prepare.stamp says it is done
 echo "== 1/4 preparing $WORK (sentencepiece, fairseq-preprocess)"
