@@ -21,6 +21,10 @@ its signature (and chrF), and says what fairseq-generate's own BLEU4 is.
 RAW's validation set is ``valid.SRC``/``.TGT``, or Multi30k's ``val.*`` where those are missing
 (said); a missing file's error names the files of RAW that look like it
 (``test_2016_flickr.de.gz``).
+``setup`` says whether CTranslate2 can serve the model (:func:`why_not_served`: the family's rule
+of fairseq-deep-export), and gives run.sh the commands it prints at its end: the export, or for a
+model that does not export the path around it (:func:`serving_runs`: distil the training set,
+train a :data:`STUDENT_ARCH` student on it, export the student).
 A run in a WORK that holds an earlier run's ``train.log``, ``generate.out``, ``score.txt`` and
 ``test.hyp`` keeps them as ``NAME.N`` (:func:`earlier_run`; said), as the checkpoints and the
 preparation are kept and resumed.
@@ -311,18 +315,31 @@ def train_command(
     return train_run(s, arch, data_bin, save_dir, extra).arguments(user_dir=False)
 
 
+def search(s: Settings, **settings) -> Part:
+    """The recipe's beam search (``settings``: more of :func:`recipes.decoding`'s).  Output at most
+    1.2 x the source + 10 tokens long, so that an undertrained model that repeats itself cannot
+    stretch the decoding time."""
+    return recipes.decoding(
+        **settings, beam=s.beam, batch_size=DECODE_BATCH, max_len_a=1.2, max_len_b=10
+    )
+
+
+def on_device(s: Settings) -> List[Part]:
+    """The recipe's device and precision options of a decoding run."""
+    return [
+        Part("settings", flags({"cpu": s.device == "cpu"})),
+        Part("precision", shlex.split(s.precision)),
+    ]
+
+
 def generate_run(s: Settings, data_bin: str) -> Run:
-    """fairseq-generate of the test set but --path.  Output at most 1.2 x the source + 10 tokens
-    long, so that an undertrained model that repeats itself cannot stretch the decoding time."""
+    """fairseq-generate of the test set but --path (:func:`search`)."""
     return Run.of(
         "generate",
         data_bin,
-        recipes.decoding(
-            gen_subset="test", beam=s.beam, batch_size=DECODE_BATCH, max_len_a=1.2, max_len_b=10
-        ),
+        search(s, gen_subset="test"),
         recipes.post_process("sentencepiece"),
-        {"cpu": s.device == "cpu"},
-        Part("precision", shlex.split(s.precision)),
+        *on_device(s),
     )
 
 
@@ -340,6 +357,61 @@ def interactive_run(data_bin: str, src: str, tgt: str, spm_model: str, device: s
         recipes.sentencepiece(spm_model),
         ["--cpu"] if device == "cpu" else [],
     )
+
+
+# ----------------------------------------------------------------------------------------- serving
+
+#: the student of a model that CTranslate2 cannot serve: a pre-norm Transformer of the recipe's width,
+#: 6 + 6 layers (the family's baseline, which fairseq-deep-export folds into fairseq's transformer)
+STUDENT_ARCH = "transformer_prenorm"
+
+
+def why_not_served(args: argparse.Namespace) -> Optional[str]:
+    """None when the recipe's model (one of this package's) is served by CTranslate2 after
+    training (fairseq-deep-export: it reduces to fairseq's transformer), else why not (the family's
+    declared rule).  The rules read what a model is built of (its history, its layers), never its
+    weights, so a freshly built model of the recipe's options (a dictionary of a few pieces: fast)
+    answers for the trained one."""
+    import torch
+    from fairseq import tasks
+    from fairseq.data import Dictionary
+
+    from .models.reduction import why_not_transformer
+
+    d = Dictionary()
+    with torch.random.fork_rng():
+        model = tasks.translation.TranslationTask(args, d, d).build_model(args)
+    return why_not_transformer(families.spec(args.arch).model, model)
+
+
+def serving_runs(s: Settings, data_bin: str, work: str, served: bool) -> Dict[str, Run]:
+    """What run.sh prints at its end to serve the model with CTranslate2, but the checkpoint it
+    decoded (run.sh adds it): a model that reduces, ``export`` (fairseq-deep-export); one that does
+    not, the path around it (docs/distill.md): ``distill`` (the teacher's translations of the
+    training set, fairseq-deep-distill, with the recipe's decoding), ``student`` (a
+    :data:`STUDENT_ARCH` trained on them by the recipe's settings) and ``export`` of the student."""
+    ct2 = os.path.join(work, "ctranslate2")
+    if served:
+        return {"export": Run.of("export", None, flags({"data": data_bin, "out": ct2}))}
+    distilled = os.path.join(work, "distilled")
+    save = os.path.join(work, "checkpoints", f"student_{STUDENT_ARCH}_w{s.width}")
+    return {
+        "distill": Run.of(
+            "distill", data_bin, search(s), *on_device(s), flags({"destdir": distilled})
+        ),
+        "student": train_run(s, families.spec(STUDENT_ARCH), distilled, save, []),
+        "export": Run.of(
+            "export",
+            None,
+            flags(
+                {
+                    "checkpoint": os.path.join(save, "checkpoint_best.pt"),
+                    "data": distilled,
+                    "out": ct2,
+                }
+            ),
+        ),
+    }
 
 
 def check_train_command(cmd: Sequence[str]) -> argparse.Namespace:
@@ -456,6 +528,7 @@ def setup(
     out=sys.stdout,
     log=sys.stderr,
     measure: Callable[..., Speed] = measure_speed,
+    served: Callable[[argparse.Namespace], Optional[str]] = why_not_served,
 ):
     """Check everything run.sh will do, time the model's decoding here (``measure``), and print
     run.sh's shell assignments (nothing is written)."""
@@ -509,6 +582,9 @@ def setup(
     reserve = int(math.ceil(sum(parts.values())))
     resumed = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt"))
     _, renamed = earlier_run(work)
+    own = families.spec(arch).family is None  # fairseq's own: ct2-fairseq-converter converts it
+    why_not = None if own else served(args)
+    serving = {} if own else serving_runs(s, data_bin, work, why_not is None)
     values = {
         "WORK": work,
         "SAVE": save_dir,
@@ -533,6 +609,9 @@ def setup(
             data_bin, src, tgt, os.path.join(work, "spm.model"), device
         ).arguments(user_dir=False),
         "EARLIER": [path for pair in renamed for path in pair],  # run.sh: mv FROM TO, in pairs
+        # what run.sh prints at its end to serve the model with CTranslate2 (the checkpoint added)
+        "SERVE": "" if own else "export" if why_not is None else "distill",
+        **{f"SERVE_{step.upper()}": run.console() for step, run in serving.items()},
     }
     for name, value in values.items():
         print(_shell(name, value), file=out)
@@ -554,6 +633,25 @@ def setup(
         ),
         file=log,
     )
+    if own:
+        print(
+            f"{PROG}: {arch} is fairseq's own model: CTranslate2's ct2-fairseq-converter converts "
+            "its checkpoint as it is",
+            file=log,
+        )
+    elif why_not is None:
+        print(
+            f"{PROG}: {arch} exports to CTranslate2 (fairseq-deep-export, docs/export.md): the end "
+            "of this run prints the command",
+            file=log,
+        )
+    else:
+        print(
+            f"{PROG}: {arch} does not export to CTranslate2 ({why_not}); the end of this run "
+            f"prints the commands that distil it into a {STUDENT_ARCH} student that does "
+            "(docs/distill.md)",
+            file=log,
+        )
     for split, prefix in prefixes.items():
         name = os.path.basename(prefix)
         if name != split:  # Multi30k's val.*

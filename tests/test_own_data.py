@@ -492,6 +492,70 @@ def test_run_sh_gives_decoding_the_budgets_end_as_its_deadline(raw, tmp_path):
         f"run.sh: the earlier run's files in {tmp_path / 'work'} are kept (this run writes new "
         "ones): score.txt as score.txt.1"
     ) in proc.stderr
+    # issue 46: DLCL does not export; said at the start, the distil-and-serve commands at the end
+    assert "run.sh: transformer_dlcl does not export to CTranslate2 (" in proc.stderr
+    ends = proc.stdout[proc.stdout.index("CTranslate2 cannot serve this model") :].splitlines()[1:]
+    distill, student, export = (shlex.split(line) for line in ends[:3])
+    ckpt = str(tmp_path / "work" / "checkpoints" / "transformer_dlcl_w128" / "checkpoint_best.pt")
+    assert distill[0] == "fairseq-deep-distill" and distill[-2:] == ["--path", ckpt]
+    assert student[0] == "fairseq-deep-train" and "--stop-time-hours" in student
+    assert student[student.index("--stop-time-hours") + 1] == shown_flag(shown[0])
+    assert export[0] == "fairseq-deep-export"
+
+
+def shown_flag(command: str, flag: str = "--stop-time-hours") -> str:
+    words = shlex.split(command)
+    return words[words.index(flag) + 1]
+
+
+def test_setup_says_whether_the_model_exports_and_how_to_serve_one_that_does_not(raw, tmp_path):
+    """Issue 46, item 7: the recipe says at its start which families CTranslate2 serves; for one it
+    does not, the commands run.sh prints at its end distil the model into a student that exports:
+    the teacher's translations of the training set with the recipe's decoding, a pre-norm
+    Transformer trained on them by the recipe's settings (a model that exports: asked of the
+    student's own command), the student exported."""
+    env = env_for(raw, tmp_path, WIDTH="32")
+    work, data_bin = env["WORK"], os.path.join(env["WORK"], "data-bin")
+    values, log = run_setup(["transformer_dlcl"], env)
+    assert values["SERVE"] == "distill"
+    assert "run.sh: transformer_dlcl does not export to CTranslate2 (" in log
+    assert (
+        "the end of this run prints the commands that distil it into a transformer_prenorm" in log
+    )
+    distill, student, export = (values[f"SERVE_{n}"] for n in ("DISTILL", "STUDENT", "EXPORT"))
+    distilled = os.path.join(work, "distilled")
+    assert distill[:2] == ["fairseq-deep-distill", data_bin]
+    assert distill[distill.index("--destdir") + 1] == distilled
+    assert shown_flag(" ".join(distill), "--beam") == shown_flag(
+        " ".join(values["GENERATE"]), "--beam"
+    )
+    assert "--gen-subset" not in distill and "--cpu" in distill  # the training split, on the CPU
+    assert student[:2] == ["fairseq-deep-train", distilled]
+    parsed = own_data.check_train_command(student[1:])
+    assert parsed.arch == own_data.STUDENT_ARCH and parsed.encoder_embed_dim == 32
+    assert own_data.why_not_served(parsed) is None  # the student exports
+    assert export == [
+        "fairseq-deep-export",
+        "--checkpoint",
+        os.path.join(parsed.save_dir, "checkpoint_best.pt"),
+        "--data",
+        distilled,
+        "--out",
+        os.path.join(work, "ctranslate2"),
+    ]
+
+    values, log = run_setup(["transformer_prenorm"], env)
+    assert values["SERVE"] == "export" and "SERVE_DISTILL" not in values
+    assert "run.sh: transformer_prenorm exports to CTranslate2 (fairseq-deep-export" in log
+    assert values["SERVE_EXPORT"] == [
+        "fairseq-deep-export",
+        "--data",
+        data_bin,
+        "--out",
+        os.path.join(work, "ctranslate2"),
+    ]
+    values, log = run_setup(["transformer"], env)
+    assert values["SERVE"] == "" and "ct2-fairseq-converter converts" in log
 
 
 def test_run_sh_is_valid_bash():

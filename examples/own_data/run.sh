@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1  # progress lines as they come, also through tee
 
 setup=$(RUN_START=$START python -m fairseq_deep.own_data setup "$@") || exit $?
 eval "$setup"  # WORK SAVE DATA_BIN PREFIX_* VOCAB BUDGET_S RESERVE_S MARGIN_S AVERAGE REF TRAIN() GENERATE() INTERACTIVE()
-               # RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE EARLIER
+               # RESERVE_FIXED_S DECODE_ALL_S DECODE_SHARE EARLIER SERVE SERVE_EXPORT() [SERVE_DISTILL() SERVE_STUDENT()]
 mkdir -p "$WORK"
 # an earlier run's train.log, generate.out, score.txt and test.hyp are kept as NAME.N (setup says so)
 for ((i = 0; i < ${#EARLIER[@]}; i += 2)); do mv -- "${EARLIER[i]}" "${EARLIER[i + 1]}"; done
@@ -97,3 +97,15 @@ python -m fairseq_deep.own_data score "$REF" "$WORK/generate.out" "$WORK/test.hy
 echo "run.sh: done in $(( $(date +%s) - START )) s (budget: $BUDGET_S s); translations: $WORK/test.hyp"
 echo "Translate your own sentences (sentencepiece applied and removed for you):"
 echo "  fairseq-deep-interactive ${INTERACTIVE[*]} --path $CKPT"
+# serving with CTranslate2 (setup said at the start whether the model exports)
+case "$SERVE" in
+  export)
+    echo "Serve it with CTranslate2 (docs/export.md):"
+    echo " $(printf ' %q' "${SERVE_EXPORT[@]}" --checkpoint "$CKPT")" ;;
+  distill)
+    echo "CTranslate2 cannot serve this model; distil it into a student that it serves, trained as long" \
+         "as this model was (docs/distill.md):"
+    echo " $(printf ' %q' "${SERVE_DISTILL[@]}" --path "$CKPT")"
+    echo " $(printf ' %q' "${SERVE_STUDENT[@]}" ${BUDGET_FLAGS[@]+"${BUDGET_FLAGS[@]}"})"
+    echo " $(printf ' %q' "${SERVE_EXPORT[@]}")" ;;
+esac

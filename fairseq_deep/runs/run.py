@@ -49,6 +49,7 @@ PROGRAMS = {
     "prepare": Program("fairseq_deep.prepare", "fairseq-deep-prepare"),
     "grow": Program("fairseq_deep.grow", "fairseq-deep-grow"),
     "export": Program("fairseq_deep.export", "fairseq-deep-export"),
+    "distill": Program("fairseq_deep.distill", "fairseq-deep-distill", data=True),
 }
 #: the program of ``python -m fairseq_cli.X`` (:func:`command`'s ``module``)
 _BY_MODULE = {p.module: name for name, p in PROGRAMS.items()}
