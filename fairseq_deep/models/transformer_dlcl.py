@@ -34,6 +34,7 @@ class TransformerDLCLModel(TechniqueTransformerModel):
 
     options = DLCLConfig
     base_arch = "transformer_dlcl"
+    gpkd_defined = True  # group permutation, Skipping Sub-Layer (Li et al. 2021): pre-norm, DLCL
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
