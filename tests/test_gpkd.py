@@ -411,3 +411,23 @@ def test_trains_extracts_and_decodes(synthetic_bin, tmp_path):
         "--cpu",
     ).stdout
     assert sum(line.startswith("H-") for line in out.splitlines()) == 101
+
+
+@pytest.mark.parametrize("arch", ["transformer_prenorm", "transformer_dlcl"])
+def test_checkpointed_activations_draw_the_same_order_and_skips(arch):
+    """--checkpoint-activations recomputes each layer in backward: the same sub-layers skipped
+    (the draw is inside the layer, under the checkpoint's saved random state), the same order."""
+    from test_depth import train_step
+
+    flags = layers(3, 3) + SKIP + ["--gpkd-encoder-groups", "1", "--gpkd-decoder-groups", "1"]
+    plain, task = build_model(arch, flags)
+    checkpointed = same_parameters(
+        plain, build_model(arch, flags + ["--checkpoint-activations"])[0]
+    )
+    batch = random_batch(task.source_dictionary)
+    out, grads, _ = train_step(plain, batch)
+    out_ck, grads_ck, _ = train_step(checkpointed, batch)
+    torch.testing.assert_close(out_ck, out, rtol=0, atol=0)
+    assert grads_ck.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
