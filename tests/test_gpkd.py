@@ -431,3 +431,21 @@ def test_checkpointed_activations_draw_the_same_order_and_skips(arch):
     assert grads_ck.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_teacher_is_refused_and_its_pre_norm_student_exports(tmp_path):
+    """fairseq-deep-export: a skipping teacher scales its sub-layers at inference (refused, with
+    the reason); its extracted pre-norm student is fairseq's Transformer (log-probabilities
+    compared by the export itself)."""
+    from test_export import TOLERANCE, tiny_export_input
+
+    from fairseq_deep import export as ex
+
+    flags = layers(4, 2) + ["--gpkd-encoder-groups", "2", *SKIP]
+    teacher, data = tiny_export_input(tmp_path, "transformer_prenorm", flags)
+    with pytest.raises(UserError, match="Skipping Sub-Layer"):
+        ex.export(str(teacher), str(data), str(tmp_path / "refused"), "fairseq")
+    assert not (tmp_path / "refused").exists()
+    extract(str(teacher), str(tmp_path / "student.pt"))
+    summary = ex.export(str(tmp_path / "student.pt"), str(data), str(tmp_path / "out"), "fairseq")
+    assert summary["max_logprob_difference"] < TOLERANCE
