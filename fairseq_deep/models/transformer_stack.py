@@ -16,6 +16,12 @@ initialisation of layer l of N) is applied to what ``build_layer`` returns
 and every layer class, and to the stack's own norms once it is built (``finish_stack``: Mix-LN's
 final norm, DyT); a stack whose layers differ in kind (multi-layer attention) overrides
 ``build_layer`` only.
+
+GPKD's group permutation (Li et al. 2021, ``--gpkd-*-groups``) changes the loop in one place: in
+training it runs each group's layers in an order drawn per batch, and the history records its
+entries in that execution order (its rows belong to positions, not layers); Skipping Sub-Layer is a
+mixin on each built layer's residual connection (``apply_skipping``): both in
+:mod:`~fairseq_deep.modules.schemes.gpkd`.
 """
 
 import functools
