@@ -449,3 +449,21 @@ def test_the_teacher_is_refused_and_its_pre_norm_student_exports(tmp_path):
     extract(str(teacher), str(tmp_path / "student.pt"))
     summary = ex.export(str(tmp_path / "student.pt"), str(data), str(tmp_path / "out"), "fairseq")
     assert summary["max_logprob_difference"] < TOLERANCE
+
+
+def test_grow_takes_the_new_depths_rates(tmp_path):
+    """fairseq-deep-grow copies skipping layers (the grown stack has the new depth's rates) and
+    refuses --method identity for a pre-norm one, whose rates at the new depth scale otherwise."""
+    from fairseq_deep.grow import grow
+    from fairseq_deep.modules.common.growth import GrowError
+
+    flags = layers(2, 2) + ["--skip-sublayer-rate", "0.2", "--gpkd-encoder-groups", "1"]
+    _, task = save_tiny("transformer_prenorm", flags, tmp_path / "in.pt")
+    grow(str(tmp_path / "in.pt"), str(tmp_path / "grown.pt"), 4)
+    from fairseq import checkpoint_utils
+
+    (grown,), _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "grown.pt")], task=task)
+    assert grown.encoder.layers[3].skip_rates == pytest.approx((0.2 * 7 / 8, 0.2))
+    with pytest.raises(GrowError, match="rates depend on the depth"):
+        grow(str(tmp_path / "in.pt"), str(tmp_path / "identity.pt"), 4, method="identity")
+    assert not (tmp_path / "identity.pt").exists()

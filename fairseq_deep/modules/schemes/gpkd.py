@@ -65,6 +65,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import Tensor, nn
 
 from ...errors import UserError
+from ..common.growth import declare_layer
 from .stream_schemes import StreamSchemesConfig, chosen
 
 SKIP_STACKS = ("encoder", "decoder", "both")
@@ -289,3 +290,15 @@ def inference_scales(layer: nn.Module) -> List[Tuple[str, float]]:
         names.append("encoder_attn.out_proj")
     names.append("fc2")
     return [(name, 1.0 - rate) for name, rate in zip(names, rates) if rate > 0]
+
+
+def _no_identity(layer: nn.Module) -> str:
+    return (
+        "Skipping Sub-Layer's rates depend on the depth (rate * m / S), so a deeper stack scales "
+        "the kept layers' sub-layers otherwise at inference"
+    )
+
+
+# fairseq-deep-grow (modules/common/growth.py): a skipping layer is copied as its base class is
+# (the grown stack's rates are the new depth's); --method identity cannot keep the outputs
+declare_layer(SkippingSublayers, identity=_no_identity)
