@@ -20,7 +20,8 @@ and what the extracted student keeps: the weights of the chosen layers' position
 layers run them: self-attention, encoder attention, FFN) of a stack of S sub-layers is skipped
 during training with probability ``p_m = rate * m / S``, a rate that grows linearly with depth (the
 paper's rate grows with depth; these constants are the authors' code's, (2l+1)/(2L) and
-(2l+2)/(2L) per encoder layer: the paper's text was not at hand to compare them).  A skipped sub-layer passes its input on: the pre-norm layer computes ``x + M F(LN(x))``
+(2l+2)/(2L) per encoder layer: the paper's text was not at hand to compare them).  A skipped
+sub-layer passes its input on: the pre-norm layer computes ``x + M F(LN(x))``
 with M in {0, 1}, so the layer still has an output and a DLCL history keeps its row (unlike
 fairseq's LayerDrop, which drops whole layers and shifts the rows: refused with DLCL).  At
 inference the output of sub-layer m is scaled by ``1 - p_m``, ``x + (1 - p_m) F(LN(x))``, as the
