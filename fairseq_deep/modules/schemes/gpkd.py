@@ -12,8 +12,8 @@ order, so that the options do not change what a trained model computes.  With a 
 weights forms the input of whichever layer runs r-th, and entry k is the output of whichever layer
 ran k-th.  The weights belong to positions and the layers move between the positions of their
 group.  The paper's teachers are pre-norm Transformers, whose residual stream has no positions to
-keep; for DLCL this is our reading of Fig. 2: the layers of a group are interchangeable and the
-connections are not.  It is also what the natural order computes at inference (position = layer),
+keep; for DLCL this is our reading of the method: the layers of a group are interchangeable and
+the connections are not.  It is also what the natural order computes at inference (position = layer),
 and what the extracted student keeps: the weights of the chosen layers' positions.
 
 **Skipping Sub-Layer** (Sec. 4): sub-layer m (1-based, counted over the stack in the order the
@@ -25,7 +25,7 @@ sub-layer passes its input on: the pre-norm layer computes ``x + M F(LN(x))``
 with M in {0, 1}, so the layer still has an output and a DLCL history keeps its row (unlike
 fairseq's LayerDrop, which drops whole layers and shifts the rows: refused with DLCL).  At
 inference the output of sub-layer m is scaled by ``1 - p_m``, ``x + (1 - p_m) F(LN(x))``, as the
-paper's inference equation and the authors' code do (the expectation of the training-time sum, as
+authors' code does and the issue reads the paper (the expectation of the training-time sum, as
 stochastic depth, Huang et al. 2016): a rate is then part of what the model computes, an
 architecture option compared on restore.
 
