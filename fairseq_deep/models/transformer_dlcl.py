@@ -208,6 +208,17 @@ declare(
                 "transformer_prenorm",
                 PaperScale("transformer_prenorm_30l", (132.1, 36 * 512, 0)),
             ),
+            # Li et al. 2021 (modules/schemes/gpkd.py): DLCL under group permutation (the tiny
+            # 3 + 2 layers each one group) and Skipping Sub-Layer in both stacks
+            Tiny(
+                "transformer_dlcl_gpkd",
+                "transformer_dlcl",
+                PaperScale("transformer_dlcl_30l", (132.1, 36 * 512, 0)),
+                model=(
+                    *("--gpkd-encoder-groups", "1", "--gpkd-decoder-groups", "1"),
+                    *("--skip-sublayer-rate", "0.3", "--skip-sublayer-stacks", "both"),
+                ),
+            ),
         ),
     )
 )
