@@ -211,6 +211,11 @@ def test_incremental_batch_invariance_and_bf16(arch):
         ),
         ("transformer_prenorm", ["--skip-sublayer-rate", "1"], "must be in [0, 1)"),
         (
+            "transformer_prenorm",
+            ["--gpkd-encoder-groups", "2", "--encoder-layerdrop", "0.1"],
+            "set --encoder-layerdrop 0",
+        ),
+        (
             "transformer_dlcl",
             ["--skip-sublayer-rate", "0.2", "--denseformer"],
             "takes no stream-level",

@@ -151,6 +151,11 @@ def check_gpkd(args, defined: bool) -> GPKDConfig:
                 f"--gpkd-{side}-groups {groups} does not divide the {side}'s {depth} layers into "
                 f"groups of equal size: give a divisor of {depth} (or 0: off)"
             )
+        if groups and getattr(args, f"{side}_layerdrop"):
+            raise UserError(
+                f"--gpkd-{side}-groups orders the {side}'s layers itself, and "
+                f"--{side}-layerdrop drops some: set --{side}-layerdrop 0"
+            )
     if not 0 <= opts.skip_sublayer_rate < 1:
         raise UserError(f"--skip-sublayer-rate must be in [0, 1), got {opts.skip_sublayer_rate}")
     for side in skip_sides(opts):
@@ -191,12 +196,6 @@ def ordered(layers: Sequence[nn.Module], groups: int, training: bool) -> Sequenc
     """``layers`` in the order this forward pass runs them (:func:`layer_order`)."""
     order = layer_order(len(layers), groups, training)
     return layers if order is None else [layers[i] for i in order]
-
-
-def group_members(num_layers: int, groups: int) -> List[List[int]]:
-    """The layer indices of each group, bottom first."""
-    size = num_layers // groups
-    return [list(range(g * size, (g + 1) * size)) for g in range(groups)]
 
 
 # ---------------------------------------------------------------------------------------------
