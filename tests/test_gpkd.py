@@ -278,7 +278,7 @@ EXTRACT = [
 def test_student_is_the_teacher_with_the_chosen_layers(arch, extra, which, tmp_path):
     teacher, task = save_tiny(arch, layers(6, 2) + extra, tmp_path / "teacher.pt")
     trained_like(teacher)
-    state = torch.load(tmp_path / "teacher.pt", weights_only=False)
+    state = torch.load(tmp_path / "teacher.pt", weights_only=True)
     state["model"] = teacher.state_dict()
     torch.save(state, tmp_path / "teacher.pt")
     summary = extract(str(tmp_path / "teacher.pt"), str(tmp_path / "student.pt"), which)
@@ -472,3 +472,17 @@ def test_grow_takes_the_new_depths_rates(tmp_path):
     with pytest.raises(GrowError, match="rates depend on the depth"):
         grow(str(tmp_path / "in.pt"), str(tmp_path / "identity.pt"), 4, method="identity")
     assert not (tmp_path / "identity.pt").exists()
+
+
+def test_a_depth_named_teacher_gives_a_depth_free_student(tmp_path):
+    save_tiny("transformer_prenorm_12l", ["--gpkd-encoder-groups", "3"], tmp_path / "t.pt")
+    summary = extract(str(tmp_path / "t.pt"), str(tmp_path / "s.pt"), "last")
+    assert summary["student_arch"] == "transformer_prenorm"
+    assert summary["kept"]["encoder"] == [3, 7, 11]
+    state = torch.load(tmp_path / "s.pt", weights_only=True)
+    model = state["cfg"]["model"]
+    assert (model.arch, model.encoder_layers, model.gpkd_encoder_groups) == (
+        "transformer_prenorm",
+        3,
+        0,
+    )
