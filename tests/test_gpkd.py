@@ -73,11 +73,11 @@ def test_layer_order_permutes_within_groups():
 def test_training_runs_the_drawn_order(arch):
     """In training the loop runs the layers in :func:`layer_order`'s order: the model equals the
     plain one with its layer list in that order (for DLCL: the history's rows stay with the
-    positions, so the entries are recorded in execution order)."""
-    flags = layers(4, 4) + NO_DROPOUT
-    model, task = build_model(
-        arch, flags + ["--gpkd-encoder-groups", "2", "--gpkd-decoder-groups", "2"]
-    )
+    positions, so the entries are recorded in execution order).  Each stack groups by its own
+    size (the authors' decoder slices with the encoder's): 3 groups of 2 over 1 group of 4."""
+    flags = layers(6, 4) + NO_DROPOUT
+    groups = ["--gpkd-encoder-groups", "3", "--gpkd-decoder-groups", "1"]
+    model, task = build_model(arch, flags + groups)
     plain = same_parameters(model, build_model(arch, flags)[0])
     batch = random_batch(task.source_dictionary)
     model.train()
@@ -85,8 +85,8 @@ def test_training_runs_the_drawn_order(arch):
     torch.manual_seed(5)
     out = logits(model, batch)
     torch.manual_seed(5)
-    enc, dec = layer_order(4, 2, True), layer_order(4, 2, True)
-    assert (enc, dec) != ([0, 1, 2, 3], [0, 1, 2, 3])  # seed 5 permutes something
+    enc, dec = layer_order(6, 3, True), layer_order(4, 1, True)
+    assert enc != list(range(6)) and dec != list(range(4))  # seed 5 permutes both
     plain.encoder.layers = nn.ModuleList([plain.encoder.layers[i] for i in enc])
     plain.decoder.layers = nn.ModuleList([plain.decoder.layers[i] for i in dec])
     torch.testing.assert_close(out, logits(plain, batch), rtol=1e-6, atol=1e-6)
