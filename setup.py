@@ -105,6 +105,7 @@ setup(
             "fairseq-deep-list-archs = fairseq_deep.list_archs:cli_main",
             "fairseq-deep-study = fairseq_deep.study:cli_main",
             "fairseq-deep-grow = fairseq_deep.grow:cli_main",
+            "fairseq-deep-extract = fairseq_deep.extract:cli_main",
             "fairseq-deep-export = fairseq_deep.export:cli_main",
             "fairseq-deep-score = fairseq_deep.score:cli_main",
         ],

@@ -35,6 +35,17 @@ def rows():
         [
             pytest.param("transformer_dlcl", [], id="transformer_dlcl"),
             pytest.param("transformer_ta", [], id="transformer_ta"),
+            # issue 46: group permutation (its order drawn per batch) and Skipping Sub-Layer (its
+            # decisions per sentence) resume with the random streams
+            pytest.param(
+                "transformer_dlcl",
+                [
+                    *("--encoder-layers", "4", "--decoder-layers", "2"),
+                    *("--gpkd-encoder-groups", "2", "--gpkd-decoder-groups", "1"),
+                    *("--skip-sublayer-rate", "0.3", "--skip-sublayer-stacks", "both"),
+                ],
+                id="transformer_dlcl_gpkd_skip",
+            ),
             # the diversity criterion, on an aggregation model
             pytest.param(
                 "transformer_hier_agg",

@@ -34,6 +34,7 @@ class TransformerDLCLModel(TechniqueTransformerModel):
 
     options = DLCLConfig
     base_arch = "transformer_dlcl"
+    gpkd_defined = True  # group permutation, Skipping Sub-Layer (Li et al. 2021): pre-norm, DLCL
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -206,6 +207,17 @@ declare(
                 "transformer_prenorm",
                 "transformer_prenorm",
                 PaperScale("transformer_prenorm_30l", (132.1, 36 * 512, 0)),
+            ),
+            # Li et al. 2021 (modules/schemes/gpkd.py): DLCL under group permutation (the tiny
+            # 3 + 2 layers each one group) and Skipping Sub-Layer in both stacks
+            Tiny(
+                "transformer_dlcl_gpkd",
+                "transformer_dlcl",
+                PaperScale("transformer_dlcl_30l", (132.1, 36 * 512, 0)),
+                model=(
+                    *("--gpkd-encoder-groups", "1", "--gpkd-decoder-groups", "1"),
+                    *("--skip-sublayer-rate", "0.3", "--skip-sublayer-stacks", "both"),
+                ),
             ),
         ),
     )

@@ -16,6 +16,12 @@ initialisation of layer l of N) is applied to what ``build_layer`` returns
 and every layer class, and to the stack's own norms once it is built (``finish_stack``: Mix-LN's
 final norm, DyT); a stack whose layers differ in kind (multi-layer attention) overrides
 ``build_layer`` only.
+
+GPKD's group permutation (Li et al. 2021, ``--gpkd-*-groups``) changes the loop in one place: in
+training it runs each group's layers in an order drawn per batch, and the history records its
+entries in that execution order (its rows belong to positions, not layers); Skipping Sub-Layer is a
+mixin on each built layer's residual connection (``apply_skipping``): both in
+:mod:`~fairseq_deep.modules.schemes.gpkd`.
 """
 
 import functools
@@ -41,6 +47,7 @@ from torch import Tensor, nn
 from ..modules.common.better_transformer import without_better_transformer
 from ..modules.common.growth import declare_stack
 from ..modules.histories.layer_history import LayerHistory
+from ..modules.schemes.gpkd import GPKDConfig, apply_skipping, check_gpkd, ordered
 from ..modules.schemes.residual_schemes import (
     AdminProfile,
     ResidualSchemesConfig,
@@ -68,6 +75,9 @@ class TechniqueTransformerModel(TransformerModel):
     base_arch = ""
     #: flags renamed to carry their technique's prefix: {old: new}; the old flag still works
     renamed_flags: Dict[str, str] = {}
+    #: whether the family takes group permutation and Skipping Sub-Layer (Li et al. 2021), which
+    #: the paper defines for the pre-norm Transformer and DLCL (modules/schemes/gpkd.py)
+    gpkd_defined = False
 
     @classmethod
     def hub_models(cls):
@@ -83,11 +93,13 @@ class TechniqueTransformerModel(TransformerModel):
         gen_parser_from_dataclass(
             parser, StreamSchemesConfig(), delete_default=True, with_prefix=""
         )
+        gen_parser_from_dataclass(parser, GPKDConfig(), delete_default=True, with_prefix="")
         add_new_flag_names(parser, cls.renamed_flags)
 
     @classmethod
     def build_model(cls, args, task):
         ARCH_CONFIG_REGISTRY[cls.base_arch](args)
+        check_gpkd(args, cls.gpkd_defined)  # refused by name where the paper does not define it
         model = super().build_model(args, task)
         if scheme_names(args):
             logger.info(
@@ -210,6 +222,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         super().__init__(cfg, dictionary, embed_tokens)
         _check_history(history, self.encoder_layerdrop, "encoder")
         self.history = history
+        self.gpkd_groups = GPKDConfig.from_namespace(cfg).gpkd_encoder_groups  # Li et al. 2021
         finish_stack(self, cfg, "encoder", cfg.encoder.layers)  # the stack's own norms
 
     def build_encoder_layer(self, cfg):
@@ -222,6 +235,7 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         layer = without_better_transformer(self.build_layer(cfg, index, cfg.encoder.layers))
         _give_norm_to_history(layer, self._history_norms)
         layer = apply_schemes(layer, cfg, "encoder", index, cfg.encoder.layers, self.admin_profile)
+        layer = apply_skipping(layer, cfg, "encoder", index, cfg.encoder.layers)
         return wrap_layer(apply_streams(layer, cfg, "encoder", index), cfg)
 
     def build_layer(self, cfg, index: int, num_layers: int) -> nn.Module:
@@ -254,7 +268,8 @@ class HistoryTransformerEncoder(TransformerEncoderBase):
         encoder_states = [x] if return_all_hiddens else []
         states = self.history.start(x)
         lower: List[Tensor] = []  # inputs of the layers below, kept only when lower_window > 0
-        for idx, layer in enumerate(self.layers):
+        # group permutation (GPKD): in training, each group's layers in an order of this pass
+        for idx, layer in enumerate(ordered(self.layers, self.gpkd_groups, self.training)):
             x_in = states.next_input()
             x = self.forward_layer(
                 idx, layer, x_in, lower, encoder_padding_mask=padding_mask if has_pads else None
@@ -295,6 +310,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _check_history(history, self.decoder_layerdrop, "decoder")
         self.history = history
+        self.gpkd_groups = GPKDConfig.from_namespace(cfg).gpkd_decoder_groups
         finish_stack(self, cfg, "decoder", cfg.decoder.layers)
 
     def forward_embedding(self, prev_output_tokens, incremental_state=None) -> Tensor:
@@ -328,6 +344,7 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         layer = self.build_layer(cfg, index, cfg.decoder.layers, no_encoder_attn)
         _give_norm_to_history(layer, self._history_norms)
         layer = apply_schemes(layer, cfg, "decoder", index, cfg.decoder.layers, self.admin_profile)
+        layer = apply_skipping(layer, cfg, "decoder", index, cfg.decoder.layers)
         return wrap_layer(apply_streams(layer, cfg, "decoder", index), cfg)
 
     def build_layer(
@@ -381,7 +398,8 @@ class HistoryTransformerDecoder(TransformerDecoderBase):
         inner_states: List[Optional[Tensor]] = [x]
         states = self.history.start(x)
         lower: List[Tensor] = []  # inputs of the layers below, kept only when lower_window > 0
-        for idx, layer in enumerate(self.layers):
+        # group permutation (GPKD): in training, each group's layers in an order of this pass
+        for idx, layer in enumerate(ordered(self.layers, self.gpkd_groups, self.training)):
             x_in = states.next_input()
             x, layer_attn, _ = self.forward_layer(
                 idx,
