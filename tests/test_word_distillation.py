@@ -49,8 +49,13 @@ def plain_run(synthetic_bin, tmp_path_factory):
     """A plain run (label_smoothed_cross_entropy) of test_resume's settings: its checkpoint is the
     teacher of every test here, and the keys a distilled run's checkpoint must have."""
     save_dir = tmp_path_factory.mktemp("word_distillation") / "plain"
-    run_to_end(train_argv(synthetic_bin, save_dir, TEACHER_ARCH, []))
+    log = run_to_end(train_argv(synthetic_bin, save_dir, TEACHER_ARCH, PLAIN))
+    PLAIN_LOG[save_dir] = log
     return save_dir / "checkpoint_last.pt"
+
+
+PLAIN = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+PLAIN_LOG = {}
 
 
 def digest(path) -> str:
@@ -245,6 +250,18 @@ def distilled(teacher, *extra):
         "5",
         *extra,
     ]
+
+
+def test_alpha_zero_through_fairseq_train(synthetic_bin, plain_run, tmp_path):
+    """The plain run again, with dropout on, under word_distillation at alpha = 0: the same losses
+    and the same model, bit for bit (the teacher draws nothing from the student's random state)."""
+    flags = distilled(plain_run, "--distill-alpha", "0")
+    log = run_to_end(train_argv(synthetic_bin, tmp_path / "alpha0", TEACHER_ARCH, flags))
+    plain_log = PLAIN_LOG[plain_run.parent]
+    assert inner_losses(log) == inner_losses(plain_log)
+    assert sorted(inner_losses(log)) == list(range(1, MAX_UPDATE + 1))
+    assert all(float(v) > 0 for v in inner_losses(log, "kd_loss").values())
+    assert_same(load(plain_run)["model"], load(tmp_path / "alpha0" / "checkpoint_last.pt")["model"])
 
 
 def test_killed_run_resumes_exactly(synthetic_bin, plain_run, tmp_path):

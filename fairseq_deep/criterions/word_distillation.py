@@ -62,7 +62,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     label_smoothed_nll_loss,
 )
 
+from .. import checkpoints
 from ..errors import UserError
+from ..teacher import freeze
+from ..teacher import load as load_teacher
 
 
 @dataclass
@@ -123,31 +126,16 @@ def check_args(args):
         config.distill_temperature,
         config.distill_top_k,
     )
-    from .. import checkpoints
-
     checkpoints.peek(config.teacher_path, "--teacher-path")
-
-
-def _load_teacher(path: str, task):
-    """The teacher model of ``path``, built for ``task``'s dictionaries (fairseq_deep.teacher)."""
-    from .. import checkpoints  # TEMPORARY until fairseq_deep.teacher (branch distill) lands
-
-    state = checkpoints.load(path, "--teacher-path")
-    model = task.build_model(checkpoints.model_args(state, path, "--teacher-path"))
-    model.load_state_dict(state["model"], strict=True)
-    return model
 
 
 class FrozenTeacher:
     """The teacher, out of ``nn.Module``'s sight (a plain object: the criterion does not register
     it, so fairseq's Trainer neither optimises, wraps, casts nor saves it), frozen and in eval
-    mode; :meth:`log_probs` moves it to the student's device and precision on first use."""
+    mode; :meth:`place` moves it to the student's device and precision on first use."""
 
     def __init__(self, model: torch.nn.Module):
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self.model = model
+        self.model = freeze(model)
         self.placed = None  # (device, dtype) it was moved to
 
     def place(self, device: torch.device, dtype: torch.dtype):
@@ -198,11 +186,13 @@ class WordDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         self.alpha = distill_alpha
         self.temperature = distill_temperature
         self.top_k = distill_top_k
-        # building a model draws its initial parameters: the student's random streams stay those
-        # of a plain run (the teacher's own values are then loaded over them)
+        # building the teacher draws initial values (then overwritten by the checkpoint's): on a
+        # forked random state, so that the process's is a plain run's once the criterion is built
+        # (fairseq's trainer also reseeds every update).  this data's dictionaries are checked
+        # (fairseq_deep.teacher); a plain attribute, not a submodule (nn.Module.__setattr__
+        # registers modules only)
         with torch.random.fork_rng(devices=[]):
-            # a plain attribute, not a submodule (nn.Module.__setattr__ registers modules only)
-            self.teacher = FrozenTeacher(_load_teacher(teacher_path, task))
+            self.teacher = FrozenTeacher(load_teacher(teacher_path, task, option="--teacher-path"))
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
