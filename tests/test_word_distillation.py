@@ -6,11 +6,12 @@ and gradients); a student that is its teacher has KL 0 at every temperature (and
 teacher's mass outside its top K); top-K at the vocabulary's size is the full KL; the teacher is
 nobody's parameter (no gradient, no optimizer slot, no DDP, not in the trainer's state, never in
 train mode); an update of two micro-batches (``--update-freq 2``) is the update of their union; the
-teacher follows the student to bfloat16; a student and a teacher of other families and shapes.
-Through fairseq-train: a run killed and resumed ends as the uninterrupted run (its checkpoint with
-a plain run's keys, the teacher's file untouched), two CPU processes under DDP make the updates
-of one process with ``--update-freq 2``, ``--bf16`` on CPU, and a missing or bad ``--teacher-path``
-(or option) is one line before anything is created.
+teacher follows the student to bfloat16 and float16; a student and a teacher of other families and
+shapes.  Through fairseq-train: alpha = 0 is the plain run bit for bit (dropout on); a run killed
+and resumed ends as the uninterrupted run (its checkpoint with a plain run's keys, the teacher's
+file untouched); two CPU processes under DDP make the updates of one process with
+``--update-freq 2``; ``--bf16`` and ``--fp16`` on CPU; a missing or bad ``--teacher-path`` (or
+option) is one line before anything is created.
 """
 
 import copy
@@ -205,11 +206,12 @@ def test_update_freq_two_is_the_update_of_the_double_batch(synthetic_bin, plain_
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_teacher_follows_the_student_to_bfloat16(synthetic_bin, plain_run):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_teacher_follows_the_student_to_half_precision(synthetic_bin, plain_run, dtype):
     _, task, model, criterion = setup(synthetic_bin, plain_run, extra=["--distill-top-k", "5"])
-    model.to(dtype=torch.bfloat16)
+    model.to(dtype=dtype)
     loss, _, log, grads = loss_and_grads(criterion, model, batch(task, SAMPLE))
-    assert {p.dtype for p in criterion.teacher.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in criterion.teacher.model.parameters()} == {dtype}
     assert math.isfinite(float(loss)) and float(log["kd_loss"]) > 0
     assert all(torch.isfinite(g).all() for g in grads.values())
 
@@ -333,12 +335,12 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, plain_run, tmp_path)
             assert abs(one[u] - two[u]) <= 1.5e-3, (key, u, one[u], two[u])
 
 
-def test_bf16_on_cpu(synthetic_bin, plain_run, tmp_path):
-    log = run_to_end(
-        train_argv(
-            synthetic_bin, tmp_path / "bf16", TEACHER_ARCH, [*distilled(plain_run), "--bf16"]
-        )
-    )
+@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
+def test_half_precision_on_cpu(synthetic_bin, plain_run, tmp_path, precision):
+    """fairseq's --bf16 and --fp16 (FP16Optimizer, loss scaling) with the package's CPU shims:
+    the teacher cast as the student is, the KL finite."""
+    flags = [*distilled(plain_run), precision]
+    log = run_to_end(train_argv(synthetic_bin, tmp_path / "half", TEACHER_ARCH, flags))
     kd = inner_losses(log, "kd_loss")
     assert sorted(kd) == list(range(1, MAX_UPDATE + 1))
     assert all(0 < float(v) < 100 for v in kd.values()), kd
