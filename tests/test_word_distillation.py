@@ -409,3 +409,30 @@ def test_plain_fairseq_train_gets_the_same_line(synthetic_bin, tmp_path):
     )
     assert proc.returncode != 0
     assert "--criterion word_distillation needs --teacher-path TEACHER.pt" in proc.stderr
+
+
+def test_teacher_of_other_dictionaries_is_one_line(synthetic_bin, plain_run, tmp_path):
+    """A teacher whose target dictionary is not the data-bin's (its embeddings one row short) is
+    refused by the criterion's loader (fairseq_deep.teacher) in one line naming --teacher-path."""
+    state = load(plain_run)
+    for key in [k for k in state["model"] if k.startswith("decoder.") and "embed_tokens" in k]:
+        state["model"][key] = state["model"][key][:-1].clone()
+    other = tmp_path / "other_dictionaries.pt"
+    torch.save(state, other)
+    proc = run_cli(
+        "fairseq-deep-train",
+        str(synthetic_bin),
+        "--arch",
+        TEACHER_ARCH,
+        "--optimizer",
+        "adam",
+        "--max-tokens",
+        "300",
+        "--cpu",
+        "--save-dir",
+        str(tmp_path / "save"),
+        *distilled(other),
+        check=False,
+        timeout=300,
+    )
+    assert_user_error(proc, "fairseq-deep-train", f"--teacher-path {other}", "other dictionaries")
