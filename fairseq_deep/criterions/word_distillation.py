@@ -188,7 +188,7 @@ class WordDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
         self.top_k = distill_top_k
         # building the teacher draws initial values (then overwritten by the checkpoint's): on a
         # forked random state, so that the process's is a plain run's once the criterion is built
-        # (fairseq's trainer also reseeds every update).  this data's dictionaries are checked
+        # (fairseq's trainer also reseeds every update).  This data's dictionaries are checked
         # (fairseq_deep.teacher); a plain attribute, not a submodule (nn.Module.__setattr__
         # registers modules only)
         with torch.random.fork_rng(devices=[]):
