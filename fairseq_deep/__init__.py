@@ -12,7 +12,7 @@ from . import quiet  # noqa: F401  (first of all: filters of log lines fairseq p
 
 # isort: split
 from . import patches
-from .criterions import layer_diversity, sentence_cross_entropy  # noqa: F401
+from .criterions import layer_diversity, sentence_cross_entropy, word_distillation  # noqa: F401
 from .models import (  # noqa: F401
     deep_att,
     rnmt_plus,

@@ -28,6 +28,7 @@ import sys
 from typing import List
 
 from .checkpoints import check_paths
+from .criterions.word_distillation import check_args as check_distillation
 from .errors import UserError, report_user_errors
 from .model_from import take_model_from
 from .model_options import check_restore
@@ -91,9 +92,9 @@ REQUIRED = {
 
 #: what each script checks of its parsed arguments before fairseq prints its configuration or
 #: creates anything: the checkpoint fairseq-train would restore (its architecture options against
-#: this run's), the checkpoints of --path
+#: this run's), the teacher of --criterion word_distillation, the checkpoints of --path
 CHECKS = {
-    "train": (check_restore,),
+    "train": (check_restore, check_distillation),
     "generate": (check_paths,),
     "interactive": (check_paths,),
 }
