@@ -72,18 +72,19 @@ def _not_fairseq(where: str, entry: str) -> CheckpointError:
     )
 
 
-def load(path: str, option: Optional[str] = None) -> dict:
+def load(path: str, option: Optional[str] = None, arg_overrides=None) -> dict:
     """The state of the checkpoint ``path`` as fairseq's loader gives it (``load_checkpoint_to_cpu``:
-    upgraded to this fairseq's format), with this package's checks; ``option``: the command-line
-    option that named the file (``--checkpoint``), for the messages.  With the package imported,
-    fairseq's function is itself wrapped in the same checks (patches/checkpoint_errors): a bad
-    file is said once, by whichever check meets it first.  A fully sharded checkpoint's shards
-    are read as one (:func:`consolidated`)."""
-    state = consolidated(path, option=option)
+    upgraded to this fairseq's format, ``arg_overrides`` applied to its options as fairseq
+    applies them), with this package's checks; ``option``: the command-line option that named
+    the file (``--checkpoint``), for the messages.  With the package imported, fairseq's function
+    is itself wrapped in the same checks (patches/checkpoint_errors): a bad file is said once, by
+    whichever check meets it first.  A fully sharded checkpoint's shards are read as one
+    (:func:`consolidated`)."""
+    state = consolidated(path, arg_overrides=arg_overrides, option=option)
     if state is not None:
         return _fairseq_state(state, path, option)
     _exists(path, option)
-    state = checked(path, lambda: checkpoint_utils.load_checkpoint_to_cpu(path))
+    state = checked(path, lambda: checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides))
     check_registered(path, state)
     return _fairseq_state(state, path, option)
 
