@@ -43,6 +43,7 @@ Pinned by: tests/test_distill.py.
 
 import ast
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -437,15 +438,14 @@ def _append(builder, prefix: str, dictionary):
 
 def merge(layout: Layout, data: str, original: str, task, keep_original: bool) -> bool:
     """OUT's data-bin from the shards' parts, by the process that takes the lock and finds every
-    part written; False where a part is missing or another process merges."""
+    part written (the lock released by the end of the ``with``, or by the process's end); False
+    where a part is missing."""
     from fairseq.data import indexed_dataset
 
     with open(layout.lock, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("another process is merging the shards")
-            return False
+        # waited for: a shard that finishes while another process looks (and finds it missing)
+        # merges once that one has let go; a process that finds the merge done does nothing
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if layout.complete():
             return True
         missing = [s for s in range(layout.num_shards) if not os.path.isfile(layout.part_done(s))]
@@ -527,6 +527,8 @@ def distill(cfg, options):
     check_destdir(layout, wanted)
     if layout.complete():
         checked()
+        for trash in glob.glob(f"{layout.work}.done*"):  # a merge killed while it cleaned up
+            shutil.rmtree(trash, ignore_errors=True)
         logger.info(f"{layout.destdir} is complete: nothing to do")
         return
     shards = [options.shard_id] if options.given_shard else range(options.num_shards)
@@ -546,9 +548,10 @@ def distill(cfg, options):
         check_lengths(dataset, model, task)
         decode = decoder(cfg, task, dataset, model, use_cuda)
     checked()
-    os.makedirs(layout.work, exist_ok=True)
-    if not os.path.isfile(layout.stamp):
+    os.makedirs(layout.destdir, exist_ok=True)
+    if not os.path.isfile(layout.stamp):  # first (a concurrent shard's check sees it or nothing)
         _write_json(layout.stamp, {"identity": wanted, "command": options.command})
+    os.makedirs(layout.work, exist_ok=True)
     for shard in shards:
         start, stop = shard_range(total, options.num_shards, shard)
         batches = ordered_batches(task, dataset, cfg, start, stop)

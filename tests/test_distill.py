@@ -14,8 +14,9 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, tasks
 from fairseq.data import data_utils
-from helpers import python_module, run_cli
+from helpers import python_module, random_batch, run_cli, tiny_dictionary
 from test_cli_errors import assert_user_error
+from test_grow import save_tiny
 
 from fairseq_deep import distill as ds
 from fairseq_deep import teacher
@@ -143,6 +144,24 @@ def test_teacher_of_other_dictionaries_is_one_line(setting):
     assert "\n" not in text
     assert f"has {len(task.source_dictionary)}" in text and "dict.src.txt" in text
     assert "--srcdict" in text
+
+
+@pytest.mark.parametrize("arch", ["rnmt_plus", "deep_att", "hybrid_multicolumn", "transformer_ta"])
+def test_a_teacher_of_every_family_is_the_model_fairseq_loads(arch, tmp_path):
+    """RNMT+, Deep-Att, a hybrid whose encoder has two embeddings, transparent attention: the
+    same outputs as fairseq's loading; a source dictionary of another size is refused."""
+    path = str(tmp_path / "teacher.pt")
+    _, task = save_tiny(arch, [], path)
+    ours = teacher.load(path, task)
+    models, _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    batch = random_batch(task.source_dictionary)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(*batch)[0], models[0].eval()(*batch)[0])
+    bigger = tasks.translation.TranslationTask(
+        task.cfg, tiny_dictionary(30), task.target_dictionary
+    )
+    with pytest.raises(CheckpointError, match="source dictionary has 24 symbols .* has 34"):
+        teacher.load(path, bigger)
 
 
 # ---------------------------------------------------------------------------------------------
