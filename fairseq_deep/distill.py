@@ -24,17 +24,18 @@ data-bin fairseq-train reads at once:
 - ``distill.json``: the run's identity (:func:`identity`: data, teacher, decoding and batching
   options, shards), so that a --destdir holding another run's work is refused in one line.
 
-Shards (``--num-shards N --shard-id I``, fairseq's own options, here contiguous ranges of the
-training ids: :func:`shard_range`) run as separate processes (N on a CPU, one per GPU, one per
-node of a job array).  Each shard decodes its batches in chunks of ``--chunk-batches`` batches;
-each chunk is written to a file of its own in ``OUT/.distill/`` (a temporary name, renamed), with
-a small JSON progress record beside it, so that a run killed at any point and started again with
-the same command skips the chunks written and decodes the rest, the same batches in the same
-order: every training pair translated exactly once, in order.  A shard whose chunks are all
-written becomes one part file of hypotheses in id order; the process that sees every shard's
-part (or a run without ``--shard-id``, which also decodes every shard not yet done) merges them
-into the train split under a lock, writes OUT's files under temporary names and renames them,
-and removes ``OUT/.distill/``.
+Shards (``--num-shards N --shard-id I``, fairseq's own options; here shard I decodes every N-th
+batch of the training split's, from the I-th: :func:`shard_batches`) run as separate processes
+(N on a CPU, one per GPU, one per node of a job array).  Whole batches of the one-shard run, so
+the hypotheses are the same whatever N.  Each shard decodes its batches in chunks of
+``--chunk-batches`` batches; each chunk is written to a file of its own in ``OUT/.distill/`` (a
+temporary name, renamed), with a small JSON progress record beside it, so that a run killed at
+any point and started again with the same command skips the chunks written and decodes the
+rest, the same batches in the same order: every training pair translated exactly once.  A shard
+whose chunks are all written becomes one part file (its hypotheses and their training ids); the
+process that sees every shard's part (or a run without ``--shard-id``, which also decodes every
+shard not yet done) merges them in the training set's order into the train split under a lock,
+writes OUT's files under temporary names and renames them, and removes ``OUT/.distill/``.
 
 Progress: a line with the ETA through fairseq's logging (:class:`fairseq_deep.progress.DecodingProgress`).
 
@@ -51,7 +52,7 @@ import shlex
 import shutil
 import signal
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -87,12 +88,6 @@ class DistillError(UserError):
 # ---------------------------------------------------------------------------------------------
 # what is decoded: the run's identity, the shards, the batches
 # ---------------------------------------------------------------------------------------------
-
-
-def shard_range(total: int, num_shards: int, shard_id: int) -> Tuple[int, int]:
-    """The training ids ``[start, stop)`` of shard ``shard_id`` of ``num_shards``: contiguous
-    ranges, their sizes differing by at most one."""
-    return total * shard_id // num_shards, total * (shard_id + 1) // num_shards
 
 
 def _file_identity(path: str) -> Dict[str, object]:
@@ -142,27 +137,35 @@ def _device(cfg) -> str:
     return "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
 
 
-def ordered_batches(task, dataset, cfg, start: int, stop: int) -> List[np.ndarray]:
-    """The batches of the training ids ``[start, stop)`` as fairseq-generate makes them: the
-    dataset's order (by length, ties by a permutation under ``--seed``: ``ordered_indices`` as
-    ``task.get_batch_iterator`` calls it) and ``batch_by_size`` with the same limits; for the
-    whole range, fairseq-generate's batches of the split."""
-    from fairseq.data import data_utils
+def split_batches(task, dataset, cfg) -> List[np.ndarray]:
+    """The batches of the training split as fairseq-generate makes them: fairseq's own
+    ``task.get_batch_iterator`` (the dataset's order by length, ties by a permutation under
+    ``--seed``, each fairseq stack its own way) with fairseq-generate's limits, without the
+    filter by length (the teacher's limit is checked on the sources: :func:`check_lengths`)."""
+    iterator = task.get_batch_iterator(
+        dataset=dataset,
+        max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=None,
+        ignore_invalid_inputs=False,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed,
+        num_shards=1,
+        shard_id=0,
+        num_workers=0,
+        data_buffer_size=cfg.dataset.data_buffer_size,
+        disable_iterator_cache=True,
+    )
+    return [np.asarray(batch, dtype=np.int64) for batch in iterator.frozen_batches]
 
-    with data_utils.numpy_seed(cfg.common.seed):
-        order = dataset.ordered_indices()
-    order = order[(order >= start) & (order < stop)]
-    if len(order) == 0:
-        return []
-    return [
-        np.asarray(batch)
-        for batch in dataset.batch_by_size(
-            order,
-            max_tokens=cfg.dataset.max_tokens,
-            max_sentences=cfg.dataset.batch_size,
-            required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
-        )
-    ]
+
+def shard_batches(batches: List[np.ndarray], num_shards: int, shard_id: int) -> List[np.ndarray]:
+    """Shard ``shard_id``'s batches: every ``num_shards``-th batch of the split's, from the
+    ``shard_id``-th (the split's batches are in order of length, so every shard gets every length
+    and about the same work).  Whole batches, as the one-shard run decodes them: the same
+    hypotheses whatever the number of shards (a batch of other sentences pads differently, and
+    the float rounding of another padding can turn a beam's near tie)."""
+    return list(batches[shard_id::num_shards])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,17 +338,17 @@ def _kill_after() -> Optional[int]:
     return int(value) if value else None
 
 
-def decode_shard(layout: Layout, shard: int, start: int, stop: int, batches, decode, chunk_batches):
-    """Decode shard ``shard`` (ids ``[start, stop)``, its ``batches``) chunk by chunk, skipping
-    the chunks written by an earlier run; then its part file in id order (written under
-    temporary names, renamed; its record last)."""
+def decode_shard(layout: Layout, shard: int, batches, decode, chunk_batches: int):
+    """Decode shard ``shard``'s ``batches`` chunk by chunk, skipping the chunks written by an
+    earlier run; then its part file (:func:`write_part`)."""
     os.makedirs(layout.shard_dir(shard), exist_ok=True)
     chunks = [batches[i : i + chunk_batches] for i in range(0, len(batches), chunk_batches)]
     done = [i for i in range(len(chunks)) if os.path.isfile(layout.chunk(shard, i))]
     todo = [i for i in range(len(chunks)) if i not in done]
+    pairs = sum(len(b) for b in batches)
     logger.info(
-        f"shard {shard + 1}/{layout.num_shards}: training pairs {start:,} ... {stop - 1:,} "
-        f"({stop - start:,}), {len(chunks)} chunks of {chunk_batches} batches"
+        f"shard {shard + 1}/{layout.num_shards}: {pairs:,} training pairs in {len(batches):,} "
+        f"batches, {len(chunks)} chunks of {chunk_batches} batches"
         + (f"; {len(done)} written by an earlier run, skipped" if done else "")
     )
     progress = DecodingProgress(
@@ -376,44 +379,44 @@ def decode_shard(layout: Layout, shard: int, start: int, stop: int, batches, dec
             {
                 "shard": shard,
                 "num_shards": layout.num_shards,
-                "ids": [start, stop],
+                "pairs": pairs,
                 "chunks": len(chunks),
                 "chunks_done": len(done),
             },
         )
     if progress.sentences and progress.ticker.interval > 0:
         logger.info(progress.line())
-    write_part(layout, shard, start, stop, len(chunks))
+    write_part(layout, shard, len(chunks))
 
 
-def write_part(layout: Layout, shard: int, start: int, stop: int, chunks: int):
-    """The hypotheses of a shard's chunks in id order as one indexed dataset (each id once)."""
+def write_part(layout: Layout, shard: int, chunks: int):
+    """The hypotheses of a shard's chunks, in the order decoded, as one indexed dataset and the
+    training ids of its items (``.ids.npy``), under temporary names, renamed; its record last,
+    then the chunks removed."""
     import torch
     from fairseq.data import indexed_dataset
 
-    found: Dict[int, np.ndarray] = {}
-    for index in range(chunks):
-        with np.load(layout.chunk(shard, index)) as saved:
-            offsets = np.concatenate([[0], np.cumsum(saved["lengths"])])
-            for k, i in enumerate(saved["ids"].tolist()):
-                if i in found:
-                    raise RuntimeError(f"training pair {i} decoded twice in shard {shard}")
-                found[i] = saved["tokens"][offsets[k] : offsets[k + 1]]
-    if sorted(found) != list(range(start, stop)):
-        raise RuntimeError(f"shard {shard}: {len(found)} pairs decoded of {stop - start}")
     prefix = layout.part(shard)
     temporary = f"{prefix}.tmp{os.getpid()}"
     builder = indexed_dataset.make_builder(
         indexed_dataset.data_file_path(temporary), impl="mmap", vocab_size=layout.vocab_size
     )
-    empty = 0
-    for i in range(start, stop):
-        builder.add_item(torch.from_numpy(found[i].astype(np.int64)))
-        empty += int(len(found[i]) <= 1)
+    ids, empty = [], 0
+    for index in range(chunks):
+        with np.load(layout.chunk(shard, index)) as saved:
+            offsets = np.concatenate([[0], np.cumsum(saved["lengths"])])
+            for k, i in enumerate(saved["ids"].tolist()):
+                tokens = saved["tokens"][offsets[k] : offsets[k + 1]]
+                builder.add_item(torch.from_numpy(tokens.astype(np.int64)))
+                ids.append(i)
+                empty += int(len(tokens) <= 1)
     builder.finalize(indexed_dataset.index_file_path(temporary))
+    with open(f"{temporary}.ids.npy", "wb") as f:
+        np.save(f, np.array(ids, dtype=np.int64))
+    os.replace(f"{temporary}.ids.npy", f"{prefix}.ids.npy")
     os.replace(indexed_dataset.data_file_path(temporary), indexed_dataset.data_file_path(prefix))
     os.replace(indexed_dataset.index_file_path(temporary), indexed_dataset.index_file_path(prefix))
-    _write_json(layout.part_done(shard), {"pairs": stop - start, "empty": empty})
+    _write_json(layout.part_done(shard), {"pairs": len(ids), "empty": empty})
     shutil.rmtree(layout.shard_dir(shard), ignore_errors=True)
 
 
@@ -436,7 +439,28 @@ def _append(builder, prefix: str, dictionary):
         builder.add_item(item)
 
 
-def merge(layout: Layout, data: str, original: str, task, keep_original: bool) -> bool:
+def _append_in_id_order(builder, layout: Layout, total: int):
+    """The shards' hypotheses appended in the training set's order; each of the ``total``
+    training ids found exactly once (else an error: nothing is written)."""
+    from fairseq.data import indexed_dataset
+
+    parts = [indexed_dataset.MMapIndexedDataset(layout.part(s)) for s in range(layout.num_shards)]
+    ids = [np.load(layout.part(s) + ".ids.npy") for s in range(layout.num_shards)]
+    shard_of = np.concatenate([np.full(len(i), s, dtype=np.int64) for s, i in enumerate(ids)])
+    item_of = np.concatenate([np.arange(len(i), dtype=np.int64) for i in ids])
+    every = np.concatenate(ids)
+    if len(every) != total or not np.array_equal(np.sort(every), np.arange(total)):
+        raise RuntimeError(
+            f"the shards hold {len(every)} hypotheses, {len(np.unique(every))} training ids of "
+            f"{total}: a bug, please report it"
+        )
+    where = np.empty(total, dtype=np.int64)
+    where[every] = np.arange(total)
+    for i in range(total):
+        builder.add_item(parts[shard_of[where[i]]][int(item_of[where[i]])])
+
+
+def merge(layout: Layout, data: str, original: str, task, total: int, keep_original: bool) -> bool:
     """OUT's data-bin from the shards' parts, by the process that takes the lock and finds every
     part written (the lock released by the end of the ``with``, or by the process's end); False
     where a part is missing."""
@@ -468,8 +492,7 @@ def merge(layout: Layout, data: str, original: str, task, keep_original: bool) -
             )
             for part in parts:
                 if part is None:
-                    for shard in range(layout.num_shards):
-                        _append(builder, layout.part(shard), dictionary)
+                    _append_in_id_order(builder, layout, total)
                 else:
                     _append(builder, f"{part}.{lang}", dictionary)
             builder.finalize(indexed_dataset.index_file_path(temporary))
@@ -552,11 +575,11 @@ def distill(cfg, options):
     if not os.path.isfile(layout.stamp):  # first (a concurrent shard's check sees it or nothing)
         _write_json(layout.stamp, {"identity": wanted, "command": options.command})
     os.makedirs(layout.work, exist_ok=True)
+    batches = split_batches(task, dataset, cfg) if shards else []
     for shard in shards:
-        start, stop = shard_range(total, options.num_shards, shard)
-        batches = ordered_batches(task, dataset, cfg, start, stop)
-        decode_shard(layout, shard, start, stop, batches, decode, options.chunk_batches)
-    merge(layout, data, original, task, options.keep_original)
+        of_shard = shard_batches(batches, options.num_shards, shard)
+        decode_shard(layout, shard, of_shard, decode, options.chunk_batches)
+    merge(layout, data, original, task, total, options.keep_original)
 
 
 def decoder(cfg, task, dataset, model, use_cuda):
