@@ -651,6 +651,7 @@ def main(command: str):
 
     check_user_dir(sys.argv)
     parser = add_distill_args(options.get_generation_parser())
+    parser.prog = PROG
     args = options.parse_args_and_arch(parser)
     argv = sys.argv[1:]
     args.command = command

@@ -342,3 +342,33 @@ def test_a_teacher_of_other_dictionaries_is_one_line_and_writes_nothing(setting)
     proc = distill(setting, out, *CHUNKS, data=setting["other_bin"], check=False)
     assert_user_error(proc, PROG, "the teacher's source dictionary has", "--srcdict", alone=True)
     assert not out.exists()
+
+
+def test_bf16_targets_are_fairseq_generate_hypotheses_in_bf16(setting):
+    out = setting["root"] / "bf16"
+    distill(setting, out, "--bf16")
+    generated = hypotheses(
+        run_cli(
+            "fairseq-deep-generate",
+            str(setting["bin"]),
+            "--path",
+            str(setting["teacher"]),
+            "--gen-subset",
+            "train",
+            *DECODE,
+            "--bf16",
+        ).stdout
+    )
+    d = dictionary(setting)
+    targets = [d.string(torch.tensor(t)) for t in train_targets(out, d)]
+    assert targets == [generated[i] for i in range(150)]
+
+
+def test_empty_hypotheses_are_kept(setting):
+    """At a length limit of 0 the teacher's every hypothesis is its end of sentence: each pair
+    keeps one, an empty target."""
+    out = setting["root"] / "empty"
+    proc = distill(setting, out, "--max-len-a", "0", "--max-len-b", "0", "--min-len", "0")
+    d = dictionary(setting)
+    assert train_targets(out, d) == [[d.eos()]] * 150
+    assert "(150 empty hypotheses kept)" in proc.stdout
