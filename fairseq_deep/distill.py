@@ -104,8 +104,9 @@ def identity(cfg, options, total: int) -> Dict[str, object]:
     """What makes a run's output what it is: the data (its folder, languages, training pairs), the
     teacher (its file(s): path, size, time of change), every decoding option of fairseq-generate
     (``cfg.generation``), the batching and precision that decide the batches and their numbers,
-    the shards and chunks, ``--keep-original``.  Logging options, workers and paths of the output
-    are not part of it."""
+    the shards and chunks, ``--keep-original``.  Logging options, workers, paths of the output
+    and the device are not part of it: a shard may resume, and the shards merge, on another
+    machine (a job array's login node, a requeued job)."""
     from fairseq import utils
     from omegaconf import OmegaConf
 
@@ -124,7 +125,6 @@ def identity(cfg, options, total: int) -> Dict[str, object]:
         "seed": cfg.common.seed,
         "fp16": cfg.common.fp16,
         "bf16": cfg.common.bf16,
-        "device": _device(cfg),
         "num_shards": options.num_shards,
         "chunk_batches": options.chunk_batches,
         "keep_original": options.keep_original,
@@ -211,7 +211,8 @@ class Layout:
         return os.path.join(self.shard_dir(shard), "progress.json")
 
     def part(self, shard: int) -> str:
-        """The prefix of shard ``shard``'s hypotheses in id order (an indexed dataset)."""
+        """The prefix of shard ``shard``'s hypotheses in the order decoded (an indexed dataset;
+        their training ids in ``PREFIX.ids.npy``)."""
         return os.path.join(self.work, f"part{shard}-of{self.num_shards}")
 
     def part_done(self, shard: int) -> str:
