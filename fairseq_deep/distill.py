@@ -268,14 +268,23 @@ def check_destdir(layout: Layout, wanted: Dict[str, object]):
     saved = _read_json(layout.stamp).get("identity", {})
     if saved != wanted:
         differ = [k for k in sorted(set(saved) | set(wanted)) if saved.get(k) != wanted.get(k)]
-        said = "; ".join(
-            f"{k}: {_short(saved.get(k))}, now {_short(wanted.get(k))}" for k in differ[:3]
-        )
+        said = "; ".join(_difference(k, saved.get(k), wanted.get(k)) for k in differ[:3])
         raise DistillError(
             f"--destdir {destdir} holds another run's distillation ({STAMP}: {said}"
             f"{'; ...' if len(differ) > 3 else ''}): give a new --destdir, or the command that "
             "wrote it to resume it"
         )
+
+
+def _difference(key: str, saved, wanted) -> str:
+    same_file = (
+        isinstance(saved, dict)
+        and isinstance(wanted, dict)
+        and saved.get("path") == wanted.get("path")
+    )
+    if same_file:  # the teacher's file rewritten in place (another size or time of change)
+        return f"{key}: {saved.get('path')} changed since"
+    return f"{key}: {_short(saved)}, now {_short(wanted)}"
 
 
 def _short(value) -> str:
