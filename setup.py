@@ -108,6 +108,7 @@ setup(
             "fairseq-deep-extract = fairseq_deep.extract:cli_main",
             "fairseq-deep-export = fairseq_deep.export:cli_main",
             "fairseq-deep-score = fairseq_deep.score:cli_main",
+            "fairseq-deep-distill = fairseq_deep.distill:cli_main",
         ],
     },
     classifiers=[

@@ -57,6 +57,8 @@ def dictionary_rows(model_state: dict) -> Dict[str, List[Tuple[str, int]]]:
 def _dictionary_file(task, side: str) -> str:
     """The data-bin's dictionary file of ``side`` (``DATA/dict.de.txt``), for the messages."""
     lang = task.cfg.source_lang if side == "source" else task.cfg.target_lang
+    if lang is None:  # a task built around its dictionaries (a test's, the hub's)
+        return f"the task's {side} dictionary"
     return os.path.join(utils.split_paths(task.cfg.data)[0], f"dict.{lang}.txt")
 
 
