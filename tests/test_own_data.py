@@ -530,6 +530,15 @@ def test_setup_says_whether_the_model_exports_and_how_to_serve_one_that_does_not
         " ".join(values["GENERATE"]), "--beam"
     )
     assert "--gen-subset" not in distill and "--cpu" in distill  # the training split, on the CPU
+    from fairseq import options
+
+    from fairseq_deep.distill import add_distill_args
+
+    parsed = options.parse_args_and_arch(  # the command fairseq-deep-distill parses
+        add_distill_args(options.get_generation_parser()), [*distill[1:], "--path", "T.pt"]
+    )
+    assert (parsed.data, parsed.destdir, parsed.train_subset) == (data_bin, distilled, "train")
+    assert (parsed.beam, parsed.max_len_a, parsed.max_len_b, parsed.cpu) == (5, 1.2, 10, True)
     assert student[:2] == ["fairseq-deep-train", distilled]
     parsed = own_data.check_train_command(student[1:])
     assert parsed.arch == own_data.STUDENT_ARCH and parsed.encoder_embed_dim == 32
