@@ -217,3 +217,62 @@ def test_run_sh_dry_run_runs_the_steps_in_order_and_resumes(setting, tmp_path):
 
 def test_run_sh_is_valid_bash():
     subprocess.run(["bash", "-n", RUN_SH], check=True)
+
+
+# ------------------------------------------------------------------ benchmarks/distill.py's logic
+
+
+def test_the_benchmarks_plan_gives_every_student_system_the_same_minutes():
+    from benchmarks import distill as bench
+
+    plan = bench.plan_minutes(10, 30, 2, bench.SYSTEMS)
+    assert {plan[name] for name in bench.SYSTEMS} == {10.0}
+    assert plan["teacher 1"] == plan["teacher 2"] == 30.0
+    assert plan["total"] == 2 * 30 + len(bench.SYSTEMS) * 10
+    assert bench.plan_minutes(5, 30, 0, ["original"]) == {"original": 5.0, "total": 5.0}
+    # a checkpoint's clock off the budget by more than the tolerance is flagged, with why
+    ok = 600 * (1 - bench.TIME_TOLERANCE) + 1
+    off = bench.unequal_time({"original": 600.0, "word": ok, "gpkd": 300.0, "x": None}, 10)
+    assert off == ["gpkd: trained 300 s of 600 s", "x: training time unknown"]
+
+
+def test_the_benchmarks_table_and_results_are_written_from_the_results(tmp_path):
+    from benchmarks import distill as bench
+
+    refs = ["a small dog runs .", "two men sit on a bench .", "the cat sleeps ."] * 4
+    hyps = {
+        "teacher": list(refs),
+        "original": ["a dog ."] * 12,
+        "distilled": list(refs[:11]) + ["x"],
+    }
+    scores = bench.compare(refs, hyps, n_samples=50)
+    assert scores["teacher"]["bleu"] == pytest.approx(100.0)
+    assert "bleu_p" not in scores["original"] and 0 <= scores["distilled"]["bleu_p"] <= 1
+    results = {
+        "systems": {
+            name: {
+                "what": name,
+                "minutes": 10.0,
+                "updates": 1234,
+                **scores[name],
+                "sentences_per_s": 10.0 * (i + 1),
+                "speed_ratio": float(i + 1),
+            }
+            for i, name in enumerate(hyps)
+        },
+        "notes": ["not equal time: gpkd: trained 300 s of 600 s"],
+    }
+    text = bench.write_results(results, str(tmp_path))
+    lines = text.splitlines()
+    assert lines[0].startswith("| system | what | train min | updates | BLEU | chrF |")
+    row = {line.split("|")[1].strip(): line for line in lines[2:5]}
+    assert set(row) == set(hyps)
+    assert "| 100.00 |" in row["teacher"] and "| 3.00x |" in row["distilled"]
+    assert "1,234" in row["original"] and "| - |" in row["original"]  # no p against itself
+    assert text.endswith("- not equal time: gpkd: trained 300 s of 600 s")
+    assert (tmp_path / "results.md").read_text() == text + "\n"
+    import json
+
+    assert json.loads((tmp_path / "results.json").read_text())["systems"]["teacher"]["bleu"] == (
+        pytest.approx(100.0)
+    )
