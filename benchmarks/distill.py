@@ -3,7 +3,8 @@ trained four ways at equal training time, and the decoding speed of teacher and 
 fairseq-generate and of the student in CTranslate2, in one run.
 
     python -m benchmarks.distill [--multi30k /work/shared/data/multi30k] [--work-dir bench_runs/distill]
-        [--teacher CK.pt | --teacher-minutes 30] [--gpkd-teacher CK.pt] [--minutes 10]
+        [--teacher CK.pt | --teacher-minutes 30 [--teacher-layers 24 6]] [--gpkd-teacher CK.pt]
+        [--minutes 10]
         [--width 128] [--student-layers 6 6] [--train-sentences N] [--test-sentences 1000]
         [--systems original,distilled,word,gpkd] [--beam 5 --batch 32 --max-len 60 --threads 2]
 
@@ -14,8 +15,9 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    ``--train-sentences`` pairs when given) through ``fairseq-deep-prepare`` into the work folder
    (benchmarks/export_speed.py's preparation);
 2. the teacher: ``--teacher`` (a checkpoint trained on that data-bin, whose dictionaries it must
-   have), else the own-data recipe's ``transformer_dlcl`` at ``--width`` trained for
-   ``--teacher-minutes`` (the recipe's settings: fairseq_deep/own_data.py);
+   have), else the own-data recipe's ``transformer_dlcl`` at ``--width`` (6 + 6 layers, or
+   ``--teacher-layers``) trained for ``--teacher-minutes`` (the recipe's settings:
+   fairseq_deep/own_data.py);
 3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search);
 4. the student (``transformer_prenorm`` at ``--width``, ``--student-layers`` deep) trained for
    ``--minutes`` each (fairseq's ``--stop-time-hours``: equal training time, the time checked
@@ -252,6 +254,13 @@ def get_parser():
     p.add_argument("--gpkd-teacher", help="a GPKD teacher's checkpoint (groups = student layers)")
     p.add_argument("--teacher-minutes", type=float, default=30, help="each teacher trained")
     p.add_argument("--minutes", type=float, default=10, help="each student system's training")
+    p.add_argument(
+        "--teacher-layers",
+        type=int,
+        nargs=2,
+        metavar=("ENC", "DEC"),
+        help="the teacher's depth (default: the own-data recipe's, transformer_dlcl's 6 + 6)",
+    )
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--student-layers", type=int, nargs=2, default=[6, 6], metavar=("ENC", "DEC"))
     p.add_argument("--train-sentences", type=int, default=0, help="the first N pairs (0: all)")
@@ -298,7 +307,9 @@ def main(argv=None):
         a,
         work,
         "teacher",
-        own_data.train_run(s, families.spec(TEACHER_ARCH), data, "", []).without("saving"),
+        own_data.train_run(s, families.spec(TEACHER_ARCH), data, "", [])
+        .without("saving")
+        .plus(recipes.layers(*a.teacher_layers) if a.teacher_layers else None),
         a.teacher_minutes,
     )
     distilled = os.path.join(work, "distilled")
