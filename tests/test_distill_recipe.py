@@ -276,3 +276,19 @@ def test_the_benchmarks_table_and_results_are_written_from_the_results(tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["systems"]["teacher"]["bleu"] == (
         pytest.approx(100.0)
     )
+
+
+def test_the_export_command_parses_with_fairseq_deep_exports_parser(setting, tmp_path, capsys):
+    """fairseq-deep-export's parser is built in its cli_main: the recipe's command (the checkpoint
+    run.sh adds, here one that does not exist) gets past it to the checkpoint's check, while a
+    mistyped option stops in the parser."""
+    from fairseq_deep import export
+
+    values, _ = run_setup([], env_for(setting, tmp_path))
+    missing = str(tmp_path / "student.pt")
+    with pytest.raises(SystemExit):
+        export.cli_main([*values["EXPORT"][1:], "--checkpoint", missing])
+    assert f"--checkpoint {missing}: no such checkpoint file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export.cli_main([*values["EXPORT"][1:], "--checkpoint", missing, "--outt", "x"])
+    assert "--outt" in capsys.readouterr().err
