@@ -200,8 +200,9 @@ def setup(
         width = teacher_width(teacher)
         ref, source = _file(env, "REF"), _file(env, "SOURCE")
         spm = _file(env, "SPM")
-        if spm is None and os.path.isfile(os.path.join(os.path.dirname(data_bin), "spm.model")):
-            spm = os.path.join(os.path.dirname(data_bin), "spm.model")  # fairseq-deep-prepare's
+        beside = os.path.join(os.path.dirname(os.path.normpath(data_bin)), "spm.model")
+        if spm is None and os.path.isfile(beside):
+            spm = beside  # fairseq-deep-prepare's DESTDIR/spm.model beside DESTDIR/data-bin
     else:
         for name in ("SRC", "TGT", "RAW"):
             if not env.get(name):
@@ -219,10 +220,8 @@ def setup(
         spm = os.path.join(work, "teacher", "spm.model")
     if teacher and not os.path.isdir(data_bin):
         raise UserError(f"DATA_BIN={data_bin}: no such folder")
-    if teacher:
-        for lang in ("dict",):  # the dictionaries fairseq-train reads
-            if not any(f.startswith(lang + ".") for f in os.listdir(data_bin)):
-                raise UserError(f"DATA_BIN={data_bin}: no dict.*.txt (not a data-bin)")
+    if teacher and not any(f.startswith("dict.") for f in os.listdir(data_bin)):
+        raise UserError(f"DATA_BIN={data_bin}: no dict.*.txt (not a data-bin)")
     s = own_data.settings_from_env({"WORK": work, **env}, device)
     if teacher and not env.get("WIDTH"):
         s.width = width  # the teacher's width

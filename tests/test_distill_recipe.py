@@ -205,7 +205,9 @@ def test_run_sh_dry_run_runs_the_steps_in_order_and_resumes(setting, tmp_path):
     assert "--stop-time-hours" in train and train[-4:-2] == ["--decoder-layers", "1"]
     assert "export.args" in os.listdir(tmp_path)
     # both scores: fairseq-generate's and CTranslate2's translations are the references here
-    assert out.count("BLEU|nrefs:1") == 2 and "= 100.0" in out, out
+    assert "sacreBLEU BLEU = 100.00" in out, out  # the own-data recipe's score line
+    ct2 = out[out.index("== 5/5") :]  # fairseq-deep-score's BLEU and chrF lines
+    assert "BLEU|nrefs:1|" in ct2 and ct2.count("= 100.00") == 2, out
     # again: the export is kept, the rest runs again (distill and train resume by themselves)
     os.remove(tmp_path / "export.args")
     proc = subprocess.run(["bash", RUN_SH], env=env, capture_output=True, text=True)
@@ -292,3 +294,26 @@ def test_the_export_command_parses_with_fairseq_deep_exports_parser(setting, tmp
     with pytest.raises(SystemExit):
         export.cli_main([*values["EXPORT"][1:], "--checkpoint", missing, "--outt", "x"])
     assert "--outt" in capsys.readouterr().err
+
+
+def test_run_sh_stops_a_distillation_past_its_share_and_says_to_run_again(setting, tmp_path):
+    """MINUTES's share for distillation ends it (timeout, Ctrl-C's signal: distill resumes from its
+    chunks); run.sh says so in one line, exit status 3, and trains nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "fairseq-deep-distill"
+    stub.write_text("#!/usr/bin/env bash\nsleep 30\n")
+    stub.chmod(0o755)
+    env = dict(
+        os.environ,
+        **env_for(setting, tmp_path, MINUTES="0.05"),  # 3 s: 1 s for distillation
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
+        PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(["bash", RUN_SH], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "run.sh: distillation did not end in its 1 s of MINUTES; run the same command again: it "
+        "resumes where it stopped (or give a larger MINUTES)"
+    )
+    assert "== 2/5" not in proc.stdout

@@ -79,15 +79,18 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" -eq 0 ] || { echo "run.sh: training failed (exit status $status); see $WORK/train.log" >&2; exit "$status"; }
 
-# 3. the student's test translations in fairseq-generate, scored
+# 3. the student's test translations in fairseq-generate (no batch started after the budget's
+#    end less MARGIN_S), scored
 echo "== 3/5 the student's test translations (fairseq-generate)"
 CKPT=$(python -m fairseq_deep.own_data checkpoint "$SAVE" "$AVERAGE")
 DEADLINE=""
 [ "$BUDGET_S" -le 0 ] || DEADLINE=$(( START + BUDGET_S - MARGIN_S ))
 show "${GENERATE[@]}" --path "$CKPT"
 FAIRSEQ_DEEP_DEADLINE=$DEADLINE "${GENERATE[@]}" --path "$CKPT" > "$WORK/generate.out"
+# scored as the own-data recipe scores (a decoding cut by the deadline is scored on what it
+# decoded, and said), the translations in input order in WORK/test.hyp
 if [ -n "$REF" ]; then
-  fairseq-deep-score "$WORK/generate.out" --ref "$REF" | tee "$WORK/score.txt"
+  python -m fairseq_deep.own_data score "$REF" "$WORK/generate.out" "$WORK/test.hyp" | tee "$WORK/score.txt"
 fi
 
 # 4. the student exported to CTranslate2 (kept when an earlier run exported it)
