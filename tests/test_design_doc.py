@@ -342,7 +342,7 @@ def test_each_folder_stands_on_the_floor_its_imports_give_it():
     module drawn apart from its folder or a cycle between folders fails."""
     computed, problems = floor_units()
     assert not problems, "docs/design.md's Floors do not hold:\n" + "\n".join(problems)
-    assert max(computed.values()) == 7  # the floors the code has: 0-7
+    assert max(computed.values()) == 8  # the floors the code has: 0-8
 
 
 def test_the_floor_check_sees_what_is_untrue(tmp_path):

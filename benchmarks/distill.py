@@ -1,0 +1,416 @@
+"""Deep to light on Multi30k de-en at CPU scale (issue 46, item 5): a teacher, the same student
+trained four ways at equal training time, and the decoding speed of teacher and student in
+fairseq-generate and of the student in CTranslate2, in one run.
+
+    python -m benchmarks.distill [--multi30k /work/shared/data/multi30k] [--work-dir bench_runs/distill]
+        [--teacher CK.pt | --teacher-minutes 30 [--teacher-layers 24 6]] [--gpkd-teacher CK.pt]
+        [--minutes 10]
+        [--width 128] [--student-layers 6 6] [--train-sentences N] [--test-sentences 1000]
+        [--systems original,distilled,word,gpkd] [--beam 5 --batch 32 --max-len 60 --threads 2]
+
+Steps (each kept in ``--work-dir`` and reused when run again with the same options; a training
+run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
+
+1. Multi30K (the raw gzip folder, read from there, never copied into the repository; the first
+   ``--train-sentences`` pairs when given) through ``fairseq-deep-prepare`` into the work folder
+   (benchmarks/export_speed.py's preparation);
+2. the teacher: ``--teacher`` (a checkpoint trained on that data-bin, whose dictionaries it must
+   have), else the own-data recipe's ``transformer_dlcl`` at ``--width`` (6 + 6 layers, or
+   ``--teacher-layers``) trained for ``--teacher-minutes`` (the recipe's settings:
+   fairseq_deep/own_data.py);
+3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search);
+4. the student (``transformer_prenorm`` at ``--width``, ``--student-layers`` deep) trained for
+   ``--minutes`` each (fairseq's ``--stop-time-hours``: equal training time, the time checked
+   afterwards from each checkpoint's own clock), on: ``original`` data; ``distilled`` data;
+   ``word``: the original data with ``--criterion word_distillation`` (the teacher's
+   distributions; the teacher's forward passes count in its time); ``gpkd``: extracted
+   (``fairseq-deep-extract``) from a pre-norm teacher of twice the student's encoder layers in
+   ``--student-layers[0]`` groups (``--gpkd-teacher``, else trained for ``--teacher-minutes``),
+   then fine-tuned on the distilled data, as the paper does;
+5. every system's test translations in fairseq-generate (sacreBLEU, chrF, the paired bootstrap of
+   each student against ``original``: sacreBLEU's, :func:`fairseq_deep.runs.paired_bootstrap`),
+   and the ``distilled`` student exported (``fairseq-deep-export``) and translating in CTranslate2:
+   sentences/s of teacher and student in fairseq-generate (its own ``Translated`` line) and of the
+   student in CTranslate2 (the ``translate_batch`` calls), same test set, beam, batch and length
+   limit, as ratios to the teacher's fairseq-generate.
+
+Writes ``WORK_DIR/results.json`` and ``WORK_DIR/results.md`` (the table, printed too).  What a run
+costs: the teachers' minutes (none with ``--teacher``/``--gpkd-teacher``), the distillation of
+the training set at the teacher's speed, ``--minutes`` per student system, and the decoding; the
+plan is said at the start.
+"""
+
+if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
+    raise SystemExit(
+        "benchmarks/distill.py is a module of the benchmarks package: run it from the "
+        "repository root as python -m benchmarks.distill"
+    )
+
+import gzip
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_deep import own_data
+from fairseq_deep.models import families
+from fairseq_deep.runs import Part, Run, flags, paired_bootstrap, recipes, restore_flags, score
+
+from . import export_speed, harness
+
+log = harness.logger("distill")
+#: the students trained at equal time, in the table's order
+SYSTEMS = ("original", "distilled", "word", "gpkd")
+#: the baseline of the paired bootstrap
+BASELINE = "original"
+#: a system whose training clock is off the budget by more than this share is flagged
+TIME_TOLERANCE = 0.15
+TEACHER_ARCH = "transformer_dlcl"
+STUDENT_ARCH = "transformer_prenorm"
+
+
+# ------------------------------------------------------------------------------ the budget's logic
+
+
+def plan_minutes(
+    minutes: float, teacher_minutes: float, teachers_to_train: int, systems: Sequence[str]
+) -> Dict[str, float]:
+    """The training minutes of each run (equal for every student system), and ``total``: what a
+    run trains in all (distillation and decoding come on top)."""
+    out = {f"teacher {i + 1}": float(teacher_minutes) for i in range(teachers_to_train)}
+    out.update({name: float(minutes) for name in systems})
+    out["total"] = sum(out.values())
+    return out
+
+
+def unequal_time(trained_s: Dict[str, Optional[float]], minutes: float) -> List[str]:
+    """The systems whose training time (seconds, from their checkpoint's clock; None: unknown) is
+    off ``minutes`` by more than :data:`TIME_TOLERANCE`, each with why."""
+    budget = minutes * 60
+    out = []
+    for name, seconds in trained_s.items():
+        if seconds is None:
+            out.append(f"{name}: training time unknown")
+        elif abs(seconds - budget) > TIME_TOLERANCE * budget:
+            out.append(f"{name}: trained {seconds:.0f} s of {budget:.0f} s")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- output
+
+
+def _cell(value, fmt="{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table(results: Dict) -> str:
+    """The markdown table of ``results`` (what :func:`main` writes to results.json)."""
+    rows = []
+    for name, r in results["systems"].items():
+        rows.append(
+            [
+                name,
+                r.get("what", ""),
+                _cell(r.get("minutes"), "{:.1f}"),
+                _cell(r.get("updates"), "{:,}"),
+                _cell(r.get("bleu")),
+                _cell(r.get("chrf")),
+                _cell(r.get("bleu_p"), "{:.3f}"),
+                _cell(r.get("sentences_per_s"), "{:.1f}"),
+                _cell(r.get("speed_ratio"), "{:.2f}x"),
+            ]
+        )
+    header = [
+        "system",
+        "what",
+        "train min",
+        "updates",
+        "BLEU",
+        "chrF",
+        f"p (BLEU vs {BASELINE})",
+        "sent/s",
+        "vs teacher",
+    ]
+    text = harness.markdown_table(header, rows)
+    notes = results.get("notes") or []
+    return text + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
+
+
+def write_results(results: Dict, work: str) -> str:
+    """results.json and results.md in ``work``; returns the table."""
+    text = table(results)
+    harness.write_json(os.path.join(work, "results.json"), results)
+    with open(os.path.join(work, "results.md"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    return text
+
+
+def compare(refs: Sequence[str], hyps: Dict[str, Sequence[str]], n_samples: int = 1000) -> Dict:
+    """sacreBLEU and chrF of each system, and the paired bootstrap of each but :data:`BASELINE`
+    against it: ``{name: {"bleu", "chrf", "bleu_p", "chrf_p"}}``."""
+    out = {name: score(h, refs) for name, h in hyps.items()}
+    if BASELINE in hyps:
+        others = {k: v for k, v in hyps.items() if k != BASELINE}
+        for name, p in paired_bootstrap(hyps[BASELINE], others, refs, n_samples).items():
+            out[name].update(p)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- runs
+
+
+def run(what, log_path: str, threads: int):
+    from fairseq_deep import runs
+
+    return runs.execute(what, log_path, env=harness.thread_env(threads)).check()
+
+
+def settings(a, work: str) -> own_data.Settings:
+    """The own-data recipe's settings on the CPU (its learning rate, warm-up, batch) at --width."""
+    s = own_data.settings_from_env({"WIDTH": str(a.width), "AVERAGE": "0", "WORK": work}, "cpu")
+    if a.device != "cpu":
+        s.device = a.device
+    return s
+
+
+def train_seconds(checkpoint: str) -> Optional[float]:
+    """The training time a checkpoint's clock says (fairseq's ``previous_training_time``)."""
+    from fairseq_deep.checkpoints import load_as_saved
+
+    if not os.path.isfile(checkpoint):
+        return None
+    extra = load_as_saved(checkpoint).get("extra_state") or {}
+    seconds = extra.get("previous_training_time")
+    return None if seconds is None else float(seconds)
+
+
+def updates(checkpoint: str) -> Optional[int]:
+    from fairseq_deep.checkpoints import load_as_saved
+
+    if not os.path.isfile(checkpoint):
+        return None
+    return own_data._num_updates(load_as_saved(checkpoint))
+
+
+def train(a, work: str, name: str, base: Run, minutes: float) -> str:
+    """``base`` (a training run but its save dir and budget) for ``minutes``, resumed when its
+    checkpoint_last.pt is there; returns its checkpoint_best.pt."""
+    save = os.path.join(work, "checkpoints", name)
+    stamp = os.path.join(save, "run.json")
+    words = base.plus(recipes.budget(stop_time_hours=minutes / 60)).arguments()
+    if os.path.isfile(stamp) and json.load(open(stamp)) != words:
+        raise SystemExit(
+            f"{save}: trained with other options; delete it or give another --work-dir"
+        )
+    os.makedirs(save, exist_ok=True)
+    harness.write_json(stamp, words)
+    log(f"training {name} for {minutes:g} minutes ({save})")
+    run(
+        base.plus(
+            recipes.saving(save_dir=save, no_epoch_checkpoints=True),
+            recipes.budget(stop_time_hours=minutes / 60),
+        ),
+        os.path.join(work, f"train_{name}.log"),
+        a.threads,
+    )
+    return os.path.join(save, "checkpoint_best.pt")
+
+
+def student_base(a, s: own_data.Settings, data: str, *more) -> Run:
+    spec = families.spec(STUDENT_ARCH)
+    return (
+        own_data.train_run(s, spec, data, "", [])
+        .without("saving")
+        .plus(recipes.layers(*a.student_layers), *more)
+    )
+
+
+def prepare(a, work: str) -> str:
+    """Multi30k (or its first --train-sentences pairs) prepared in ``work``: the data-bin."""
+    if a.train_sentences:
+        raw = os.path.join(work, f"raw{a.train_sentences}")
+        os.makedirs(raw, exist_ok=True)
+        for name in os.listdir(a.multi30k):
+            if not name.endswith(".gz"):
+                continue
+            dest = os.path.join(raw, name)
+            if os.path.exists(dest):
+                continue
+            with gzip.open(os.path.join(a.multi30k, name), "rt", encoding="utf-8") as f:
+                lines = f.readlines()
+            if name.startswith("train."):
+                lines = lines[: a.train_sentences]
+            with gzip.open(dest, "wt", encoding="utf-8") as f:
+                f.writelines(lines)
+        a.multi30k = raw
+    return export_speed.prepare(a, work)
+
+
+def get_parser():
+    p = harness.parser(__doc__, full=True)
+    p.add_argument("--multi30k", default="/work/shared/data/multi30k", help="raw Multi30K")
+    harness.add_work_dir(p, "bench_runs/distill")
+    p.add_argument("--teacher", help="the teacher's checkpoint (on this run's data-bin)")
+    p.add_argument("--gpkd-teacher", help="a GPKD teacher's checkpoint (groups = student layers)")
+    p.add_argument("--teacher-minutes", type=float, default=30, help="each teacher trained")
+    p.add_argument("--minutes", type=float, default=10, help="each student system's training")
+    p.add_argument(
+        "--teacher-layers",
+        type=int,
+        nargs=2,
+        metavar=("ENC", "DEC"),
+        help="the teacher's depth (default: the own-data recipe's, transformer_dlcl's 6 + 6)",
+    )
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--student-layers", type=int, nargs=2, default=[6, 6], metavar=("ENC", "DEC"))
+    p.add_argument("--train-sentences", type=int, default=0, help="the first N pairs (0: all)")
+    p.add_argument("--test-sentences", type=int, default=1000, help="the first N of test2016")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="a subset of " + ",".join(SYSTEMS))
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32, help="sentences per batch, every engine")
+    p.add_argument("--max-len", type=int, default=60, help="target pieces at most, every engine")
+    p.add_argument("--compute-type", default="default", help="CTranslate2's")
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    harness.add_threads(p, 2)
+    return harness.add_device_argument(p)
+
+
+def main(argv=None):
+    a = get_parser().parse_args(argv)
+    harness.device_from_args(a)
+    systems = [x for x in a.systems.split(",") if x]
+    unknown = [x for x in systems if x not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"--systems {','.join(unknown)}: one of {', '.join(SYSTEMS)}")
+    for given in (a.teacher, a.gpkd_teacher):
+        if given and not os.path.isfile(given):
+            raise SystemExit(f"{given}: no such checkpoint")
+    work = a.work_dir
+    os.makedirs(work, exist_ok=True)
+    to_train = (a.teacher is None) + ("gpkd" in systems and a.gpkd_teacher is None)
+    plan = plan_minutes(a.minutes, a.teacher_minutes, to_train, systems)
+    log(
+        f"plan: {plan['total']:g} minutes of training ("
+        + ", ".join(f"{k} {v:g}" for k, v in plan.items() if k != "total")
+        + "), then the distillation of the training set and the decoding"
+    )
+    s = settings(a, work)
+    data = os.path.join(prepare(a, work), "data-bin")
+    prep = os.path.dirname(data)
+    test = data if a.test_sentences >= 1000 else export_speed.test_subset(a, work, prep)
+    with open(os.path.join(prep, "spm", "test.de"), encoding="utf-8") as f:
+        pieces = [line.split() for line in f.read().splitlines()][: a.test_sentences]
+    with gzip.open(os.path.join(a.multi30k, "test_2016_flickr.en.gz"), "rt", encoding="utf-8") as f:
+        refs = [line.strip() for line in f][: a.test_sentences]
+
+    teacher = a.teacher or train(
+        a,
+        work,
+        "teacher",
+        own_data.train_run(s, families.spec(TEACHER_ARCH), data, "", [])
+        .without("saving")
+        .plus(recipes.layers(*a.teacher_layers) if a.teacher_layers else None),
+        a.teacher_minutes,
+    )
+    distilled = os.path.join(work, "distilled")
+    log(f"distilling the training set into {distilled}")
+    run(
+        Run.of(
+            "distill",
+            data,
+            own_data.search(s),
+            *own_data.on_device(s),
+            flags({"destdir": distilled, "path": teacher}),
+        ),
+        os.path.join(work, "distill.log"),
+        a.threads,
+    )
+    checkpoints = {"teacher": teacher}
+    if "original" in systems:
+        checkpoints["original"] = train(a, work, "original", student_base(a, s, data), a.minutes)
+    if "distilled" in systems:
+        base = student_base(a, s, distilled)
+        checkpoints["distilled"] = train(a, work, "distilled", base, a.minutes)
+    if "word" in systems:
+        word = (
+            student_base(a, s, data)
+            .without("criterion")
+            .plus(
+                recipes.label_smoothed(0.1, criterion="word_distillation"),
+                Part("teacher", flags({"teacher_path": teacher, "distill_top_k": 8})),
+            )
+        )
+        checkpoints["word"] = train(a, work, "word", word, a.minutes)
+    if "gpkd" in systems:
+        gpkd_teacher = a.gpkd_teacher or train(
+            a,
+            work,
+            "gpkd_teacher",
+            student_base(
+                a,
+                s,
+                data,
+                recipes.layers(2 * a.student_layers[0], a.student_layers[1]),
+                Part("gpkd", flags({"gpkd_encoder_groups": a.student_layers[0]})),
+            ),
+            a.teacher_minutes,
+        )
+        extracted = os.path.join(work, "gpkd_student.pt")
+        if not os.path.isfile(extracted):
+            run(
+                [sys.executable, "-m", "fairseq_deep.extract", gpkd_teacher]
+                + flags({"out": extracted}),
+                os.path.join(work, "extract.log"),
+                a.threads,
+            )
+        base = student_base(a, s, distilled, restore_flags(extracted))
+        checkpoints["gpkd"] = train(a, work, "gpkd", base, a.minutes)
+
+    hyps, speeds = {}, {}
+    for name, ck in checkpoints.items():
+        log(f"decoding the test set with {name}")
+        seconds, hyps[name] = export_speed.fairseq_generate(a, work, test, ck, len(refs))
+        speeds[name] = len(refs) / seconds
+    results = {"settings": vars(a), "plan": plan, "systems": {}, "notes": []}
+    served = "distilled" if "distilled" in checkpoints else None
+    if served:
+        model = export_speed.export(a, work, data, checkpoints[served])
+        seconds, hyps["ctranslate2"] = export_speed.ctranslate2_translate(
+            a, model, a.compute_type, pieces
+        )
+        speeds["ctranslate2"] = len(refs) / seconds
+    scores = compare(refs, hyps, a.bootstrap_samples)
+    what = {
+        "teacher": f"{TEACHER_ARCH} w{a.width}" + (" (given)" if a.teacher else ""),
+        "original": "student, original data",
+        "distilled": "student, distilled data (fairseq-generate)",
+        "word": "student, word-level distillation",
+        "gpkd": "student, GPKD-extracted + fine-tuned on distilled",
+        "ctranslate2": f"the distilled student in CTranslate2 ({a.compute_type})",
+    }
+    trained = {}
+    for name in hyps:
+        ck = checkpoints.get(name)
+        last = os.path.join(os.path.dirname(ck), "checkpoint_last.pt") if ck else None
+        seconds = train_seconds(last) if last else None
+        if name in SYSTEMS:
+            trained[name] = seconds
+        results["systems"][name] = {
+            "what": what[name],
+            "minutes": None if seconds is None else seconds / 60,
+            "updates": updates(last) if last else None,
+            **scores[name],
+            "sentences_per_s": speeds[name],
+            "speed_ratio": speeds[name] / speeds["teacher"],
+        }
+    for line in unequal_time(trained, a.minutes):
+        results["notes"].append(f"not equal time: {line}")
+    results["notes"].append(
+        f"{len(refs)} test sentences, beam {a.beam}, batch {a.batch}, at most {a.max_len} target "
+        f"pieces, {a.threads} threads, {harness.describe(a.device)}"
+    )
+    print(write_results(results, work))
+
+
+if __name__ == "__main__":
+    main()
