@@ -257,12 +257,14 @@ def _time_here(spec: Dict[str, object]) -> Dict[str, object]:
                 inter_threads=inter,
             )
             warm = pieces[: int(spec["batch"])] if spec["batch_type"] == "examples" else pieces[:8]
+            start = time.perf_counter()
             translate(translator, warm, max_batch_size=int(spec["batch"]), **options)
             rows.append(
                 {
                     "compute_type": t,
                     "intra_threads": intra,
                     "inter_threads": inter,
+                    "warm_up": [len(warm), time.perf_counter() - start],
                     "seconds": [],
                     "translator": translator,
                 }
@@ -348,6 +350,7 @@ def time_serving(
     compute_types: Optional[Sequence[str]] = None,
     backends: Optional[Sequence[str]] = None,
     layouts: Optional[Sequence[Tuple[int, int]]] = None,
+    keep_hypotheses: bool = False,
 ) -> Dict[str, object]:
     """Which way of serving the export ``model`` translates ``pieces`` fastest here, with the
     decoding settings the user translates with (:func:`translate`'s beam, length penalty,
@@ -407,10 +410,12 @@ def time_serving(
                         "intra_threads": row["intra_threads"],
                         "inter_threads": row["inter_threads"],
                         "seconds": [],
+                        "warm_up": [],
                         "hypotheses": row["hypotheses"],
                     },
                 )
                 kept["seconds"] += row["seconds"]
+                kept["warm_up"].append(row["warm_up"])
     rows = list(found.values())
     for row in rows:
         row["sentences_per_s"] = len(pieces) / min(row["seconds"])
@@ -455,8 +460,9 @@ def time_serving(
         else None,
     }
     target_tokens = sum(len(h) for h in reference["hypotheses"])
-    for row in rows:
-        del row["hypotheses"]
+    if not keep_hypotheses:
+        for row in rows:
+            del row["hypotheses"]
     return {
         "device": device,
         "cpu": cpu_name(),
