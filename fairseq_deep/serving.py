@@ -394,7 +394,15 @@ def time_serving(
     libraries: Dict[Optional[str], Dict[str, object]] = {}
     for _ in range(rounds):
         for backend in backends:  # alternated round by round: the same disturbances for each
-            result = _backend_process(backend, spec)
+            if "failed" in libraries.get(backend, {}):
+                continue
+            try:
+                result = _backend_process(backend, spec)
+            except RuntimeError as e:  # e.g. CT2_USE_MKL=1 where the build has no MKL
+                if backend == default or backend is None:
+                    raise
+                libraries[backend] = {"failed": str(e), "default": False}
+                continue
             libraries[backend] = {
                 **result["libraries"],
                 "compute_types": result["compute_types"],
@@ -598,9 +606,7 @@ def apply_environment(choice: Optional[Dict[str, object]]) -> None:
 
     for name, value in ((choice or {}).get("env") or {}).items():
         if "ctranslate2" in sys.modules and os.environ.get(name) != value:
-            from fairseq_deep.errors import UserError
-
-            raise UserError(
+            raise RuntimeError(
                 f"ctranslate2 is loaded already, without {name}={value}: set it before "
                 f"importing ctranslate2 (or run as {name}={value} python ...)"
             )
