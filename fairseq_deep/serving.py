@@ -1,5 +1,6 @@
 """Serving an export with CTranslate2: fairseq-generate's hypotheses, its length limit, and the
-compute type that is fastest on the machine at hand (docs/export.md).
+way of serving (backend, compute type, threads) that is fastest on the machine at hand
+(docs/export.md).
 
 * :func:`matching_settings`, :func:`fairseq_hypothesis`: ``translate_batch``'s settings that decode
   as fairseq-generate does, and its hypotheses read as fairseq's;
@@ -9,11 +10,15 @@ compute type that is fastest on the machine at hand (docs/export.md).
   batch's longest source with its ``</s>`` (``SequenceGenerator._generate``); CTranslate2's
   ``max_decoding_length`` is a number per call and it has no relative limit, so the sentences are
   sorted by length and each batch is one call with its own ``max_decoding_length``.
-* :func:`time_compute_types`: which of the compute types CTranslate2 supports on this device
-  (``ctranslate2.get_supported_compute_types``) translates fastest, timed on a few sentences:
-  it depends on the CPU (int8 was 2.7x slower than float32 on an AMD EPYC, 1.9-12x faster on an
-  Intel Xeon with AMX: docs/export.md).  ``fairseq-deep-export`` runs it on the test split of
-  ``--data`` and records it; ``benchmarks/export_speed.py`` reports every type against
+* :func:`time_serving`: which way of serving translates fastest here with the user's decoding
+  settings (beam, length limit, batches): CTranslate2's CPU backend (``CT2_USE_MKL``, read once
+  when ctranslate2 is loaded, so each is timed in a process of its own that runs this file by
+  path: the module imports nothing of the package), compute type and threads (intra_threads x
+  inter_threads), each translator warmed up first.  It depends on the CPU and on the machine's
+  load (MKL's int8 was 3-8x slower than oneDNN's on an AMD EPYC; MKL made a width-128 model 2-5x
+  slower on an Intel Xeon: docs/export.md).  ``fairseq-deep-export`` runs it on the test split of
+  ``--data``, records it and writes the fastest beside the model (:data:`CHOICE`), which
+  :func:`translator` loads; ``benchmarks/ctranslate2_settings.py`` reports every setting against
   fairseq-generate.
 """
 
