@@ -2,12 +2,16 @@
 under each setting, side by side in one run, as ratios.
 
     python -m benchmarks.ctranslate2_settings [--checkpoint CK.pt --data DATA_BIN]
-        [--minutes 3] [--threads 2] [--rounds 2] [--work-dir bench_runs/ctranslate2_settings]
+        [--updates 200 --minutes 10] [--threads 2] [--rounds 2]
+        [--work-dir bench_runs/ctranslate2_settings]
 
 Without ``--checkpoint``: a ``transformer_prenorm`` 6 + 6, width 128 (FFN 512, 4 heads) trained
-for ``--minutes`` on the synthetic corpus (``fairseq_deep.data.synthetic``, 20,000 pairs; test:
-``--sentences``), sized for 2 CPU cores.  The model is exported by ``fairseq-deep-export``
-(float32 weights, no timing) and its test split translated
+for ``--updates`` updates (at most ``--minutes``) on the synthetic corpus
+(``fairseq_deep.data.synthetic``, 20,000 pairs; test: ``--sentences``), sized for 2 CPU cores
+(about 3 minutes on two quiet cores; a count of updates, not a time, so that a busy machine
+trains the same model: 200 updates end their hypotheses, 64 gave 1.3 tokens a sentence).
+The model is exported by ``fairseq-deep-export`` (float32 weights, no timing) and its test split
+translated
 
 * by ``fairseq-generate`` (the checkpoint with ``--user-dir``; its own ``Translated ... in X s``,
   model loading left out), once per decoding setting below, ``OMP_NUM_THREADS=THREADS``;
@@ -106,7 +110,8 @@ def get_parser():
     add_device_argument(p, note="CTranslate2's backends are CPU ones: cuda is refused")
     p.add_argument("--checkpoint", help="a checkpoint that exports (default: train one)")
     p.add_argument("--data", help="its data-bin (with a test split); with --checkpoint")
-    p.add_argument("--minutes", type=float, default=3.0, help="training time of the tiny model")
+    p.add_argument("--updates", type=int, default=200, help="training updates of the tiny model")
+    p.add_argument("--minutes", type=float, default=10.0, help="its training time at most")
     p.add_argument("--sentences", type=int, default=500, help="the synthetic test split's size")
     harness.add_threads(p, default=2, help="cores for both engines (default 2)")
     harness.add_rounds(p, default=2, help="rounds, engines alternated (default 2)")
@@ -136,10 +141,10 @@ def prepare(a, work: str):
         )
     checkpoint = os.path.join(work, "ck", "checkpoint_last.pt")
     if not os.path.exists(checkpoint):
-        log(f"training the tiny model for {a.minutes} minutes")
+        log(f"training the tiny model for {a.updates} updates (at most {a.minutes} minutes)")
         subprocess.run(
             ["fairseq-deep-train", data, *TRAIN, "--cpu", "--save-dir", os.path.dirname(checkpoint)]
-            + ["--stop-time-hours", str(a.minutes / 60)],
+            + ["--max-update", str(a.updates), "--stop-time-hours", str(a.minutes / 60)],
             check=True,
             capture_output=True,
             env=harness.thread_env(a.threads),
@@ -254,6 +259,8 @@ def main(argv=None):
         "hypotheses as fairseq's",
     ]
     print(harness.markdown_table(header, rows))
+    lengths = {k: v["target_tokens"] / len(pieces) for k, v in results["ct2"].items()}
+    print("\ntarget tokens a sentence: " + ", ".join(f"{k} {v:.1f}" for k, v in lengths.items()))
     any_record = results["ct2"]["recipe"]
     out = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
@@ -269,6 +276,7 @@ def main(argv=None):
         },
         "ctranslate2": {k: v["settings"] for k, v in results["ct2"].items()},
         "ratios": table,
+        "target_tokens": {k: v["target_tokens"] for k, v in results["ct2"].items()},
         "load_average": os.getloadavg(),
     }
     print(f"\n{harness.write_json(os.path.join(work, 'results.json'), out)}")
