@@ -592,16 +592,19 @@ def describe_timing(record: Dict[str, object]) -> str:
     )
 
 
-def read_choice(model: str) -> Optional[Dict[str, object]]:
+def read_choice(model: str, device: Optional[str] = None) -> Optional[Dict[str, object]]:
     """The serving choice ``fairseq-deep-export`` wrote beside ``model`` (``OUT/serving.json``,
-    :func:`time_serving`'s ``choice``), or None where it timed nothing."""
+    :func:`time_serving`'s ``choice``), or None where it timed nothing (or, given ``device``,
+    timed on another device)."""
     import json
 
     path = os.path.join(model, CHOICE)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        choice = json.load(f)
+    timed_on = (choice.get("timed") or {}).get("device", "cpu")
+    return choice if device is None or timed_on == device else None
 
 
 def apply_environment(choice: Optional[Dict[str, object]]) -> None:
@@ -624,7 +627,7 @@ def translator(model: str, device: str = "cpu", fastest: bool = True, **override
     before ctranslate2 is imported, :func:`apply_environment`; its compute type and threads),
     ``overrides`` (``compute_type``, ``intra_threads``, ``inter_threads``) winning.  Pass the
     choice's ``max_batch_size`` and ``batch_type`` to :func:`translate`."""
-    choice = read_choice(model) if fastest and device == "cpu" else None
+    choice = read_choice(model, device) if fastest else None
     apply_environment(choice)
     import ctranslate2
 

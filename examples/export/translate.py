@@ -69,7 +69,13 @@ def main(argv=None):
         pieces = sp.encode(lines, out_type=str)
     else:
         pieces = [line.split() for line in lines]
-    choice = (serving.read_choice(a.model) if a.fastest else None) or {}
+    choice = (serving.read_choice(a.model, a.device) if a.fastest else None) or {}
+    if a.fastest and not choice:
+        print(
+            f"translate.py: {a.model} has no {serving.CHOICE} timed on {a.device} (exported with "
+            "--no-timing, or elsewhere): CTranslate2's defaults",
+            file=sys.stderr,
+        )
     translator = serving.translator(  # sets --fastest's CT2_USE_MKL, then imports ctranslate2
         a.model,
         device=a.device,
