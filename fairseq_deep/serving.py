@@ -14,9 +14,9 @@ way of serving (backend, compute type, threads) that is fastest on the machine a
   settings (beam, length limit, batches): CTranslate2's CPU backend (``CT2_USE_MKL``, read once
   when ctranslate2 is loaded, so each is timed in a process of its own that runs this file by
   path: the module imports nothing of the package), compute type and threads (intra_threads x
-  inter_threads), each translator warmed up first.  It depends on the CPU and on the machine's
-  load (MKL's int8 was 3-8x slower than oneDNN's on an AMD EPYC; MKL made a width-128 model 2-5x
-  slower on an Intel Xeon: docs/export.md).  ``fairseq-deep-export`` runs it on the test split of
+  inter_threads), each translator warmed up first.  It depends on the CPU and on the
+  machine's load (MKL's int8 was 1.9-7.8x slower than oneDNN's on an AMD EPYC; MKL made a
+  width-128 model 2-5x slower on an Intel Xeon: docs/export.md).  ``fairseq-deep-export`` runs it on the test split of
   ``--data``, records it and writes the fastest beside the model (:data:`CHOICE`), which
   :func:`translator` loads; ``benchmarks/ctranslate2_settings.py`` reports every setting against
   fairseq-generate.
