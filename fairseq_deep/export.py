@@ -360,19 +360,53 @@ def test_pieces(data: str, src: str, tgt: str, dictionary, n: int):
     return None
 
 
+#: the export's timing (``timing`` of :func:`export`): fairseq-generate's decoding defaults, and
+#: enough sentences for several batches (so that batches side by side, inter_threads, show)
+TIMING_DEFAULTS = {
+    "sentences": 128,
+    "device": "cpu",
+    "threads": None,
+    "beam": 5,
+    "lenpen": 1.0,
+    "max_len_a": 0.0,
+    "max_len_b": 200,
+    "batch": 32,
+}
+
+
+def check_timing(timing: Dict[str, object]):
+    """The timing's settings as the options name them: a count at least 1, a limit at least 0."""
+    least = {"sentences": 1, "threads": 1, "beam": 1, "batch": 1, "max_len_a": 0, "max_len_b": 0}
+    option = {"batch": "batch-size", "max_len_a": "max-len-a", "max_len_b": "max-len-b"}
+    for key, low in least.items():
+        value = timing.get(key)
+        if value is not None and value < low:
+            name = option.get(key, key)
+            raise ExportError(f"--timing-{name} {value}: give at least {low}")
+
+
 def time_compute_types(staged: str, data: str, src: str, tgt: str, task, timing: Dict[str, object]):
-    """The compute types timed on the export (:func:`fairseq_deep.serving.time_compute_types`) on
-    the first sentences of the data's test split, or why not."""
-    pieces = test_pieces(data, src, tgt, task.source_dictionary, int(timing.get("sentences", 32)))
+    """The ways of serving the export timed (:func:`fairseq_deep.serving.time_serving`: backend,
+    compute type, threads) on the first sentences of the data's test split with the decoding
+    settings of ``timing`` (:data:`TIMING_DEFAULTS` for those it leaves out), or why not."""
+    timing = {**TIMING_DEFAULTS, **{k: v for k, v in timing.items() if v is not None}}
+    pieces = test_pieces(data, src, tgt, task.source_dictionary, int(timing["sentences"]))
     if not pieces:
         return {"skipped": f"no test split in {data} (fairseq-preprocess --testpref)"}
-    return serving.time_compute_types(
-        staged,
-        pieces,
-        device=str(timing.get("device", "cpu")),
-        threads=timing.get("threads"),
-        beam=int(timing.get("beam", 5)),
-    )
+    try:
+        return serving.time_serving(
+            staged,
+            pieces,
+            device=str(timing["device"]),
+            threads=timing["threads"],
+            beam=int(timing["beam"]),
+            lenpen=float(timing["lenpen"]),
+            max_len_a=float(timing["max_len_a"]),
+            max_len_b=int(timing["max_len_b"]),
+            batch=int(timing["batch"]),
+        )
+    except RuntimeError as e:  # a backend's process failed: the export stands, untimed
+        return {"skipped": str(e)}
 
 
 def import_ctranslate2():
@@ -401,6 +435,13 @@ def convert(checkpoint: str, data: str, out: str, src: str, tgt: str, quantizati
         ) from e
 
 
+def serving_choice(timed: Dict[str, object]) -> Dict[str, object]:
+    """What OUT/serving.json holds: the fastest setting (:func:`fairseq_deep.serving.translator`
+    loads it) and the conditions it was timed under, for whoever serves elsewhere."""
+    conditions = ("cpu", "device", "sentences", "beam", "lenpen", "max_len_a", "max_len_b")
+    return {**timed["choice"], "timed": {k: timed[k] for k in conditions}}
+
+
 # ---------------------------------------------------------------------------------------------
 # the export
 # ---------------------------------------------------------------------------------------------
@@ -417,9 +458,11 @@ def export(
     timing: Optional[Dict[str, object]] = None,
 ) -> Dict[str, object]:
     """Export ``checkpoint`` to ``out`` (module docstring); returns the summary written there.
-    ``timing`` (``--format ctranslate2``): time CTranslate2's compute types on the data's test
-    split (``{"sentences": 32, "device": "cpu", "threads": None, "beam": 5}``, any of them;
-    :mod:`fairseq_deep.serving`), recorded as the summary's ``compute_types``; None: not."""
+    ``timing`` (``--format ctranslate2``): time the ways of serving it (backend, compute type,
+    threads) on the data's test split with the decoding settings the user translates with
+    (:data:`TIMING_DEFAULTS`' keys, any of them; :func:`fairseq_deep.serving.time_serving`),
+    recorded as the summary's ``compute_types`` and the fastest written to OUT/serving.json;
+    None: not."""
     import torch
     from fairseq import checkpoint_utils
 
@@ -429,6 +472,8 @@ def export(
         raise ExportError("--quantization applies to --format ctranslate2 only: drop it")
     if fmt == "ctranslate2":
         import_ctranslate2()  # before any work
+    if timing is not None:
+        check_timing(timing)
     check_out(out)
     state = load(checkpoint, "--checkpoint")
     args = model_args(state, checkpoint, "--checkpoint")
@@ -494,7 +539,11 @@ def export(
             torch.save(converter_checkpoint(options, tasks, stock_state), converter_input)
             convert(converter_input, data, staged, src, tgt, quantization)
             if timing is not None:
-                summary["compute_types"] = time_compute_types(staged, data, src, tgt, task, timing)
+                timed = time_compute_types(staged, data, src, tgt, task, timing)
+                summary["compute_types"] = timed
+                if "choice" in timed:
+                    with open(os.path.join(staged, serving.CHOICE), "w", encoding="utf-8") as f:
+                        json.dump(serving_choice(timed), f, indent=1)
         with open(os.path.join(staged, SUMMARY), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
         os.rename(staged, out)
@@ -549,9 +598,9 @@ def cli_main(argv=None):
     timing.add_argument(
         "--timing-sentences",
         type=int,
-        default=32,
+        default=TIMING_DEFAULTS["sentences"],
         metavar="N",
-        help="time them on the first N test sentences (default 32)",
+        help="time them on the first N test sentences (default %(default)s)",
     )
     timing.add_argument(
         "--timing-device", default="cpu", choices=("cpu", "cuda"), help="default: cpu"
@@ -560,9 +609,33 @@ def cli_main(argv=None):
         "--timing-threads",
         type=int,
         metavar="N",
-        help="CTranslate2's intra_threads (default: the cores available, at most 4)",
+        help="the cores to serve with (default: the cores available, at most 4)",
     )
-    timing.add_argument("--timing-beam", type=int, default=5, metavar="N", help="default 5")
+    decoding = parser.add_argument_group(
+        "the decoding settings you will translate with (fairseq-generate's defaults; the "
+        "recipes: --timing-max-len-a 1.2 --timing-max-len-b 10)"
+    )
+    decoding.add_argument("--timing-beam", type=int, default=5, metavar="N", help="default 5")
+    decoding.add_argument(
+        "--timing-lenpen", type=float, default=1.0, metavar="L", help="default 1.0"
+    )
+    decoding.add_argument(
+        "--timing-max-len-a",
+        type=float,
+        default=0.0,
+        metavar="A",
+        help="the length limit A x the batch's longest source + B (default 0)",
+    )
+    decoding.add_argument(
+        "--timing-max-len-b", type=int, default=200, metavar="B", help="default 200"
+    )
+    decoding.add_argument(
+        "--timing-batch-size",
+        type=int,
+        default=TIMING_DEFAULTS["batch"],
+        metavar="N",
+        help="sentences per batch (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     quiet_warnings()
     script_logging(sys.stderr, level="WARNING")  # its one line, the summary or the refusal, alone
@@ -583,6 +656,10 @@ def cli_main(argv=None):
                 "device": args.timing_device,
                 "threads": args.timing_threads,
                 "beam": args.timing_beam,
+                "lenpen": args.timing_lenpen,
+                "max_len_a": args.timing_max_len_a,
+                "max_len_b": args.timing_max_len_b,
+                "batch": args.timing_batch_size,
             },
         )
         what = (

@@ -4,6 +4,7 @@ fairseq-generate (no --user-dir, torch's weights-only loader) as the original mo
 CTranslate2 model scores and translates as fairseq does (beam 1 and beam 4), every other family is
 refused in one line, and bad input leaves nothing behind."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -302,6 +303,18 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(tmp_path, capsys, monkeyp
         "int8",
         fragments=["--quantization applies to --format ctranslate2"],
     )
+    # the timing's decoding settings (--format ctranslate2), before any work
+    if importlib.util.find_spec("ctranslate2") is not None:
+        for option, value in (
+            ("--timing-beam", "0"),
+            ("--timing-max-len-b", "-1"),
+            ("--timing-batch-size", "0"),
+        ):
+            refused(
+                ours,
+                *["--data", data, "--out", tmp_path / "o", option, value],
+                fragments=[f"{option} {value}: give at least"],
+            )
     # argparse's own errors too: one line, not after its usage block
     refused(ours, "--data", data, fragments=["the following arguments are required: --out"])
 

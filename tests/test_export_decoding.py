@@ -6,6 +6,7 @@ source) (tests/test_export.py: the fold, the refusals, bad input, the record).""
 import json
 import math
 import os
+import shutil
 import sys
 
 import pytest
@@ -13,6 +14,9 @@ from helpers import run_cli
 from test_export import layers
 
 from fairseq_deep import export as ex
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples", "export")
 
 TRAIN = [
     "--arch",
@@ -177,9 +181,35 @@ def test_ctranslate2_translates_as_fairseq_generate(trained, synthetic_bin, beam
 
     out, stdout = ctranslate2_export(trained, synthetic_bin)
     timed = json.loads((out / ex.SUMMARY).read_text())["compute_types"]
-    assert "compute types on this CPU" in stdout and f'compute_type="{timed["fastest"]}"' in stdout
-    assert list(timed["sentences_per_s"]) == serving.candidates("cpu")  # every type offered here
-    assert timed["sentences"] == 32 and timed["same_as_float32"]["float32"] == 32
+    assert "CTranslate2 on this CPU" in stdout and "serve with CT2_USE_MKL=" in stdout
+    assert f'compute_type="{timed["fastest"]}"' in stdout
+    # every backend in a process of its own, each with every type it offers, on every layout
+    assert set(timed["backends"]) == set(serving.BACKENDS)
+    assert sum(b["default"] for b in timed["backends"].values()) == 1
+    settings_timed = {
+        (r["backend"], r["compute_type"], r["intra_threads"], r["inter_threads"])
+        for r in timed["settings"]
+    }
+    assert settings_timed == {
+        (b, t, *layout)
+        for b, found in timed["backends"].items()
+        for t in found["compute_types"]
+        for layout in serving.thread_layouts(timed["threads"])
+    }
+    assert set(serving.candidates("cpu")) <= set(timed["sentences_per_s"])
+    # fairseq-generate's decoding defaults, on the whole test split (101 < 128 sentences)
+    assert (timed["beam"], timed["max_len_a"], timed["max_len_b"], timed["batch"]) == (
+        5,
+        0,
+        200,
+        32,
+    )
+    assert timed["sentences"] == 101 and timed["same_as_float32"]["float32"] == 101
+    best = max(timed["settings"], key=lambda r: r["sentences_per_s"])
+    choice = json.loads((out / serving.CHOICE).read_text())
+    assert choice["compute_type"] == best["compute_type"] == timed["fastest"]
+    assert choice["env"] == dict([best["backend"].split("=")]) and choice["max_batch_size"] == 32
+    assert all(len(r["seconds"]) == 2 and len(r["warm_up"]) == 2 for r in timed["settings"])
     pieces = source_pieces(synthetic_bin)
     settings = ex.matching_settings(beam=beam)
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
@@ -240,3 +270,192 @@ def test_a_length_limit_relative_to_the_source_as_fairseq_generate(trained, synt
     assert any(ours[k] == fairseqs[k] and len(ours[k]) == limits[k] < max(limits) for k in cut), [
         (len(ours[k]), len(fairseqs[k]), limits[k]) for k in cut
     ]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_every_backend_and_thread_layout_translates_alike(trained, synthetic_bin, beam):
+    """CT2_USE_MKL=0 (oneDNN) and =1 (Intel's MKL), each in its own process, on (2, 1) and (1, 2)
+    intra x inter threads: float32 gives fairseq-generate's hypotheses, all 101, in each."""
+    pytest.importorskip("ctranslate2")
+    from fairseq_deep import serving
+
+    out, _ = ctranslate2_export(trained, synthetic_bin)
+    pieces = source_pieces(synthetic_bin)
+    record = serving.time_serving(
+        str(out),
+        pieces,
+        threads=2,
+        beam=beam,
+        batch=16,
+        rounds=1,
+        compute_types=["float32"],
+        keep_hypotheses=True,
+    )
+    rows = record["settings"]
+    assert {r["backend"] for r in rows} == set(serving.BACKENDS) and len(rows) == 4
+    original = [trained["hypotheses"][beam][k][1] for k in range(101)]
+    for row in rows:
+        assert [" ".join(h) for h in row["hypotheses"]] == original, serving._setting_name(row)
+        assert row["same_as_reference"] == 101
+    libraries = record["backends"]
+    assert (
+        libraries["CT2_USE_MKL=1"]["mkl"] == "true" and libraries["CT2_USE_MKL=0"]["mkl"] == "false"
+    )
+
+
+def test_the_timing_decodes_with_the_length_limit_given(trained, synthetic_bin, tmp_path):
+    """The export's timing translates as the user will (issue 46: it decoded up to 200 tokens
+    whatever the recipe's limit): --timing-max-len-b 1 lets one token through for each sentence,
+    a limit relative to the source each batch's own (serving.batch_limits)."""
+    pytest.importorskip("ctranslate2")
+    from fairseq_deep import serving
+
+    timing = {"sentences": 20, "threads": 1, "max_len_b": 1}
+    summary = ex.export(
+        str(trained["checkpoint"]), str(synthetic_bin), str(tmp_path / "o"), timing=timing
+    )
+    timed = summary["compute_types"]
+    assert timed["max_len_b"] == 1 and timed["target_tokens"] == timed["sentences"] == 20
+    assert json.loads((tmp_path / "o" / serving.CHOICE).read_text())["timed"]["max_len_b"] == 1
+    pieces = source_pieces(synthetic_bin)
+    record = serving.time_serving(
+        str(tmp_path / "o"),
+        pieces,
+        threads=1,
+        beam=2,
+        max_len_a=0.5,
+        max_len_b=0,
+        batch=8,
+        rounds=1,
+        compute_types=["float32"],
+        backends=[serving.default_backend()],
+        keep_hypotheses=True,
+    )
+    limits = serving.batch_limits(pieces, 0.5, 0, 8)
+    (row,) = record["settings"]
+    lengths = [len(h) for h in row["hypotheses"]]
+    assert all(n <= limit for n, limit in zip(lengths, limits))
+    assert any(n == limit < max(limits) for n, limit in zip(lengths, limits))  # cut per batch
+    assert record["target_tokens"] == sum(lengths) and (record["max_len_a"], record["batch"]) == (
+        0.5,
+        8,
+    )
+
+
+CHOICE_BACKEND = """import json, os, sys
+sys.argv[1:] = [sys.argv[1], "--fastest", "--beam", "4"]
+import translate
+assert "ctranslate2" not in sys.modules, "ctranslate2 imported before the choice was read"
+translate.main()
+"""
+
+
+@pytest.mark.parametrize("mkl", ["0", "1"])
+def test_translate_py_fastest_sets_the_backend_before_ctranslate2_loads(
+    trained, synthetic_bin, tmp_path, mkl
+):
+    """translate.py --fastest reads OUT/serving.json and sets its CT2_USE_MKL before it imports
+    ctranslate2 (which reads it once): CTranslate2's own log says which backend ran; the
+    translations are fairseq-generate's (beam 4)."""
+    pytest.importorskip("ctranslate2")
+    from fairseq_deep import serving
+
+    out, _ = ctranslate2_export(trained, synthetic_bin)
+    served = tmp_path / "served"
+    shutil.copytree(out, served)
+    choice = {"env": {"CT2_USE_MKL": mkl}, "compute_type": "float32", "intra_threads": 1}
+    (served / serving.CHOICE).write_text(json.dumps({**choice, "inter_threads": 2}))
+    pieces = source_pieces(synthetic_bin)[:20]
+    env = {k: v for k, v in os.environ.items() if k != "CT2_USE_MKL"}
+    proc = run_cli(
+        sys.executable,
+        "-c",
+        CHOICE_BACKEND,
+        str(served),
+        input="".join(" ".join(p) + "\n" for p in pieces),
+        env={**env, "CT2_VERBOSE": "1", "PYTHONPATH": os.pathsep.join([EXAMPLE, REPO])},
+        cwd=EXAMPLE,
+        fresh=True,  # a new interpreter: nothing imported before translate.py
+    )
+    assert f"Use Intel MKL: {'true' if mkl == '1' else 'false'}" in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines() == [trained["hypotheses"][4][k][1] for k in range(20)]
+
+
+def test_a_loaded_ctranslate2_cannot_change_its_backend(monkeypatch):
+    """apply_environment refuses a choice whose CT2_USE_MKL differs from the one ctranslate2 was
+    loaded with (a RuntimeError); the same value passes."""
+    pytest.importorskip("ctranslate2")
+    from fairseq_deep import serving
+
+    monkeypatch.setenv("CT2_USE_MKL", "0")
+    serving.apply_environment({"env": {"CT2_USE_MKL": "0"}})
+    with pytest.raises(RuntimeError, match="CT2_USE_MKL=1"):
+        serving.apply_environment({"env": {"CT2_USE_MKL": "1"}})
+
+
+def test_batches_by_tokens():
+    """batch_type tokens: sorted by length, each batch's (longest + 1) x sentences within the
+    budget, a longer sentence alone; every sentence once."""
+    from fairseq_deep import serving
+
+    pieces = [["a"] * n for n in (5, 1, 9, 3, 3, 30, 2)]
+    cut = serving.batches(pieces, 12, "tokens")
+    assert sorted(i for b in cut for i in b) == list(range(7))
+    assert all(len(b) == 1 or (max(len(pieces[i]) for i in b) + 1) * len(b) <= 12 for b in cut)
+    assert [i for b in cut for i in b] == sorted(range(7), key=lambda i: len(pieces[i]))
+    assert cut[-1] == [5]
+    with pytest.raises(ValueError):
+        serving.batches(pieces, 12, "sentences")
+
+
+# -- students of any shape (issue 46 item 4): Kasai et al. 2021's deep encoder, shallow decoder --
+
+STUDENTS = {
+    "prenorm 6+6": ["--arch", "transformer_prenorm", *layers(6, 6)],
+    "prenorm 12+1": ["--arch", "transformer_prenorm", *layers(12, 1)],
+    "dlcl none 8+2": ["--arch", "transformer_dlcl", "--dlcl-stacks", "none", *layers(8, 2)],
+    "deepnorm 10+1": ["--arch", "transformer_deepnorm", *layers(10, 1)],
+}
+
+
+def student_flags(shape):
+    """TRAIN with the student's architecture and depths, 200 updates."""
+    flags = list(TRAIN)
+    del flags[flags.index("--arch") : flags.index("--arch") + 6]  # --arch, its layers
+    flags[flags.index("--max-update") + 1] = "200"
+    return [*STUDENTS[shape], *flags]
+
+
+@pytest.mark.parametrize("shape", list(STUDENTS))
+def test_a_student_of_any_shape_exports_and_translates_as_fairseq_generate(
+    shape, synthetic_bin, tmp_path
+):
+    """--encoder-layers != --decoder-layers, down to a one-layer decoder, in the families that
+    export: fairseq-deep-export to CTranslate2 gives fairseq-generate's hypotheses, all 101, at
+    beam 1 and 4 (and the stock model's log-probabilities the original's, checked by the export)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    assert TRAIN[TRAIN.index("--arch") + 2 : TRAIN.index("--arch") + 6] == layers(2, 1)
+    run_cli(
+        "fairseq-deep-train", str(synthetic_bin), *student_flags(shape), "--save-dir", str(tmp_path)
+    )
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    summary = ex.export(str(checkpoint), str(synthetic_bin), str(tmp_path / "ct2"))
+    assert summary["max_logprob_difference"] <= ex.TOLERANCE
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert config["add_source_eos"] is True
+    pieces = source_pieces(synthetic_bin)
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    for beam in (1, 4):
+        generated = hypotheses(
+            run_cli(
+                "fairseq-deep-generate",
+                str(synthetic_bin),
+                *["--path", str(checkpoint), "--beam", str(beam), "--gen-subset", "test"],
+                *["--batch-size", "64", "--cpu"],
+            ).stdout
+        )
+        settings = ex.matching_settings(beam=beam)
+        results = translator.translate_batch(pieces, max_batch_size=64, **settings)
+        ours = [" ".join(ex.fairseq_hypothesis(r.hypotheses[0], settings)) for r in results]
+        assert len(generated) == 101
+        assert ours == [generated[k][1] for k in range(101)], (shape, beam)

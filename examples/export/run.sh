@@ -13,11 +13,12 @@
 # data; REFERENCE: the raw references of the test split (then INPUT is its raw source): both
 # engines' translations are scored with sacreBLEU.  INPUT and REFERENCE: plain or .gz, as the
 # own-data recipe takes them (Multi30k's test_2016_flickr.de.gz).  Variables (defaults):
-# COMPUTE_TYPE (the one the export found fastest here), BEAM (5), MAX_LEN_A and MAX_LEN_B (1.2 and
-# 10, the recipes' length limit), BATCH (32), THREADS (2), DEVICE_ARGS ("--cpu" without a GPU).
+# COMPUTE_TYPE (default: the export's fastest way here, WORK/ct2/serving.json), BEAM (5), MAX_LEN_A
+# and MAX_LEN_B (1.2 and 10, the recipes' length limit), BATCH (32), THREADS (2), DEVICE_ARGS
+# ("--cpu" without a GPU).
 set -euo pipefail
 if [ $# -lt 3 ]; then
-    sed -n '2,18p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
 fi
 CK=$1 DATA=$2 WORK=$3 INPUT=${4:-} SPM=${5:-} REF=${6:-}
@@ -28,13 +29,25 @@ mkdir -p "$WORK"
 rm -rf "$WORK/fairseq" "$WORK/ct2"
 
 # 1. the exports (each compares the stock model with the original before it writes anything); the
-#    CTranslate2 one times every compute type CTranslate2 offers here on 32 test sentences
+#    CTranslate2 one times the ways to serve it here (backend CT2_USE_MKL, compute type, threads) on
+#    128 test sentences with this script's decoding settings, and writes the fastest to serving.json
 fairseq-deep-export --checkpoint "$CK" --data "$DATA" --out "$WORK/fairseq" --format fairseq
 OMP_NUM_THREADS=$THREADS fairseq-deep-export --checkpoint "$CK" --data "$DATA" --out "$WORK/ct2" \
-    --timing-threads "$THREADS"
-COMPUTE_TYPE=${COMPUTE_TYPE:-$(python -c 'import json, sys
-record = json.load(open(sys.argv[1])).get("compute_types") or {}
-print(record.get("fastest", "default"))' "$WORK/ct2/fairseq_deep_export.json")}
+    --timing-threads "$THREADS" --timing-beam "$BEAM" --timing-max-len-a "$MAX_LEN_A" \
+    --timing-max-len-b "$MAX_LEN_B" --timing-batch-size "$BATCH"
+# COMPUTE_TYPE given: that type on $THREADS threads in CTranslate2's default backend; else the
+# export's choice (translate.py --fastest: its CT2_USE_MKL, compute type, threads)
+if [ -n "${COMPUTE_TYPE:-}" ]; then
+    SERVE=(--compute-type "$COMPUTE_TYPE" --threads "$THREADS")
+    SERVED=$COMPUTE_TYPE
+else
+    SERVE=(--fastest)
+    SERVED="the export's choice: $(python -c 'import json, os, sys
+path = os.path.join(sys.argv[1], "serving.json")
+c = json.load(open(path)) if os.path.exists(path) else {}
+print(" ".join(f"{k}={v}" for k, v in c.get("env", {}).items()), c.get("compute_type", "default"),
+      "intra_threads", c.get("intra_threads", "-"), "inter_threads", c.get("inter_threads", "-"))' "$WORK/ct2")"
+fi
 
 # 2. plain fairseq-generate, no --user-dir, on the stock checkpoint: the original model's hypotheses
 #    (--required-batch-size-multiple 1: plain fairseq drops a last partial batch otherwise, #5036)
@@ -48,15 +61,15 @@ if [ -n "$REF" ]; then
     fairseq-deep-score "$WORK/generate.txt" --ref "$REF" | tee "$WORK/generate.score"
 fi
 
-# 3. CTranslate2 in $COMPUTE_TYPE, with the settings that give fairseq-generate's hypotheses
+# 3. CTranslate2 as chosen above, with the settings that give fairseq-generate's hypotheses
 if [ -n "$INPUT" ]; then
     DEVICE=$([ "$DEVICE_ARGS" = "--cpu" ] && echo cpu || echo cuda)
     # the input as it is stored, plain or gzip (fairseq-deep-score reads a .gz REFERENCE itself)
     case "$INPUT" in *.gz) gzip -dc -- "$INPUT" ;; *) cat -- "$INPUT" ;; esac |
         python "$HERE/translate.py" "$WORK/ct2" ${SPM:+--spm "$SPM"} --beam "$BEAM" \
-        --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" --batch "$BATCH" --threads "$THREADS" \
-        --device "$DEVICE" --compute-type "$COMPUTE_TYPE" > "$WORK/ct2.txt"
-    echo "ct2 ($COMPUTE_TYPE): $(wc -l < "$WORK/ct2.txt") translations in $WORK/ct2.txt"
+        --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B" --batch "$BATCH" --device "$DEVICE" \
+        "${SERVE[@]}" > "$WORK/ct2.txt"
+    echo "ct2 ($SERVED): $(wc -l < "$WORK/ct2.txt") translations in $WORK/ct2.txt"
     if [ -n "$REF" ]; then
         fairseq-deep-score "$WORK/ct2.txt" --ref "$REF" | tee "$WORK/ct2.score"
     fi
