@@ -41,7 +41,9 @@ import json
 import os
 import re
 import subprocess
-import sys
+
+from fairseq_deep import runs
+from fairseq_deep.runs import Part, flags, recipes
 
 from . import harness
 from .harness import add_device_argument, device_from_args
@@ -58,51 +60,26 @@ SETTINGS = (
     ("limit 200", 5, 0.0, 200, 32, "examples", ("float32",), ("T1", "1T")),
 )
 
-TRAIN = [
-    "--arch",
-    "transformer_prenorm",
-    "--encoder-layers",
-    "6",
-    "--decoder-layers",
-    "6",
-    "--encoder-embed-dim",
-    "128",
-    "--decoder-embed-dim",
-    "128",
-    "--encoder-ffn-embed-dim",
-    "512",
-    "--decoder-ffn-embed-dim",
-    "512",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-    "--share-all-embeddings",
-    "--dropout",
-    "0",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.003",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--warmup-updates",
-    "100",
-    "--max-tokens",
-    "2048",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--label-smoothing",
-    "0.1",
-    "--seed",
-    "1",
-    "--num-workers",
-    "0",
-    "--log-interval",
-    "50",
-    "--no-epoch-checkpoints",
-    "--disable-validation",
-]
+
+def train_run(data: str, save: str, updates: int, minutes: float) -> runs.Run:
+    """The tiny model: a pre-norm 6 + 6 Transformer at width 128, trained ``updates`` updates (at
+    most ``minutes``) without validation."""
+    return runs.Run.of(
+        "train",
+        data,
+        Part("model", ["--arch", "transformer_prenorm"]),
+        recipes.layers(6, 6),
+        recipes.transformer_size(128, 512, 4),
+        ["--share-all-embeddings"],
+        recipes.dropout("0"),
+        recipes.adam("0.003"),
+        recipes.inverse_sqrt(100),
+        recipes.label_smoothed(0.1),
+        recipes.budget(max_tokens=2048, max_update=updates, stop_time_hours=f"{minutes / 60:g}"),
+        recipes.seed(1),
+        recipes.saving(save_dir=save, no_epoch_checkpoints=True, disable_validation=True),
+        recipes.cpu(),
+    )
 
 
 def get_parser():
@@ -130,37 +107,40 @@ def prepare(a, work: str):
     data = os.path.join(work, "bin")
     if not os.path.isdir(data):
         prefixes = write_corpus(os.path.join(work, "raw"), 20000, 200, a.sentences, seed=1)
-        subprocess.run(
-            [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "src"]
-            + ["--target-lang", "tgt", "--joined-dictionary", "--workers", "1"]
-            + [f"--{s}pref" for s in ("train",)]
-            + [prefixes["train"], "--validpref", prefixes["valid"]]
-            + ["--testpref", prefixes["test"], "--destdir", data],
-            check=True,
-            capture_output=True,
-        )
+        runs.execute(
+            runs.preprocess(
+                "src",
+                "tgt",
+                data,
+                trainpref=prefixes["train"],
+                validpref=prefixes["valid"],
+                testpref=prefixes["test"],
+            ),
+            os.path.join(work, "preprocess.log"),
+        ).check()
     checkpoint = os.path.join(work, "ck", "checkpoint_last.pt")
     if not os.path.exists(checkpoint):
         log(f"training the tiny model for {a.updates} updates (at most {a.minutes} minutes)")
-        subprocess.run(
-            ["fairseq-deep-train", data, *TRAIN, "--cpu", "--save-dir", os.path.dirname(checkpoint)]
-            + ["--max-update", str(a.updates), "--stop-time-hours", str(a.minutes / 60)],
-            check=True,
-            capture_output=True,
-            env=harness.thread_env(a.threads),
-        )
+        run = train_run(data, os.path.dirname(checkpoint), a.updates, a.minutes)
+        runs.execute(
+            run, os.path.join(work, "train.log"), env=harness.thread_env(a.threads)
+        ).check()
     return checkpoint, data
 
 
 def generate(checkpoint, data, beam, max_len_a, max_len_b, batch, batch_type, threads):
     """fairseq-generate's sentences/s (its own line, loading left out) and hypotheses by id."""
-    size = (
-        ["--batch-size", str(batch)] if batch_type == "examples" else ["--max-tokens", str(batch)]
+    size = {"batch_size": batch} if batch_type == "examples" else {"max_tokens": batch}
+    decoding = runs.Run.of(
+        "generate",
+        data,
+        recipes.decoding(path=checkpoint, gen_subset="test", beam=beam),
+        recipes.decoding(max_len_a=max_len_a, max_len_b=max_len_b, **size),
+        Part("batching", flags({"required_batch_size_multiple": 1})),  # batches as given
+        recipes.cpu(),
     )
     proc = subprocess.run(
-        ["fairseq-deep-generate", data, "--path", checkpoint, "--gen-subset", "test", "--cpu"]
-        + ["--beam", str(beam), "--max-len-a", str(max_len_a), "--max-len-b", str(max_len_b)]
-        + [*size, "--required-batch-size-multiple", "1", "--num-workers", "0"],
+        decoding.argv(),
         check=True,
         capture_output=True,
         text=True,

@@ -42,9 +42,6 @@ DISTILL_SHARE = 0.4
 TEACHER_ARCH = "transformer_dlcl"
 #: the recipe's folder when WORK is not set
 WORK = "distill_run"
-#: CTranslate2's batch (sentences) and threads when translating the test set
-CT2_BATCH = 32
-CT2_THREADS = 2
 #: the CTranslate2 translator run.sh pipes the test source through (examples/export/translate.py;
 #: the tests' dry run gives a stub)
 TRANSLATE_ENV = "TRANSLATE_SCRIPT"
@@ -127,25 +124,19 @@ def plan(
             {
                 "spm": spm,
                 "beam": s.beam,
-                "max_len_a": 1.2,
-                "max_len_b": 10,
-                "batch": CT2_BATCH,
-                "threads": CT2_THREADS,
+                "max_len_a": own_data.MAX_LEN_A,
+                "max_len_b": own_data.MAX_LEN_B,
+                "batch": own_data.DECODE_BATCH,
                 "device": "cpu" if s.device == "cpu" else "cuda",
+                "fastest": True,  # the export's choice: backend, compute type, threads
             }
         ),
     ]
     return Plan(
-        distill=Run.of(
-            "distill",
-            data_bin,
-            own_data.search(s),
-            *own_data.on_device(s),
-            flags({"destdir": distilled}),
-        ),
+        distill=own_data.distill_run(s, data_bin, distilled),
         student=own_data.train_run(s, spec, distilled, save, student_flags),
         generate=own_data.generate_run(s, distilled),
-        export=Run.of("export", None, flags({"data": distilled, "out": ct2})),
+        export=own_data.export_run(s, distilled, ct2),
         translate=translate,
         budget_s=budget,
         distill_s=distill_s,

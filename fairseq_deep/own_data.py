@@ -98,6 +98,9 @@ COMMON = {"WORK": "own_data_run", "VOCAB": 8000, "BEAM": 5, "AVERAGE": 5, "PRECI
 
 #: fairseq-generate's batch (sentences)
 DECODE_BATCH = 128
+#: decoding's length limit: at most MAX_LEN_A x the source + MAX_LEN_B tokens (fairseq-generate's
+#: --max-len-a/b; CTranslate2 given the same by serving.length_limit)
+MAX_LEN_A, MAX_LEN_B = 1.2, 10
 #: sentencepiece pieces per raw word (an estimate that errs long for European languages)
 PIECES_PER_WORD = 1.3
 #: decoder steps of beam search timed by :func:`measure_speed` (then scaled to the length bound)
@@ -320,7 +323,7 @@ def search(s: Settings, **settings) -> Part:
     1.2 x the source + 10 tokens long, so that an undertrained model that repeats itself cannot
     stretch the decoding time."""
     return recipes.decoding(
-        **settings, beam=s.beam, batch_size=DECODE_BATCH, max_len_a=1.2, max_len_b=10
+        **settings, beam=s.beam, batch_size=DECODE_BATCH, max_len_a=MAX_LEN_A, max_len_b=MAX_LEN_B
     )
 
 
@@ -384,6 +387,33 @@ def why_not_served(args: argparse.Namespace) -> Optional[str]:
     return why_not_transformer(families.spec(args.arch).model, model)
 
 
+def distill_run(s: Settings, data_bin: str, destdir: str) -> Run:
+    """fairseq-deep-distill of ``data_bin``'s training split into ``destdir`` with the recipe's
+    decoding (:func:`search`), but --path (the teacher)."""
+    return Run.of("distill", data_bin, search(s), *on_device(s), flags({"destdir": destdir}))
+
+
+def export_run(s: Settings, data_bin: str, out: str, checkpoint: Optional[str] = None) -> Run:
+    """fairseq-deep-export to CTranslate2 (``out``), its timing of the ways to serve done with the
+    recipe's decoding (beam, length limit, batch): what it finds fastest is for the translations
+    the recipe makes (``translate.py --fastest``).  Without ``checkpoint``, run.sh adds it."""
+    return Run.of(
+        "export",
+        None,
+        flags(
+            {
+                "checkpoint": checkpoint,
+                "data": data_bin,
+                "out": out,
+                "timing_beam": s.beam,
+                "timing_max_len_a": MAX_LEN_A,
+                "timing_max_len_b": MAX_LEN_B,
+                "timing_batch_size": DECODE_BATCH,
+            }
+        ),
+    )
+
+
 def serving_runs(s: Settings, data_bin: str, work: str, served: bool) -> Dict[str, Run]:
     """What run.sh prints at its end to serve the model with CTranslate2, but the checkpoint it
     decoded (run.sh adds it): a model that reduces, ``export`` (fairseq-deep-export); one that does
@@ -392,25 +422,13 @@ def serving_runs(s: Settings, data_bin: str, work: str, served: bool) -> Dict[st
     :data:`STUDENT_ARCH` trained on them by the recipe's settings) and ``export`` of the student."""
     ct2 = os.path.join(work, "ctranslate2")
     if served:
-        return {"export": Run.of("export", None, flags({"data": data_bin, "out": ct2}))}
+        return {"export": export_run(s, data_bin, ct2)}
     distilled = os.path.join(work, "distilled")
     save = os.path.join(work, "checkpoints", f"student_{STUDENT_ARCH}_w{s.width}")
     return {
-        "distill": Run.of(
-            "distill", data_bin, search(s), *on_device(s), flags({"destdir": distilled})
-        ),
+        "distill": distill_run(s, data_bin, distilled),
         "student": train_run(s, families.spec(STUDENT_ARCH), distilled, save, []),
-        "export": Run.of(
-            "export",
-            None,
-            flags(
-                {
-                    "checkpoint": os.path.join(save, "checkpoint_best.pt"),
-                    "data": distilled,
-                    "out": ct2,
-                }
-            ),
-        ),
+        "export": export_run(s, distilled, ct2, os.path.join(save, "checkpoint_best.pt")),
     }
 
 

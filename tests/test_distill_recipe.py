@@ -78,7 +78,8 @@ def test_the_commands_parse_with_their_programs_parsers_and_take_the_teachers_wi
     assert "--path" not in values["DISTILL"]  # run.sh adds the teacher
     generate = values["GENERATE"]
     assert generate[:2] == ["fairseq-deep-generate", distilled]
-    assert values["EXPORT"] == [
+    export = values["EXPORT"]
+    assert export[:5] == [
         "fairseq-deep-export",
         "--data",
         distilled,
@@ -87,7 +88,15 @@ def test_the_commands_parse_with_their_programs_parsers_and_take_the_teachers_wi
     ]
     translate = values["TRANSLATE"]
     assert translate[:2] == ["translate.py", os.path.join(work, "ctranslate2")]
-    assert translate[translate.index("--beam") + 1] == generate[generate.index("--beam") + 1]
+    assert "--fastest" in translate  # the export's choice of backend, compute type and threads
+    for decoding, timing in (("--beam", "--beam"), ("--max-len-a", "--max-len-a")):
+        # served with the decoding it was timed with, fairseq-generate's
+        value = generate[generate.index(decoding) + 1]
+        assert translate[translate.index(decoding) + 1] == value
+        assert export[export.index("--timing-" + timing[2:]) + 1] == value
+    assert (
+        translate[translate.index("--batch") + 1] == export[export.index("--timing-batch-size") + 1]
+    )
     # the budget's split, said at the start
     assert values["BUDGET_S"] == "600" and values["DISTILL_S"] == str(int(600 * dr.DISTILL_SHARE))
     assert values["RESERVE_S"] == str(int(600 * own_data.DECODE_SHARE))

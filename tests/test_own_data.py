@@ -543,7 +543,7 @@ def test_setup_says_whether_the_model_exports_and_how_to_serve_one_that_does_not
     parsed = own_data.check_train_command(student[1:])
     assert parsed.arch == own_data.STUDENT_ARCH and parsed.encoder_embed_dim == 32
     assert own_data.why_not_served(parsed) is None  # the student exports
-    assert export == [
+    assert export[:7] == [
         "fairseq-deep-export",
         "--checkpoint",
         os.path.join(parsed.save_dir, "checkpoint_best.pt"),
@@ -552,11 +552,15 @@ def test_setup_says_whether_the_model_exports_and_how_to_serve_one_that_does_not
         "--out",
         os.path.join(work, "ctranslate2"),
     ]
+    # the export times the ways to serve with the recipe's decoding
+    assert shown_flag(" ".join(export), "--timing-max-len-a") == shown_flag(
+        " ".join(values["GENERATE"]), "--max-len-a"
+    )
 
     values, log = run_setup(["transformer_prenorm"], env)
     assert values["SERVE"] == "export" and "SERVE_DISTILL" not in values
     assert "run.sh: transformer_prenorm exports to CTranslate2 (fairseq-deep-export" in log
-    assert values["SERVE_EXPORT"] == [
+    assert values["SERVE_EXPORT"][:5] == [
         "fairseq-deep-export",
         "--data",
         data_bin,

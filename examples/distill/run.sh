@@ -104,14 +104,12 @@ fi
 
 # 5. CTranslate2's translations of the test source, scored
 if [ -n "$SOURCE" ]; then
-  # in the compute type the export found fastest here (as examples/export/run.sh)
-  COMPUTE_TYPE=$(python -c 'import json, sys
-record = json.load(open(sys.argv[1])).get("compute_types") or {}
-print(record.get("fastest", "default"))' "$CT2/fairseq_deep_export.json")
-  echo "== 5/5 the student's test translations in CTranslate2 ($COMPUTE_TYPE)"
-  show python "${TRANSLATE[@]}" --compute-type "$COMPUTE_TYPE"
+  # served as the export found fastest here, with this recipe's decoding (translate.py --fastest:
+  # the backend, compute type and threads of WORK/ctranslate2/serving.json)
+  echo "== 5/5 the student's test translations in CTranslate2"
+  show python "${TRANSLATE[@]}"
   case "$SOURCE" in *.gz) gzip -dc -- "$SOURCE" ;; *) cat -- "$SOURCE" ;; esac |
-    python "${TRANSLATE[@]}" --compute-type "$COMPUTE_TYPE" > "$WORK/ct2.txt"
+    python "${TRANSLATE[@]}" > "$WORK/ct2.txt"
   [ -z "$REF" ] || fairseq-deep-score "$WORK/ct2.txt" --ref "$REF" | tee "$WORK/ct2.score.txt"
 else
   echo "== 5/5 no SOURCE: CTranslate2 translates nothing here (examples/export/translate.py $CT2)"
