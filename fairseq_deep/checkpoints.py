@@ -397,3 +397,33 @@ def family_of(
             f"{where} holds fairseq's own --arch {arch}, not a model of fairseq_deep: {advice}"
         )
     return arch, family
+
+
+def of_another_model(state: dict, model_state: dict, args: argparse.Namespace) -> dict:
+    """A copy of the checkpoint ``state`` that holds another model (what fairseq-deep-grow and
+    fairseq-deep-extract write): its parameters ``model_state`` and options ``args`` (in ``cfg``'s
+    model and the old ``args``); the optimizer's state dropped (the old model's shapes: the next
+    run resets it), EMA dropped, the training clock at 0 (the next run's --stop-time-hours is its
+    own).  ``extra_state`` is a fresh dict the caller may add to."""
+    from omegaconf import OmegaConf
+
+    out = dict(state)
+    out["model"] = model_state
+    cfg = state.get("cfg")
+    if cfg is not None:
+        cfg = (
+            OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+            if OmegaConf.is_config(cfg)
+            else dict(cfg)
+        )
+        cfg["model"] = args
+        out["cfg"] = cfg
+    if state.get("args") is not None:
+        out["args"] = args
+    out["last_optimizer_state"] = None
+    extra = dict(state.get("extra_state") or {})
+    for stale in ("ema", "ema_fp32_params"):
+        extra.pop(stale, None)
+    extra["previous_training_time"] = 0.0
+    out["extra_state"] = extra
+    return out

@@ -43,7 +43,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from .checkpoints import family_of, load, model_args
+from .checkpoints import family_of, load, model_args, of_another_model
 from .errors import ArgumentParser, UserError, report_user_errors
 from .quiet import quiet_warnings, script_logging
 
@@ -203,7 +203,6 @@ def extract(
     import torch.nn as nn
     from fairseq import checkpoint_utils
     from fairseq.models import MODEL_REGISTRY
-    from omegaconf import OmegaConf
 
     from .modules.schemes.gpkd import GPKDConfig
 
@@ -253,24 +252,8 @@ def extract(
     student = _build(new_args, task)
     student.load_state_dict(student_state(teacher, student, chosen), strict=True)
 
-    out_state = dict(state)
-    out_state["model"] = student.state_dict()
-    cfg = state.get("cfg")
-    if cfg is not None:
-        cfg = (
-            OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-            if OmegaConf.is_config(cfg)
-            else dict(cfg)
-        )
-        cfg["model"] = new_args
-        out_state["cfg"] = cfg
-    if state.get("args") is not None:
-        out_state["args"] = new_args
-    out_state["last_optimizer_state"] = None  # the teacher's shapes: --reset-optimizer
-    extra = dict(state.get("extra_state") or {})
-    for stale in ("ema", "ema_fp32_params"):
-        extra.pop(stale, None)
-    extra["previous_training_time"] = 0.0
+    out_state = of_another_model(state, student.state_dict(), new_args)
+    extra = out_state["extra_state"]
     summary = {
         "from": os.path.abspath(teacher_path),
         "arch": arch,
@@ -281,7 +264,6 @@ def extract(
         "kept": {s: chosen[s] for s in chosen},
     }
     extra["extracted"] = summary
-    out_state["extra_state"] = extra
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     checkpoint_utils.torch_persistent_save(out_state, out)
     return summary

@@ -66,7 +66,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from .checkpoints import family_of, load, model_args
+from .checkpoints import family_of, load, model_args, of_another_model
 from .errors import ArgumentParser, UserError, report_user_errors
 from .grow_report import report
 from .modules.common.growth import (
@@ -298,7 +298,6 @@ def grow(
     initialised entries, the shallow run's training time and whether it was kept)."""
     import torch.nn as nn
     from fairseq import checkpoint_utils
-    from omegaconf import OmegaConf
 
     if method not in METHODS:
         raise GrowError(f"--method {method}: choose one of {', '.join(METHODS)}")
@@ -350,26 +349,11 @@ def grow(
     new_sd, origin = grow_state(old_model, new_model, stacks, identity)
     new_model.load_state_dict(new_sd, strict=True)  # the grown state fits the grown model exactly
 
-    out_state = dict(state)
-    out_state["model"] = new_model.state_dict()
-    cfg = state.get("cfg")
-    if cfg is not None:
-        cfg = (
-            OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-            if OmegaConf.is_config(cfg)
-            else dict(cfg)
-        )
-        cfg["model"] = new_args
-        out_state["cfg"] = cfg
-    if state.get("args") is not None:
-        out_state["args"] = new_args
-    out_state["last_optimizer_state"] = None  # the shallow model's shapes: --reset-optimizer
-    extra = dict(state.get("extra_state") or {})
-    for stale in ("ema", "ema_fp32_params"):
-        extra.pop(stale, None)
-    trained_s = float(extra.get("previous_training_time") or 0.0)
-    if not keep_training_time:
-        extra["previous_training_time"] = 0.0  # the next run's --stop-time-hours is its own
+    trained_s = float((state.get("extra_state") or {}).get("previous_training_time") or 0.0)
+    out_state = of_another_model(state, new_model.state_dict(), new_args)
+    extra, cfg = out_state["extra_state"], out_state.get("cfg")
+    if keep_training_time:
+        extra["previous_training_time"] = trained_s
     summary = {
         "from": os.path.abspath(checkpoint),
         "method": method,
@@ -384,7 +368,6 @@ def grow(
         "training_time_kept": keep_training_time,
     }
     extra["grown"] = list(extra.get("grown", [])) + [summary]
-    out_state["extra_state"] = extra
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     checkpoint_utils.torch_persistent_save(out_state, out)
     summary.update(
