@@ -190,16 +190,22 @@ def candidates(device: str = "cpu") -> List[str]:
     return [t for t in COMPUTE_TYPES if t in supported]
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+def cpuinfo(field: str) -> Optional[str]:
+    """The first value of ``field`` in ``/proc/cpuinfo`` (``model name``, ``vendor_id``), or None
+    where there is none (no such file, another system)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def default_threads() -> int:
@@ -213,14 +219,7 @@ def default_threads() -> int:
 
 def cpu_vendor() -> str:
     """The CPU's vendor (``/proc/cpuinfo``'s vendor_id: GenuineIntel, AuthenticAMD, ...) or ''."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo("vendor_id") or ""
 
 
 def default_backend() -> str:
