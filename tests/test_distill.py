@@ -22,27 +22,17 @@ from fairseq_deep import distill as ds
 from fairseq_deep import teacher
 from fairseq_deep.data.synthetic import write_corpus
 from fairseq_deep.errors import CheckpointError
+from fairseq_deep.models.families import TINY_TRANSFORMER
 
 #: a tiny post-norm DLCL teacher trained for a few updates (its outputs, not its quality, matter)
 TEACHER = [
     "--arch",
     "transformer_dlcl",
+    *TINY_TRANSFORMER,  # the Transformer families' tiny sizes, at 2 + 1 layers (a later value wins)
     "--encoder-layers",
     "2",
     "--decoder-layers",
     "1",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
     "--share-all-embeddings",
     "--dropout",
     "0",

@@ -107,6 +107,24 @@ def run(argv):
     return log
 
 
+def two_processes(train_args):
+    """fairseq-train in two processes on this machine (torchrun), ``train_args`` its arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "fairseq_cli.train",
+        *train_args,
+    ]
+
+
 def inner_stats(log: str, key: str = "loss"):
     return {
         int(s["num_updates"]): float(s[key])
@@ -127,22 +145,7 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, tmp_path, arch, flag
             "2",
         ]
     )
-    pair = run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            "-m",
-            "fairseq_cli.train",
-            *train_args(synthetic_bin, tmp_path / "two", arch, flags),
-        ]
-    )
+    pair = run(two_processes(train_args(synthetic_bin, tmp_path / "two", arch, flags)))
 
     assert "distributed init (rank 1)" in pair and "distributed_world_size': 2" in pair
     assert "unused parameters" not in pair.lower()

@@ -26,7 +26,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from helpers import PLUGIN_DIR, run_cli, tiny_flags
 from test_cli_errors import assert_user_error
-from test_distributed import free_port, inner_stats
+from test_distributed import inner_stats, two_processes
 from test_distributed import run as run_distributed
 from test_distributed import train_args as distributed_args
 from test_resume import (
@@ -316,20 +316,7 @@ def test_two_processes_equal_update_freq_two(synthetic_bin, plain_run, tmp_path)
         ]
     )
     pair = run_distributed(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            "-m",
-            "fairseq_cli.train",
-            *distributed_args(synthetic_bin, tmp_path / "two", TEACHER_ARCH, flags),
-        ]
+        two_processes(distributed_args(synthetic_bin, tmp_path / "two", TEACHER_ARCH, flags))
     )
     assert "distributed init (rank 1)" in pair and "distributed_world_size': 2" in pair
     for key in ("loss", "kd_loss"):
