@@ -158,6 +158,43 @@ def compare(refs: Sequence[str], hyps: Dict[str, Sequence[str]], n_samples: int 
 
 # ----------------------------------------------------------------------------------------- runs
 
+#: the row of the distilled student served as fairseq-deep-export's timing finds fastest
+FASTEST = "ctranslate2 fastest"
+
+
+def setting_name(row: Dict) -> str:
+    """A setting of :func:`fairseq_deep.serving.time_serving` in words."""
+    backend = f"{row['backend']} " if row.get("backend") else ""
+    return (
+        f"{backend}{row['compute_type']}, intra_threads {row['intra_threads']}, "
+        f"inter_threads {row['inter_threads']}"
+    )
+
+
+def fastest_serving(a, model: str, pieces):
+    """Every way of serving ``model`` that fairseq-deep-export times (CTranslate2's backends, each
+    in its own process, x compute types x thread layouts of ``--threads`` cores), each on the whole
+    test set with the benchmark's beam, batch and length limit, after a warm-up batch: the fastest
+    setting (its ``sentences_per_s`` and ``hypotheses``) and the timing record without hypotheses
+    (for results.json)."""
+    from fairseq_deep import serving
+
+    record = serving.time_serving(
+        model,
+        pieces,
+        device=a.device,
+        threads=a.threads,
+        beam=a.beam,
+        max_len_b=a.max_len,
+        batch=a.batch,
+        rounds=1,
+        keep_hypotheses=True,
+    )
+    best = dict(max(record["settings"], key=lambda r: r["sentences_per_s"]))
+    for row in record["settings"]:
+        row.pop("hypotheses")
+    return best, record
+
 
 def run(what, log_path: str, threads: int):
     from fairseq_deep import runs
@@ -379,6 +416,9 @@ def main(argv=None):
             a, model, a.compute_type, pieces
         )
         speeds["ctranslate2"] = len(refs) / seconds
+        fastest, results["serving"] = fastest_serving(a, model, pieces)
+        hyps[FASTEST] = [export_speed.detokenize(t) for t in fastest.pop("hypotheses")]
+        speeds[FASTEST] = fastest["sentences_per_s"]
     scores = compare(refs, hyps, a.bootstrap_samples)
     what = {
         "teacher": f"{TEACHER_ARCH} w{a.width}" + (" (given)" if a.teacher else ""),
@@ -388,6 +428,8 @@ def main(argv=None):
         "gpkd": "student, GPKD-extracted + fine-tuned on distilled",
         "ctranslate2": f"the distilled student in CTranslate2 ({a.compute_type})",
     }
+    if FASTEST in hyps:
+        what[FASTEST] = "the same, as the export finds fastest here: " + setting_name(fastest)
     trained = {}
     for name in hyps:
         ck = checkpoints.get(name)
