@@ -32,7 +32,9 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    and the ``distilled`` student exported (``fairseq-deep-export``) and translating in CTranslate2:
    sentences/s of teacher and student in fairseq-generate (its own ``Translated`` line) and of the
    student in CTranslate2 (the ``translate_batch`` calls), same test set, beam, batch and length
-   limit, as ratios to the teacher's fairseq-generate.
+   limit, as ratios to the teacher's fairseq-generate; CTranslate2 twice: loaded as a new user
+   loads it (``--compute-type``, ``--threads`` intra-op threads) and as the export's timing finds
+   fastest here (:func:`fastest_serving`).
 
 Writes ``WORK_DIR/results.json`` and ``WORK_DIR/results.md`` (the table, printed too).  What a run
 costs: the teachers' minutes (none with ``--teacher``/``--gpkd-teacher``), the distillation of
