@@ -3,7 +3,8 @@ trained four ways at equal training time, and the decoding speed of teacher and 
 fairseq-generate and of the student in CTranslate2, in one run.
 
     python -m benchmarks.distill [--multi30k /work/shared/data/multi30k] [--work-dir bench_runs/distill]
-        [--teacher CK.pt | --teacher-minutes 30 [--teacher-layers 24 6]] [--gpkd-teacher CK.pt]
+        [--teacher CK.pt [--distilled DIR] | --teacher-minutes 30 [--teacher-layers 24 6]]
+        [--gpkd-teacher CK.pt]
         [--minutes 10]
         [--width 128] [--student-layers 6 6] [--train-sentences N] [--test-sentences 1000]
         [--systems original,distilled,word,gpkd] [--beam 5 --batch 32 --max-len 60 --threads 2]
@@ -18,7 +19,8 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    have), else the own-data recipe's ``transformer_dlcl`` at ``--width`` (6 + 6 layers, or
    ``--teacher-layers``) trained for ``--teacher-minutes`` (the recipe's settings:
    fairseq_deep/own_data.py);
-3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search);
+3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search), or
+   ``--distilled``, that teacher's (another student shape on the same teacher);
 4. the student (``transformer_prenorm`` at ``--width``, ``--student-layers`` deep) trained for
    ``--minutes`` each (fairseq's ``--stop-time-hours``: equal training time, the time checked
    afterwards from each checkpoint's own clock), on: ``original`` data; ``distilled`` data;
@@ -290,6 +292,10 @@ def get_parser():
     p.add_argument("--multi30k", default="/work/shared/data/multi30k", help="raw Multi30K")
     harness.add_work_dir(p, "bench_runs/distill")
     p.add_argument("--teacher", help="the teacher's checkpoint (on this run's data-bin)")
+    p.add_argument(
+        "--distilled",
+        help="the teacher's distilled data-bin (fairseq-deep-distill's, with --teacher)",
+    )
     p.add_argument("--gpkd-teacher", help="a GPKD teacher's checkpoint (groups = student layers)")
     p.add_argument("--teacher-minutes", type=float, default=30, help="each teacher trained")
     p.add_argument("--minutes", type=float, default=10, help="each student system's training")
@@ -324,6 +330,13 @@ def main(argv=None):
     for given in (a.teacher, a.gpkd_teacher):
         if given and not os.path.isfile(given):
             raise SystemExit(f"{given}: no such checkpoint")
+    if a.distilled and not (
+        a.teacher and os.path.isfile(os.path.join(a.distilled, "distill.json"))
+    ):
+        raise SystemExit(
+            f"--distilled {a.distilled}: give fairseq-deep-distill's output (its distill.json) "
+            "and the --teacher that wrote it"
+        )
     work = a.work_dir
     os.makedirs(work, exist_ok=True)
     to_train = (a.teacher is None) + ("gpkd" in systems and a.gpkd_teacher is None)
@@ -351,19 +364,20 @@ def main(argv=None):
         .plus(recipes.layers(*a.teacher_layers) if a.teacher_layers else None),
         a.teacher_minutes,
     )
-    distilled = os.path.join(work, "distilled")
-    log(f"distilling the training set into {distilled}")
-    run(
-        Run.of(
-            "distill",
-            data,
-            own_data.search(s),
-            *own_data.on_device(s),
-            flags({"destdir": distilled, "path": teacher}),
-        ),
-        os.path.join(work, "distill.log"),
-        a.threads,
-    )
+    distilled = a.distilled or os.path.join(work, "distilled")
+    if not a.distilled:
+        log(f"distilling the training set into {distilled}")
+        run(
+            Run.of(
+                "distill",
+                data,
+                own_data.search(s),
+                *own_data.on_device(s),
+                flags({"destdir": distilled, "path": teacher}),
+            ),
+            os.path.join(work, "distill.log"),
+            a.threads,
+        )
     checkpoints = {"teacher": teacher}
     if "original" in systems:
         checkpoints["original"] = train(a, work, "original", student_base(a, s, data), a.minutes)
@@ -423,7 +437,9 @@ def main(argv=None):
         speeds[FASTEST] = fastest["sentences_per_s"]
     scores = compare(refs, hyps, a.bootstrap_samples)
     what = {
-        "teacher": f"{TEACHER_ARCH} w{a.width}" + (" (given)" if a.teacher else ""),
+        "teacher": f"{TEACHER_ARCH} w{a.width}"
+        + (" {} + {}".format(*a.teacher_layers) if a.teacher_layers and not a.teacher else "")
+        + (" (given)" if a.teacher else ""),
         "original": "student, original data",
         "distilled": "student, distilled data (fairseq-generate)",
         "word": "student, word-level distillation",
@@ -451,7 +467,8 @@ def main(argv=None):
         results["notes"].append(f"not equal time: {line}")
     results["notes"].append(
         f"{len(refs)} test sentences, beam {a.beam}, batch {a.batch}, at most {a.max_len} target "
-        f"pieces, {a.threads} threads, {harness.describe(a.device)}"
+        f"pieces, {a.threads} threads, {harness.describe(a.device)}; every student "
+        f"{STUDENT_ARCH} w{a.width} " + "{} + {}".format(*a.student_layers)
     )
     print(write_results(results, work))
 

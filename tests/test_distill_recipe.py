@@ -326,3 +326,27 @@ def test_run_sh_stops_a_distillation_past_its_share_and_says_to_run_again(settin
         "resumes where it stopped (or give a larger MINUTES)"
     )
     assert "== 2/5" not in proc.stdout
+
+
+def test_the_benchmark_refuses_a_distilled_folder_it_cannot_vouch_for(tmp_path, capsys):
+    """--distilled reuses another run's distillation: only fairseq-deep-distill's output (its
+    distill.json) and with the --teacher that wrote it, refused before anything is prepared."""
+    from benchmarks import distill as bench
+
+    teacher = tmp_path / "teacher.pt"
+    teacher.write_bytes(b"")
+    folder = tmp_path / "distilled"
+    folder.mkdir()
+    work = tmp_path / "work"
+    for extra in ([], ["--teacher", str(teacher)]):
+        with pytest.raises(SystemExit, match="distill.json"):
+            bench.main(["--work-dir", str(work), "--distilled", str(folder)] + extra)
+    assert not work.exists()
+    row = {
+        "backend": "CT2_USE_MKL=0",
+        "compute_type": "int8",
+        "intra_threads": 1,
+        "inter_threads": 2,
+    }
+    assert bench.setting_name(row) == "CT2_USE_MKL=0 int8, intra_threads 1, inter_threads 2"
+    assert bench.setting_name({**row, "backend": None}).startswith("int8, ")
