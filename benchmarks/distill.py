@@ -56,7 +56,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_deep import own_data
+from fairseq_deep import own_data, serving
 from fairseq_deep.models import families
 from fairseq_deep.runs import Part, Run, flags, paired_bootstrap, recipes, restore_flags, score
 
@@ -166,23 +166,12 @@ def compare(refs: Sequence[str], hyps: Dict[str, Sequence[str]], n_samples: int 
 FASTEST = "ctranslate2 fastest"
 
 
-def setting_name(row: Dict) -> str:
-    """A setting of :func:`fairseq_deep.serving.time_serving` in words."""
-    backend = f"{row['backend']} " if row.get("backend") else ""
-    return (
-        f"{backend}{row['compute_type']}, intra_threads {row['intra_threads']}, "
-        f"inter_threads {row['inter_threads']}"
-    )
-
-
 def fastest_serving(a, model: str, pieces):
     """Every way of serving ``model`` that fairseq-deep-export times (CTranslate2's backends, each
     in its own process, x compute types x thread layouts of ``--threads`` cores), each on the whole
     test set with the benchmark's beam, batch and length limit, after a warm-up batch: the fastest
     setting (its ``sentences_per_s`` and ``hypotheses``) and the timing record without hypotheses
     (for results.json)."""
-    from fairseq_deep import serving
-
     record = serving.time_serving(
         model,
         pieces,
@@ -447,7 +436,9 @@ def main(argv=None):
         "ctranslate2": f"the distilled student in CTranslate2 ({a.compute_type})",
     }
     if FASTEST in hyps:
-        what[FASTEST] = "the same, as the export finds fastest here: " + setting_name(fastest)
+        what[FASTEST] = "the same, as the export finds fastest here: " + serving.setting_name(
+            fastest
+        )
     trained = {}
     for name in hyps:
         ck = checkpoints.get(name)

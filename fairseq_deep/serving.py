@@ -492,8 +492,8 @@ def time_serving(
         "backends": {str(b): libraries[b] for b in backends},
         "default_backend": default,
         "settings": rows,
-        "reference": _setting_name(reference),
-        "default_setting": _setting_name(default_row) if default_row else None,
+        "reference": setting_name(reference),
+        "default_setting": setting_name(default_row) if default_row else None,
         "choice": choice,
         "sentences_per_s": per_type,
         "same_as_float32": same_as_float32,
@@ -501,7 +501,8 @@ def time_serving(
     }
 
 
-def _setting_name(row: Dict[str, object]) -> str:
+def setting_name(row: Dict[str, object]) -> str:
+    """A row of :func:`time_serving`'s ``settings`` in words: backend, compute type, threads."""
     backend = f"{row['backend']} " if row["backend"] else ""
     return (
         f"{backend}{row['compute_type']}, intra_threads {row['intra_threads']}, "
@@ -573,7 +574,7 @@ def describe_timing(record: Dict[str, object]) -> str:
         else f"--max-len-b {record.get('max_len_b', 200)}"
     )
     parts = [
-        f"{_setting_name(r)} {r['sentences_per_s']:.1f}"
+        f"{setting_name(r)} {r['sentences_per_s']:.1f}"
         + (
             f" ({r['same_as_reference']}/{n} as the reference's)"
             if r["same_as_reference"] != n

@@ -332,6 +332,7 @@ def test_the_benchmark_refuses_a_distilled_folder_it_cannot_vouch_for(tmp_path, 
     """--distilled reuses another run's distillation: only fairseq-deep-distill's output (its
     distill.json) and with the --teacher that wrote it, refused before anything is prepared."""
     from benchmarks import distill as bench
+    from fairseq_deep import serving
 
     teacher = tmp_path / "teacher.pt"
     teacher.write_bytes(b"")
@@ -348,5 +349,5 @@ def test_the_benchmark_refuses_a_distilled_folder_it_cannot_vouch_for(tmp_path, 
         "intra_threads": 1,
         "inter_threads": 2,
     }
-    assert bench.setting_name(row) == "CT2_USE_MKL=0 int8, intra_threads 1, inter_threads 2"
-    assert bench.setting_name({**row, "backend": None}).startswith("int8, ")
+    assert serving.setting_name(row) == "CT2_USE_MKL=0 int8, intra_threads 1, inter_threads 2"
+    assert serving.setting_name({**row, "backend": None}).startswith("int8, ")

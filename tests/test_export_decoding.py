@@ -295,7 +295,7 @@ def test_every_backend_and_thread_layout_translates_alike(trained, synthetic_bin
     assert {r["backend"] for r in rows} == set(serving.BACKENDS) and len(rows) == 4
     original = [trained["hypotheses"][beam][k][1] for k in range(101)]
     for row in rows:
-        assert [" ".join(h) for h in row["hypotheses"]] == original, serving._setting_name(row)
+        assert [" ".join(h) for h in row["hypotheses"]] == original, serving.setting_name(row)
         assert row["same_as_reference"] == 101
     libraries = record["backends"]
     assert (
