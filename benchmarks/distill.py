@@ -53,7 +53,10 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
 import gzip
 import json
 import os
+import re
+import shlex
 import sys
+import time
 from typing import Dict, List, Optional, Sequence
 
 from fairseq_deep import own_data, serving
@@ -71,6 +74,11 @@ BASELINE = "original"
 TIME_TOLERANCE = 0.15
 TEACHER_ARCH = "transformer_dlcl"
 STUDENT_ARCH = "transformer_prenorm"
+#: a WMT-sized training set (WMT'14/'16 En-De as the papers use it: 4.5M pairs), to which the
+#: teacher's distillation speed is extrapolated (at this data's sentence lengths)
+WMT_PAIRS = 4_500_000
+#: fairseq-deep-distill's progress line: sentences done and its rate
+PROGRESS = re.compile(r"progress: ([\d,]+)/([\d,]+) sentences .*?\| ([\d,.]+) sentences/s")
 
 
 # ------------------------------------------------------------------------------ the budget's logic
@@ -98,6 +106,36 @@ def unequal_time(trained_s: Dict[str, Optional[float]], minutes: float) -> List[
         elif abs(seconds - budget) > TIME_TOLERANCE * budget:
             out.append(f"{name}: trained {seconds:.0f} s of {budget:.0f} s")
     return out
+
+
+def distillation_speed(log_text: str, seconds: float, pieces: Optional[float]) -> Optional[Dict]:
+    """The teacher's translation of the training set: fairseq-deep-distill's last progress line
+    (sentences and its rate, decoding alone: the teacher's loading is left out), the process's
+    wall ``seconds``, the source sentences' mean length in ``pieces`` (EOS included), and the
+    hours a WMT-sized set (:data:`WMT_PAIRS`) would take at that rate and these lengths.  None
+    where the log has no progress line (a distillation that was already complete)."""
+    found = PROGRESS.findall(log_text)
+    if not found:
+        return None
+    done, total, rate = (float(x.replace(",", "")) for x in found[-1])
+    return {
+        "sentences": int(total),
+        "decoded": int(done),
+        "sentences_per_s": rate,
+        "seconds": seconds,
+        "source_pieces_per_sentence": pieces,
+        "wmt_pairs": WMT_PAIRS,
+        "wmt_hours": WMT_PAIRS / rate / 3600,
+    }
+
+
+def source_pieces(data: str) -> float:
+    """The mean length (pieces, EOS included) of the training set's source sentences."""
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(os.path.join(data, "train.de-en.de"))
+    # the sizes are a view of the dataset's index, unmapped when the dataset is collected
+    return float(dataset.sizes.mean())
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -136,7 +174,16 @@ def table(results: Dict) -> str:
         "vs teacher",
     ]
     text = harness.markdown_table(header, rows)
-    notes = results.get("notes") or []
+    notes = list(results.get("notes") or [])
+    d = results.get("distillation")
+    if d:
+        notes.append(
+            f"the teacher translated the training set ({d['sentences']:,} sentences, "
+            f"{d['source_pieces_per_sentence']:.1f} source pieces each) at "
+            f"{d['sentences_per_s']:,.1f} sentences/s ({d['seconds']:.0f} s with its start); a "
+            f"WMT-sized set ({d['wmt_pairs'] / 1e6:g}M pairs) would take {d['wmt_hours']:.1f} "
+            "hours at that rate, longer as its sentences are longer"
+        )
     return text + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")
 
 
@@ -189,6 +236,27 @@ def fastest_serving(a, model: str, pieces):
     return best, record
 
 
+def ctranslate2_rows(a, model: str, pieces) -> Dict:
+    """The exported student in CTranslate2, its two rows (:data:`FASTEST` and ``ctranslate2``,
+    loaded as a new user loads it): ``hyps`` (detokenized) and ``speeds`` (sentences/s) by row,
+    the ``fastest`` setting and the ``serving`` record (:func:`fastest_serving`).  Where
+    CTranslate2 raises (not installed, a device it cannot use: CUDA libraries of another version,
+    a compute type it lacks), ``failed`` says why in one line and the rows are left out: the
+    other figures of the run are kept."""
+    try:
+        seconds, default = export_speed.ctranslate2_translate(a, model, a.compute_type, pieces)
+        fastest, record = fastest_serving(a, model, pieces)
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
+        return {"failed": f"CTranslate2 on {a.device} failed: {type(e).__name__}: {e}"}
+    hypotheses = [export_speed.detokenize(t) for t in fastest.pop("hypotheses")]
+    return {
+        "hyps": {"ctranslate2": default, FASTEST: hypotheses},
+        "speeds": {"ctranslate2": len(pieces) / seconds, FASTEST: fastest["sentences_per_s"]},
+        "fastest": fastest,
+        "serving": record,
+    }
+
+
 def run(what, log_path: str, threads: int):
     from fairseq_deep import runs
 
@@ -197,7 +265,8 @@ def run(what, log_path: str, threads: int):
 
 def settings(a, work: str) -> own_data.Settings:
     """The own-data recipe's settings on the CPU (its learning rate, warm-up, batch) at --width."""
-    s = own_data.settings_from_env({"WIDTH": str(a.width), "AVERAGE": "0", "WORK": work}, "cpu")
+    env = {"WIDTH": str(a.width), "AVERAGE": "0", "WORK": work, "PRECISION": a.precision}
+    s = own_data.settings_from_env(env, "cpu")
     if a.device != "cpu":
         s.device = a.device
     return s
@@ -304,6 +373,12 @@ def get_parser():
     p.add_argument("--batch", type=int, default=32, help="sentences per batch, every engine")
     p.add_argument("--max-len", type=int, default=60, help="target pieces at most, every engine")
     p.add_argument("--compute-type", default="default", help="CTranslate2's")
+    p.add_argument(
+        "--precision",
+        default="",
+        help="fairseq's precision flags of every training, the distillation and fairseq-generate, "
+        "as the own-data recipe's PRECISION (e.g. --precision=--fp16 on a GPU)",
+    )
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     harness.add_threads(p, 2)
     return harness.add_device_argument(p)
@@ -354,8 +429,10 @@ def main(argv=None):
         a.teacher_minutes,
     )
     distilled = a.distilled or os.path.join(work, "distilled")
+    distillation = None
     if not a.distilled:
         log(f"distilling the training set into {distilled}")
+        start, distill_log = time.perf_counter(), os.path.join(work, "distill.log")
         run(
             Run.of(
                 "distill",
@@ -364,9 +441,13 @@ def main(argv=None):
                 *own_data.on_device(s),
                 flags({"destdir": distilled, "path": teacher}),
             ),
-            os.path.join(work, "distill.log"),
+            distill_log,
             a.threads,
         )
+        with open(distill_log, encoding="utf-8") as f:
+            distillation = distillation_speed(
+                f.read(), time.perf_counter() - start, source_pieces(data)
+            )
     checkpoints = {"teacher": teacher}
     if "original" in systems:
         checkpoints["original"] = train(a, work, "original", student_base(a, s, data), a.minutes)
@@ -411,19 +492,25 @@ def main(argv=None):
     hyps, speeds = {}, {}
     for name, ck in checkpoints.items():
         log(f"decoding the test set with {name}")
-        seconds, hyps[name] = export_speed.fairseq_generate(a, work, test, ck, len(refs))
+        seconds, hyps[name] = export_speed.fairseq_generate(
+            a, work, test, ck, len(refs), Part("precision", shlex.split(s.precision))
+        )
         speeds[name] = len(refs) / seconds
     results = {"settings": vars(a), "plan": plan, "systems": {}, "notes": []}
+    if distillation:
+        results["distillation"] = distillation
     served = "distilled" if "distilled" in checkpoints else None
+    ct2 = {}
     if served:
         model = export_speed.export(a, work, data, checkpoints[served])
-        seconds, hyps["ctranslate2"] = export_speed.ctranslate2_translate(
-            a, model, a.compute_type, pieces
-        )
-        speeds["ctranslate2"] = len(refs) / seconds
-        fastest, results["serving"] = fastest_serving(a, model, pieces)
-        hyps[FASTEST] = [export_speed.detokenize(t) for t in fastest.pop("hypotheses")]
-        speeds[FASTEST] = fastest["sentences_per_s"]
+        ct2 = ctranslate2_rows(a, model, pieces)
+        hyps.update(ct2.get("hyps", {}))
+        speeds.update(ct2.get("speeds", {}))
+        if "serving" in ct2:
+            results["serving"] = ct2["serving"]
+        if "failed" in ct2:
+            log(ct2["failed"])
+            results["notes"].append(ct2["failed"])
     scores = compare(refs, hyps, a.bootstrap_samples)
     what = {
         "teacher": f"{TEACHER_ARCH} w{a.width}"
@@ -437,7 +524,7 @@ def main(argv=None):
     }
     if FASTEST in hyps:
         what[FASTEST] = "the same, as the export finds fastest here: " + serving.setting_name(
-            fastest
+            ct2["fastest"]
         )
     trained = {}
     for name in hyps:
@@ -462,6 +549,8 @@ def main(argv=None):
         f"{STUDENT_ARCH} w{a.width} " + "{} + {}".format(*a.student_layers)
     )
     print(write_results(results, work))
+    if "failed" in ct2:
+        raise SystemExit(f"benchmarks.distill: {ct2['failed']} (the rest is in {work})")
 
 
 if __name__ == "__main__":

@@ -200,7 +200,9 @@ def detokenize(pieces) -> str:
     return "".join(pieces).replace("\u2581", " ").strip()
 
 
-def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
+def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int, *more: Part):
+    """fairseq-generate of the first ``n`` test sentences (``more``: further options, e.g. the
+    precision): its ``Translated`` line's seconds and the detokenized hypotheses in input order."""
     decoded = run(
         runs.Run.of(
             "generate",
@@ -210,6 +212,7 @@ def fairseq_generate(a, work: str, data: str, checkpoint: str, n: int):
             recipes.decoding(max_len_a=0, max_len_b=a.max_len),
             recipes.post_process("sentencepiece"),
             recipes.device(a.device, program="generate"),
+            *more,
         ),
         os.path.join(work, "generate.log"),
         a.threads,

@@ -351,3 +351,49 @@ def test_the_benchmark_refuses_a_distilled_folder_it_cannot_vouch_for(tmp_path, 
     }
     assert serving.setting_name(row) == "CT2_USE_MKL=0 int8, intra_threads 1, inter_threads 2"
     assert serving.setting_name({**row, "backend": None}).startswith("int8, ")
+
+
+def test_the_benchmark_reads_the_distillations_speed_and_extrapolates_it_to_wmt(tmp_path):
+    """Issue 47, item 4: the teacher's translation of the training set, as fairseq-deep-distill's
+    last progress line reports it, and the hours a WMT-sized set would take at that rate, in
+    results.json and as a note under the table; none from a log without a progress line."""
+    from benchmarks import distill as bench
+
+    log = (
+        "... | fairseq_deep.progress | progress: 1,792/2,000 sentences (89.6%) | 15.4 sentences/s"
+        " | elapsed 0:01:56 | ETA 0:00:14\n"
+        "... | fairseq_deep.distill | progress: 2,000/2,000 sentences (100.0%) | 1,250.0 "
+        "sentences/s | elapsed 0:00:02 | ETA 0:00:00\n"
+    )
+    d = bench.distillation_speed(log, 9.5, 15.0)
+    assert (d["sentences"], d["decoded"], d["sentences_per_s"]) == (2000, 2000, 1250.0)
+    assert d["wmt_hours"] == pytest.approx(bench.WMT_PAIRS / 1250 / 3600)  # 1.0 hour
+    assert bench.distillation_speed("... is complete: nothing to do\n", 3.0, 15.0) is None
+    text = bench.write_results({"systems": {}, "distillation": d}, str(tmp_path))
+    assert text.endswith(
+        "- the teacher translated the training set (2,000 sentences, 15.0 source pieces each) at "
+        "1,250.0 sentences/s (10 s with its start); a WMT-sized set (4.5M pairs) would take 1.0 "
+        "hours at that rate, longer as its sentences are longer"
+    )
+
+
+def test_ctranslate2_failing_on_a_device_is_one_line_and_leaves_the_rows_out(monkeypatch):
+    """CTranslate2 that cannot run where the benchmark asks (on a GPU machine whose CUDA is of
+    another major version than its build's) leaves its two rows out with why in one line; the
+    run's other figures are kept (main writes them, then exits non-zero)."""
+    import argparse
+
+    from benchmarks import distill as bench
+    from benchmarks import export_speed
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(export_speed, "ctranslate2_translate", missing)
+    rows = bench.ctranslate2_rows(
+        argparse.Namespace(device="cuda", compute_type="default"), "m", []
+    )
+    assert rows == {
+        "failed": "CTranslate2 on cuda failed: RuntimeError: Library libcublas.so.12 is not found "
+        "or cannot be loaded"
+    }

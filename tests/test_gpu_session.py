@@ -17,10 +17,13 @@ import gzip
 import importlib
 import json
 import os
+import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 
+import gpu_own_data
 import gpu_session
 import gpu_steps
 import gpu_study
@@ -59,6 +62,9 @@ def test_every_step_parses(monkeypatch, step):
         assert getattr(args, "device", "cuda") == "cuda"  # fsdp_check.py: CUDA only, no --device
         if argv[2] == "benchmarks.fsdp_check" and args.only:
             assert all(pair.split(":")[1] in module.MODES for pair in args.only)
+        if argv[2] == "benchmarks.distill":  # issue 47: its training leaves time for the rest
+            assert args.precision == "--fp16" and args.systems == "distilled"
+            assert (args.teacher_minutes + args.minutes) * 60 + 240 <= step.timeout
     elif argv[1:3] == ["-m", "fairseq_deep.study"]:
         args = study.get_parser().parse_args(argv[3:])
         assert (args.width, args.precision, args.valid_interval) == (512, "fp16", "epoch")
@@ -67,6 +73,11 @@ def test_every_step_parses(monkeypatch, step):
         systems = [s for g in args.group for s in study.expand_group(g, depths)[1]]
         assert len(systems) == args.jobs  # all at once, side by side
         assert step.first and step.live == ("results.json", "results.md")
+    elif argv[1] == ".ci/gpu/gpu_own_data.py":  # issue 47: the own-data recipe as a user runs it
+        args = gpu_own_data.get_parser().parse_args(argv[2:])
+        assert (args.raw, args.work, args.precision) == ("RAW", "WORK", "--fp16")
+        assert step.own_window and float(args.minutes) * 60 + 30 <= step.timeout
+        assert set(gpu_own_data.console_scripts()) >= {"fairseq-deep-train", "fairseq-deep-prepare"}
     elif argv[1:3] == ["-m", "fairseq_deep.prepare"]:
         from fairseq_deep import prepare
 
@@ -237,6 +248,7 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     (wheels / "a-0-py3-none-any.whl").write_bytes(b"wheel")
     gpu = tmp_path / "gpu"
     argv = ["stage", "--gpu-dir", str(gpu), "--wheels", str(wheels), "--multi30k", str(raw)]
+    argv += ["--ctranslate2", ""]  # without CTranslate2 (its own test: no registry in tests)
     gpu_session.main(argv)
     assert (gpu / "wheels" / "a-0-py3-none-any.whl").exists()
     assert sorted(p.name for p in (gpu / "multi30k").iterdir()) == sorted(gpu_session.RAW_FILES)
@@ -253,6 +265,78 @@ def test_stage_fills_the_gpu_folder(tmp_path, capsys):
     (raw / "val.en.gz").unlink()
     with pytest.raises(SystemExit, match="lacks val.en.gz"):
         gpu_session.main(argv)
+
+
+def test_stage_repacks_ctranslate2_and_a_window_imports_it(tmp_path, monkeypatch):
+    """CTranslate2's cp312 wheel (pip's, here a fake one) is repacked as xz into .gpu/, its files
+    and their modes as the wheel installs them; a window on that Python unpacks it onto its steps'
+    PYTHONPATH, and a step imports it from there; on another Python it is left packed."""
+    fetched = []
+
+    def pip_download(argv, **kwargs):
+        fetched.append(argv)
+        with zipfile.ZipFile(os.path.join(argv[argv.index("-d") + 1], "ct2-9-cp312.whl"), "w") as z:
+            for name, mode, data in (
+                ("fake_ct2/__init__.py", 0o644, b"VERSION = '9'\n"),
+                ("fake_ct2.libs/lib.so", 0o755, b"\x7fELF"),
+            ):
+                info = zipfile.ZipInfo(name)
+                info.external_attr = mode << 16
+                z.writestr(info, data)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(gpu_session.subprocess, "run", pip_download)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    said = gpu_session.stage_ctranslate2(str(gpu), "ctranslate2==9")
+    assert "ct2-9-cp312.whl repacked" in said and "ctranslate2==9" in fetched[0]
+    assert fetched[0][fetched[0].index("--python-version") + 1] == "3.12"
+    with tarfile.open(gpu / gpu_session.CT2_ARCHIVE) as tar:
+        assert {m.name: m.mode for m in tar.getmembers()} == {
+            "fake_ct2/__init__.py": 0o644,
+            "fake_ct2.libs/lib.so": 0o755,
+        }
+    monkeypatch.setenv("PYTHONPATH", "ROOT")
+    monkeypatch.setattr(gpu_session, "CT2_PYTHON", (2, 7))  # another Python: left packed
+    assert gpu_session.unpack_ctranslate2(str(gpu), str(tmp_path / "w")) is None
+    monkeypatch.setattr(gpu_session, "CT2_PYTHON", tuple(sys.version_info[:2]))
+    site = gpu_session.unpack_ctranslate2(str(gpu), str(tmp_path / "w"))
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["ROOT", site])
+    monkeypatch.undo()  # the real subprocess.run: a step sees the unpacked package
+    step = [sys.executable, "-c", "import fake_ct2; print(fake_ct2.VERSION)"]
+    env = dict(os.environ, PYTHONPATH=site)
+    assert subprocess.run(step, env=env, capture_output=True, text=True).stdout == "9\n"
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found\n")
+    monkeypatch.setattr(gpu_session.subprocess, "run", lambda argv, **kw: failed)
+    with pytest.raises(SystemExit, match="could not fetch ctranslate2==9 .*No matching distri"):
+        gpu_session.stage_ctranslate2(str(gpu), "ctranslate2==9")
+
+
+def test_the_own_data_recipe_runs_as_a_new_user_at_tiny_size(tmp_path):
+    """Issue 47, item 2: the window's step runs examples/own_data/run.sh as README says, through
+    launchers of the console scripts (the GPU machine has none), on Multi30K's raw files linked
+    under run.sh's names: here at tiny size on this CPU (``run --tiny``), to the sacreBLEU line."""
+    raw = _raw_multi30k(tmp_path / "raw", train=120)
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = ["run", "--tiny", "--steps", "own_data_fp16", "--out", str(out), "--raw", str(raw)]
+    argv += ["--vocab-size", "40", "--work", str(work), "--ledger", str(tmp_path / "l.json")]
+    assert gpu_session.main(argv) == 0
+    summary = json.loads((out / "window" / "summary.json").read_text())
+    assert [(r["step"], r["status"]) for r in summary] == [
+        ("data", "exit 0"),
+        ("own_data_fp16", "exit 0"),
+    ]
+    step = work / "window" / "own_data_fp16"
+    assert sorted(os.listdir(step / "raw")) == sorted(
+        f"{split}.{lang}.gz" for split in ("train", "val", "test") for lang in ("de", "en")
+    )
+    assert os.path.realpath(step / "raw" / "test.en.gz") == str(raw / "test_2016_flickr.en.gz")
+    assert set(os.listdir(step / "bin")) == {"python", *gpu_own_data.console_scripts()}
+    with tarfile.open(out / "window.tar.gz") as tar:
+        score = tar.extractfile("window/own_data_fp16/run/score.txt").read().decode()
+        log = tar.extractfile("window/own_data_fp16/own_data_fp16.log").read().decode()
+    assert score.startswith("sacreBLEU BLEU = ") and "run.sh: done in" in log
+    assert "MINUTES=0 PRECISION= " in log and "DEVICE=--cpu" in log
 
 
 def test_a_step_without_enough_budget_is_skipped(tmp_path):

@@ -56,13 +56,18 @@ and delete each run's checkpoints once it is decoded; fully sharded training
 """
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
+import tarfile
+import tempfile
+import zipfile
 from datetime import date
 from typing import Dict, List, Optional
 
@@ -98,6 +103,8 @@ def stage(a):
         raise SystemExit(f"gpu_session.py stage: {a.multi30k} lacks {', '.join(missing)}")
     for name in RAW_FILES:
         shutil.copy(os.path.join(a.multi30k, name), raw)
+    if a.ctranslate2:
+        print(stage_ctranslate2(a.gpu_dir, a.ctranslate2))
     size = sum(
         os.path.getsize(p)
         for p in glob.glob(os.path.join(a.gpu_dir, "**", "*"), recursive=True)
@@ -109,6 +116,55 @@ def stage(a):
         )
     print(f'{a.gpu_dir}: {size / 2**20:.1f} MiB. The device call (carry [".gpu"], timeout_s 560):')
     print(f"  {DEVICE_COMMAND}")
+
+
+#: CTranslate2 for the GPU machine's Python (cp312), which has no registry: the wheel (41 MiB) would
+#: take .gpu/ past the 64 MiB the device tool carries beside fairseq's, so ``stage`` repacks its files
+#: as xz (24 MiB) and ``run`` unpacks them where the steps import from (:func:`unpack_ctranslate2`)
+CT2_ARCHIVE, CT2_PYTHON = "ctranslate2-cp312.tar.xz", (3, 12)
+
+
+def stage_ctranslate2(gpu_dir: str, requirement: str) -> str:
+    """``requirement``'s cp312 manylinux wheel, fetched by pip from the registry, repacked as
+    ``gpu_dir/CT2_ARCHIVE`` (its files as the wheel installs them); returns what was done."""
+    target = os.path.join(gpu_dir, CT2_ARCHIVE)
+    with tempfile.TemporaryDirectory() as tmp:
+        fetch = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, requirement]
+        fetch += ["--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"]
+        done = subprocess.run(fetch + ["--only-binary=:all:"], capture_output=True, text=True)
+        wheels = glob.glob(os.path.join(tmp, "*.whl"))
+        if done.returncode or not wheels:
+            raise SystemExit(
+                f"gpu_session.py stage: pip could not fetch {requirement} for cp312 "
+                f"({(done.stderr.strip().splitlines() or ['no wheel'])[-1]}); give "
+                "--ctranslate2 '' to stage without it (the distillation's CTranslate2 rows then fail)"
+            )
+        with zipfile.ZipFile(wheels[0]) as z, tarfile.open(target + ".tmp", "w:xz") as tar:
+            for info in z.infolist():
+                if info.is_dir():
+                    continue
+                member = tarfile.TarInfo(info.filename)
+                member.size, member.mode = info.file_size, (info.external_attr >> 16) or 0o644
+                with z.open(info) as f:
+                    tar.addfile(member, f)
+        os.replace(target + ".tmp", target)
+        name = os.path.basename(wheels[0])
+    return f"{target}: {name} repacked ({os.path.getsize(target) / 2**20:.1f} MiB)"
+
+
+def unpack_ctranslate2(gpu_dir: str, work: str) -> Optional[str]:
+    """The staged CTranslate2 (:func:`stage_ctranslate2`) unpacked into ``work/site``, that folder
+    put on the steps' ``PYTHONPATH``; only on the Python it was built for (elsewhere the one
+    installed serves), and where it was staged.  Returns the folder, or None."""
+    archive = os.path.join(gpu_dir, CT2_ARCHIVE)
+    if sys.version_info[:2] != CT2_PYTHON or not os.path.isfile(archive):
+        return None
+    site = os.path.join(work, "site")
+    with tarfile.open(archive) as tar:
+        tar.extractall(site, filter="data")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [site])
+    return site
 
 
 #: the device tool's command: the wheels (fairseq, fairscale and their pure-Python needs), then a window
@@ -264,18 +320,21 @@ def values_of(a) -> Dict[str, str]:
 
 
 def tiny(step: Step) -> Step:
-    """A step of the window at tiny size on this CPU: the study's groups with
-    :data:`gpu_study.TINY_ARGS` after their own options; the setup as it is."""
+    """A step of the window at tiny size on this CPU: its ``tiny`` options after its own (the
+    study's groups: :data:`gpu_study.TINY_ARGS`), run alone; the setup as it is."""
     if step.setup:
         return step
-    return Step(
-        step.name,
-        step.issue,
-        step.argv + gpu_study.TINY_ARGS,
-        step.timeout,
-        first=True,
-        live=step.live,
-    )
+    return dataclasses.replace(step, argv=step.argv + step.tiny, first=True)
+
+
+def _installed(distribution: str) -> Optional[str]:
+    """The version of ``distribution`` installed here, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def get_parser():
@@ -289,6 +348,12 @@ def get_parser():
     s.add_argument("--gpu-dir", default=GPU_DIR)
     s.add_argument("--wheels", default=os.path.join(SHARED, "gpu", "wheels"))
     s.add_argument("--multi30k", default=os.path.join(SHARED, "data", "multi30k"))
+    s.add_argument(
+        "--ctranslate2",
+        default="ctranslate2"
+        + (f"=={_installed('ctranslate2')}" if _installed("ctranslate2") else ""),
+        help="CTranslate2 to stage for the GPU machine (a pip requirement; '' : none)",
+    )
     r = sub.add_parser("run", help="run a window (on the GPU machine)")
     r.add_argument(
         "--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench_runs", "gpu_out"))
@@ -362,7 +427,7 @@ def main(argv=None):
             )
         steps = [s for s in every if s.setup or s.name in wanted]
     if a.tiny:
-        steps = [tiny(s) for s in steps if s.setup or s.first]
+        steps = [tiny(s) for s in steps if s.setup or s.tiny is not None]
     for step in steps if (a.list or a.dry_run) else []:
         line = f"{step.name} (issue {step.issue}, {step.timeout} s{', concurrent' if step.concurrent else ''})"
         print(
@@ -379,6 +444,9 @@ def main(argv=None):
         )
     if a.list or a.dry_run:
         return 0
+    site = unpack_ctranslate2(GPU_DIR, a.work)
+    if site:
+        print(f"CTranslate2 unpacked into {site} (on the steps' PYTHONPATH)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     phase = Phase(
         "window", steps, a.out, a.work, values, a.budget, concurrent_budget=a.concurrent_budget

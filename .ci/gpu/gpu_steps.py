@@ -11,7 +11,7 @@ own parser.
 import glob
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 #: the repository root (the steps run there)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,6 +39,9 @@ class Step:
     #: files of its work folder that the window copies into its output folder as they change
     #: (``OUT/window/STEP.FILE``): what it has measured comes back even if the call is cut
     live: Tuple[str, ...] = ()
+    #: what ``gpu_session.py run --tiny`` adds to its command to run it on this CPU at tiny size
+    #: (the last value of an option wins); a step without is left out of a tiny window
+    tiny: Optional[List[str]] = None
 
 
 def expand(argv: List[str], values: Dict[str, str]) -> List[str]:
@@ -330,7 +333,20 @@ STEPS: List[Step] = [
         ),
         140,
     ),
-    # a window of their own
+    # a window of their own.  Issue 47, item 2: the own-data recipe as a new user runs it on a GPU
+    # (fp16, the recipe's CUDA defaults: a 30-layer DLCL at Base width, a short MINUTES; run.sh
+    # itself keeps to MINUTES, decoding included)
+    Step(
+        "own_data_fp16",
+        47,
+        ["{py}", ".ci/gpu/gpu_own_data.py", "--raw", "{raw}", "--work", "{work}"]
+        + ["--arch", "transformer_dlcl_30l", "--minutes", "6", "--precision=--fp16"],
+        420,
+        own_window=True,
+        tiny=["--arch", "transformer_dlcl", "--minutes", "0", "--precision=", "--env"]
+        + ["DEVICE=--cpu", "WIDTH=16", "MAX_UPDATE=4", "VOCAB=40", "MAX_TOKENS=512", "WARMUP=2"]
+        + ["BEAM=1", "AVERAGE=0"],
+    ),
     Step(
         "matrix_40",
         31,
@@ -363,5 +379,39 @@ STEPS: List[Step] = [
         470,
         concurrent=True,
         own_window=True,
+    ),
+    # issue 47, item 4: distillation on a GPU: the deep teacher's (24 + 6 DLCL, Base width, fp16)
+    # translation of the training set (sentences/s, the hours a WMT-sized set would take) and the
+    # student's CTranslate2 speed (gpu_session.py stage carries CTranslate2) against the teacher's
+    # fairseq-generate; the minutes of training are short: the step measures speed, not quality
+    Step(
+        "distill_gpu",
+        47,
+        _bench(
+            "distill",
+            "--device",
+            "cuda",
+            "--precision=--fp16",
+            "--multi30k",
+            "{raw}",
+            "--work-dir",
+            "{work}",
+            "--teacher-layers",
+            "24",
+            "6",
+            "--width",
+            "512",
+            "--teacher-minutes",
+            "1.5",
+            "--minutes",
+            "0.75",
+            "--systems",
+            "distilled",
+            "--threads",
+            "4",
+        ),
+        440,
+        own_window=True,
+        live=("results.json", "results.md"),
     ),
 ]

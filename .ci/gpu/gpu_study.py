@@ -206,7 +206,10 @@ LIVE = ("results.json", "results.md")
 
 def steps() -> List[Step]:
     """A window step per part, issue 38: each runs first in its window (after the data), alone."""
-    return [Step(p.name, 38, study_argv(p), STUDY_TIMEOUT, first=True, live=LIVE) for p in parts()]
+    return [
+        Step(p.name, 38, study_argv(p), STUDY_TIMEOUT, first=True, live=LIVE, tiny=TINY_ARGS)
+        for p in parts()
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
