@@ -424,6 +424,36 @@ def test_the_plan_takes_the_groups_in_the_issues_order(tmp_path, capsys):
         assert gpu_study.next_part(gpu_study.read_ledger()).name == "study_wang"
 
 
+def test_the_modern_group_has_each_schemes_claim_at_both_shapes():
+    """At each shape of the plan (18+18, 48+6) every scheme of the modern group but pre-norm (the
+    baseline there) has its paper's claim against pre-norm of that shape, once, unless it is
+    listed as making none; each claim names a system of the group at its shape, and the
+    generated section shows it in the window that trains it."""
+    shapes = [d for g, _, d in gpu_study.ORDER if g == "modern"]
+    assert shapes == ["18+18", "48+6"]
+    declared = claims.of_group("modern")
+    none = set(claims.NO_CLAIM_AGAINST_PRENORM)
+    section, parts = gpu_study.section([]), gpu_study.parts()
+    for shape in shapes:
+        baseline, systems = study.expand_group("modern", study.parse_depths(shape))
+        assert baseline == f"prenorm_{shape}"
+        schemes = {s.name[: -len(shape) - 1] for s in systems if s.name != baseline}
+        assert {s.name for s in systems} == {baseline} | {f"{p}_{shape}" for p in schemes}
+        mine = [c for c in declared if c.system.endswith(f"_{shape}")]
+        claimed = [c.system[: -len(shape) - 1] for c in mine]
+        assert len(set(claimed)) == len(claimed) and not set(claimed) & none
+        assert set(claimed) | none == schemes
+        for c in mine:
+            assert c.than is None and c.direction in ("above", "not_below"), c
+            (part,) = [p for p in parts if c.system in p.systems]
+            assert part.baseline == baseline and part.depths == shape
+            assert (
+                f"| `{c.system}` {c.direction.replace('_', ' ')} `{baseline}` | not yet run | "
+                f"- | - | - | `run --steps {part.name}` |"
+            ) in section
+    assert all(any(c.system.endswith(f"_{shape}") for shape in shapes) for c in declared)
+
+
 def test_a_ledger_entry_round_trips(tmp_path):
     """An entry written to the study ledger reads back equal, and the section from the file is the
     section from the entries; recording the same window twice adds nothing."""
