@@ -414,51 +414,73 @@ def test_the_plan_fits_one_gpu_and_its_budget():
 # -- the study at Base width, one group a window (issue 38) ----------------------------------------
 
 
+#: the study's groups in the issue's order (issue 47), with their --depths: the papers' groups, then
+#: the modern group at each of its two shapes, each shape a group of windows of its own
+ORDER = [
+    ("wang", "6,30"), ("depth", "6,18"), ("bapna", "6,16"), ("dou", ""), ("chen", ""),
+    ("zhou", ""), ("li", ""), ("modern", "18+18"), ("modern", "48+6"),
+]  # fmt: skip
+
+
+def _depths(depths):
+    return study.parse_depths(depths) if depths else None
+
+
 def test_study_windows_fit_one_gpu_and_keep_what_a_claim_compares_together():
-    """The groups in the issue's order, each split into the fewest windows
-    whose estimated memory fits an H100 (systems_gb), the baseline in each, every selected system
-    in exactly one window, and the two systems a claim compares (not the baseline) in the same."""
-    assert [g for g, _, _ in gpu_study.ORDER] == [
-        "wang", "depth", "bapna", "dou", "chen", "zhou", "li",
-    ]  # fmt: skip
+    """The groups in the issue's order (the modern group at 18+18, then at 48+6), each split into
+    the fewest windows whose estimated memory fits an H100 (systems_gb), the baseline in each (at
+    each shape pre-norm of that shape), every selected system in exactly one window, the two
+    systems a claim compares (not the baseline) in the same, each window's command running
+    exactly its systems; the windows' names tell the shapes apart and are file names and
+    ``run --steps`` words."""
+    assert [(g, d) for g, _, d in gpu_study.ORDER] == ORDER
     parts = gpu_study.parts()
-    assert [p.group for p in parts] == sorted(
-        (p.group for p in parts), key=[g for g, _, _ in gpu_study.ORDER].index
+    assert [(p.group, p.depths) for p in parts] == sorted(
+        ((p.group, p.depths) for p in parts), key=ORDER.index
     )
     for group, subset, depths in gpu_study.ORDER:
-        mine = [p for p in parts if p.group == group]
+        mine = [p for p in parts if (p.group, p.depths) == (group, depths)]
         spec = f"{group}:{subset}" if subset else group
-        baseline, systems = study.expand_group(
-            spec, [int(d) for d in depths.split(",")] if depths else None
-        )
+        baseline, systems = study.expand_group(spec, _depths(depths))
         others = sorted(s.name for s in systems if s.name != baseline)
         assert sorted(s for p in mine for s in p.systems if s != baseline) == others
+        name = f"study_{group}" + (f"_{depths}" if group == "modern" else "")
+        assert [p.name for p in mine] == (
+            [name] if len(mine) == 1 else [f"{name}_{i + 1}" for i in range(len(mine))]
+        )
         for p in mine:
             assert baseline in p.systems and p.memory_gb <= gpu_study.MEMORY_GB
             assert len(p.systems) <= gpu_study.MAX_JOBS
-            assert (p.index, p.of, len(mine) > 1) == (
-                mine.index(p) + 1,
-                len(mine),
-                p.name[-2] == "_",
-            )
-            _, expanded = study.expand_group(
-                p.spec, [int(d) for d in depths.split(",")] if depths else None
-            )
+            assert (p.index, p.of, p.baseline) == (mine.index(p) + 1, len(mine), baseline)
+            _, expanded = study.expand_group(p.spec, _depths(depths))
             assert [s.name for s in expanded] == list(p.systems)  # the window's command runs these
+            argv = gpu_study.study_argv(p)
+            assert argv[argv.index("--group") + 1] == p.spec
+            assert (argv[argv.index("--depths") + 1] if depths else "") == depths
         for c in claims.of_group(group):
             where = {s: p.name for p in mine for s in p.systems if s != baseline}
-            if c.than and c.than != baseline:
+            if c.than and c.than != baseline and c.system in where:
                 assert where[c.system] == where[c.than], c
-    assert [p.name for p in parts][:3] == ["study_wang", "study_depth_1", "study_depth_2"]
+    names = [p.name for p in parts]
+    assert len(set(names)) == len(names)
+    assert all(n.replace("_", "").replace("+", "").isalnum() and "," not in n for n in names)
+    assert names[:3] == ["study_wang", "study_depth_1", "study_depth_2"]
+    modern = [p for p in parts if p.group == "modern"]
+    assert {p.baseline for p in modern} == {"prenorm_18+18", "prenorm_48+6"}
+    assert names[-len(modern) :] == [p.name for p in modern]  # after the papers' groups
+    assert modern[0].name == "study_modern_18+18_1" and modern[-1].name.startswith(
+        "study_modern_48+6_"
+    )
 
 
 def test_the_plan_takes_the_groups_in_the_issues_order(tmp_path, capsys):
-    """The next window is the first of wang, depth, bapna, dou, chen, zhou, li (a group split over
-    windows: its windows in turn) that the study ledger holds no entry of, whatever else it
-    holds; ``plan`` names it, and with the committed ledger empty, wang comes first."""
-    order = ["wang", "depth", "bapna", "dou", "chen", "zhou", "li"]
+    """The next window is the first of wang, depth, bapna, dou, chen, zhou, li, then modern at
+    18+18 and at 48+6 (a group split over windows: its windows in turn) that the study ledger
+    holds no entry of, whatever else it holds; ``plan`` names it, and with the committed ledger
+    empty, wang comes first."""
+    order = ["wang", "depth", "bapna", "dou", "chen", "zhou", "li", "modern"]
     parts = gpu_study.parts()
-    assert [g for g, _, _ in gpu_study.ORDER] == order
+    assert [(g, d) for g, _, d in gpu_study.ORDER] == ORDER
     assert sorted({p.group for p in parts}, key=order.index) == order
     assert [p.group for p in parts] == sorted((p.group for p in parts), key=order.index)
     ledger = []
@@ -469,14 +491,51 @@ def test_the_plan_takes_the_groups_in_the_issues_order(tmp_path, capsys):
         capsys.readouterr()
         gpu_session.main(["plan", "--ledger", str(tmp_path / "none.json"),
                           "--study-ledger", str(plan_ledger)])  # fmt: skip
-        assert f"then the study's {part.group} group" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert f"then the study's {part.group} group" in out and f": {part.name}, " in out
+        if part.depths:
+            assert f" --depths {part.depths} " in out
         ledger.append({"part": part.name, "group": part.group, "system": part.baseline,
                        "date": "2026-12-01", "commit": "c0ffee0", "device": "H"})  # fmt: skip
     assert gpu_study.next_part(ledger) is None
     # an entry of a later group does not make an earlier one done
     assert gpu_study.next_part([{"part": parts[-1].name}]) == parts[0]
+    # one shape of a group run does not make the other done
+    first = [p for p in parts if p.depths == "48+6"][0]
+    done = [{"part": p.name} for p in parts if p.depths != "48+6"]
+    assert gpu_study.next_part(done) == first
     if not gpu_study.read_ledger():
         assert gpu_study.next_part(gpu_study.read_ledger()).name == "study_wang"
+
+
+def test_the_modern_group_has_each_schemes_claim_at_both_shapes():
+    """At each shape of the plan (18+18, 48+6) every scheme of the modern group but pre-norm (the
+    baseline there) has its paper's claim against pre-norm of that shape, once, unless it is
+    listed as making none; each claim names a system of the group at its shape, and the
+    generated section shows it in the window that trains it."""
+    shapes = [d for g, _, d in gpu_study.ORDER if g == "modern"]
+    assert shapes == ["18+18", "48+6"]
+    declared = claims.of_group("modern")
+    none = set(claims.NO_CLAIM_AGAINST_PRENORM)
+    section, parts = gpu_study.section([]), gpu_study.parts()
+    for shape in shapes:
+        baseline, systems = study.expand_group("modern", study.parse_depths(shape))
+        assert baseline == f"prenorm_{shape}"
+        schemes = {s.name[: -len(shape) - 1] for s in systems if s.name != baseline}
+        assert {s.name for s in systems} == {baseline} | {f"{p}_{shape}" for p in schemes}
+        mine = [c for c in declared if c.system.endswith(f"_{shape}")]
+        claimed = [c.system[: -len(shape) - 1] for c in mine]
+        assert len(set(claimed)) == len(claimed) and not set(claimed) & none
+        assert set(claimed) | none == schemes
+        for c in mine:
+            assert c.than is None and c.direction in ("above", "not_below"), c
+            (part,) = [p for p in parts if c.system in p.systems]
+            assert part.baseline == baseline and part.depths == shape
+            assert (
+                f"| `{c.system}` {c.direction.replace('_', ' ')} `{baseline}` | not yet run | "
+                f"- | - | - | `run --steps {part.name}` |"
+            ) in section
+    assert all(any(c.system.endswith(f"_{shape}") for shape in shapes) for c in declared)
 
 
 def test_a_ledger_entry_round_trips(tmp_path):
