@@ -9,8 +9,9 @@ told by the ledgers of what has been measured (``.ci/gpu/ledger.json`` for the s
 ``.ci/gpu/study_ledger.json`` for the study's groups: committed):
 
     # here, on the CPU machine, in the checkout the session was started in (the device tool
-    # sends that one), once: fairseq's and fairscale's cp312 wheels and Multi30K de-en's raw
-    # text into .gpu/ (git-ignored; 22 MiB, the device tool carries 64 MiB)
+    # sends that one), once: fairseq's and fairscale's cp312 wheels, Multi30K de-en's raw text
+    # and CTranslate2 (cp312, repacked as xz) into .gpu/ (git-ignored; 46 MiB, the device tool
+    # carries 64 MiB)
     python .ci/gpu/gpu_session.py stage
     python .ci/gpu/gpu_session.py plan              # the next window: its group, its commands
     # then one call of the device tool, carry [".gpu"] (plan and stage print it):
@@ -38,8 +39,9 @@ last 256 KiB.  Each step's stdout+stderr goes to ``--work/window/STEP/STEP.log``
 tarball (the device tool brings back few files).
 
 ``run --tiny`` runs the window's data step and study group on this CPU at tiny size (width 16, a
-few updates, the raw text of ``--raw``): the window's own script and commands, checked before a
-GPU is spent on them (tests/test_gpu_session.py).  Its results are no measurement: ``record``
+few updates, the raw text of ``--raw``; a step's ``tiny`` options say how, and a step without is
+left out): the window's own script and commands, checked before a GPU is spent on them
+(tests/test_gpu_session.py).  Its results are no measurement: ``record``
 refuses them for the committed study ledger (give ``--study-ledger FILE`` to look at them).
 
 The plan's steps are :mod:`gpu_steps`, the study's groups :mod:`gpu_study`, the runner of a
@@ -381,8 +383,9 @@ def get_parser():
     r.add_argument(
         "--tiny",
         action="store_true",
-        help="on this CPU: the data step and the study group of the window at tiny size (width "
-        "16, a few updates), a check of the window's script; the other steps are left out",
+        help="on this CPU: the data step and the window's steps that have tiny options (the study "
+        "group: width 16, a few updates) at tiny size, a check of the window's script; the other "
+        "steps are left out",
     )
     pl = sub.add_parser("plan", help="what the next window runs (what the ledgers lack)")
     pl.add_argument("--ledger", default=LEDGER)
