@@ -4,6 +4,7 @@ step and of a training step, each system against its reference.
     python -m benchmarks.step_cost                                     # both phases and groups, Base width
     python -m benchmarks.step_cost --phase decode --group aggregation  # Dou et al.'s rows 1-7 against row 1
     python -m benchmarks.step_cost --phase train --group recurrent     # RNMT+, Deep-Att against fairseq's lstm
+    python -m benchmarks.step_cost --group schemes                     # HC, mHC (Sinkhorn) against pre-norm
 
 A step's time has two floors.  Where every kernel costs about its launch, a few microseconds
 whatever its size (a GPU at beam search's small batches, a recurrent loop's per-time-step
@@ -277,6 +278,17 @@ GROUPS = {
         [("fairseq lstm", "lstm"), ("RNMT+", "rnmt_plus"), ("Deep-Att F-F", "deep_att_ff")],
         recurrent_argv,
     ),
+    # issue 47: what mHC's Sinkhorn-Knopp iterations cost (Xie et al. 2025: 20 in every
+    # sublayer), against the same hyper-connections without them and pre-norm
+    "schemes": (
+        "transformer_prenorm",
+        [
+            ("pre-norm", "transformer_prenorm"),
+            ("hyper-connections x4", "transformer_hc"),
+            ("mHC x4", "transformer_mhc"),
+        ],
+        transformer_argv,
+    ),
 }
 
 
@@ -521,7 +533,7 @@ def main(argv=None):
             rows = results.setdefault(phase, {})[name] = run_group(name, a, phase)
             width = (
                 f"d={a.embed_dim}, ffn {a.ffn_dim}, {a.heads} heads"
-                if name == "aggregation"
+                if GROUPS[name][2] is transformer_argv
                 else f"embed {a.embed_dim}, cells {a.hidden}"
             )
             what = (

@@ -188,3 +188,25 @@ def test_triton_launches_are_counted_as_kernels():
     assert run.returncode == 0, run.stderr[-3000:]
     launches, kernels = map(int, run.stdout.split()[-2:])
     assert launches == 5 and kernels > launches
+
+
+def test_each_sinkhorn_iteration_adds_four_kernels_per_decoder_sublayer_and_no_flops():
+    """Issue 47: what mHC's Sinkhorn-Knopp costs (Xie et al. 2025, Eq. 9): each iteration divides
+    the residual mixing's columns by their sums and its rows by theirs: 4 kernels, no matrix
+    product, in each of a decoder layer's 3 sublayers at every decoding step.  Its cost is launches,
+    which bound a GPU at beam search's batches (the ``schemes`` group's launch-bound ratio)."""
+    from benchmarks.deep_att_speed import dictionary
+
+    args = step_cost.get_parser().parse_args(TINY)
+    d = dictionary(args.vocab)
+    rows = {}
+    for iters in (1, 3):
+        argv = step_cost.transformer_argv("transformer_mhc", args)
+        model = step_cost.harness.build_model(
+            argv + ["--hc-sinkhorn-iters", str(iters)], d, "cpu", 1
+        )
+        rows[iters], _ = step_cost.decode_counted(model, d, args)
+    per_step = {k: r["per_step"]["decoder"]["kernels"] for k, r in rows.items()}
+    assert per_step[3] - per_step[1] == pytest.approx(2 * 4 * 3 * L)  # per step: a mean
+    assert rows[3]["step_mflop"] == rows[1]["step_mflop"]
+    assert rows[3]["encoder"]["kernels"] - rows[1]["encoder"]["kernels"] == 2 * 4 * 2 * L

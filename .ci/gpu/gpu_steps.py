@@ -333,6 +333,26 @@ STEPS: List[Step] = [
         ),
         140,
     ),
+    # issue 47: what mHC's Sinkhorn-Knopp iterations cost on a GPU (the CPU's kernel counts:
+    # docs/deep_schemes.md), training and decoding, against hyper-connections and pre-norm
+    Step(
+        "mhc_sinkhorn",
+        47,
+        _bench(
+            "step_cost",
+            "--device",
+            "cuda",
+            "--group",
+            "schemes",
+            "--gen-batch",
+            "64",
+            "--repeats",
+            "3",
+            "--json",
+            "{work}/mhc_sinkhorn.json",
+        ),
+        75,
+    ),
     # a window of their own.  Issue 47, item 2: the own-data recipe as a new user runs it on a GPU
     # (fp16, the recipe's CUDA defaults: a 30-layer DLCL at Base width, a short MINUTES; run.sh
     # itself keeps to MINUTES, decoding included)
