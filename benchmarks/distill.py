@@ -19,8 +19,10 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    have), else the own-data recipe's ``transformer_dlcl`` at ``--width`` (6 + 6 layers, or
    ``--teacher-layers``) trained for ``--teacher-minutes`` (the recipe's settings:
    fairseq_deep/own_data.py);
-3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search), or
-   ``--distilled``, that teacher's (another student shape on the same teacher);
+3. its translations of the training set (``fairseq-deep-distill``, the recipe's beam search;
+   its rate in sentences/s and the hours a WMT-sized set would take at it:
+   :func:`distillation_speed`), or ``--distilled``, that teacher's (another student shape on the
+   same teacher);
 4. the student (``transformer_prenorm`` at ``--width``, ``--student-layers`` deep) trained for
    ``--minutes`` each (fairseq's ``--stop-time-hours``: equal training time, the time checked
    afterwards from each checkpoint's own clock), on: ``original`` data; ``distilled`` data;
@@ -37,6 +39,11 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    limit, as ratios to the teacher's fairseq-generate; CTranslate2 twice: loaded as a new user
    loads it (``--compute-type``, ``--threads`` intra-op threads) and as the export's timing finds
    fastest here (:func:`fastest_serving`).
+
+On a GPU (``--device cuda --precision=--fp16``, the GPU window's ``distill_gpu`` step): the same
+at Base width, every training, the distillation and fairseq-generate in that precision; where
+CTranslate2 cannot run there, its rows are left out with why (:func:`ctranslate2_rows`) and the
+run exits non-zero after writing the rest.
 
 Writes ``WORK_DIR/results.json`` and ``WORK_DIR/results.md`` (the table, printed too).  What a run
 costs: the teachers' minutes (none with ``--teacher``/``--gpkd-teacher``), the distillation of
@@ -293,7 +300,9 @@ def updates(checkpoint: str) -> Optional[int]:
 
 def train(a, work: str, name: str, base: Run, minutes: float) -> str:
     """``base`` (a training run but its save dir and budget) for ``minutes``, resumed when its
-    checkpoint_last.pt is there; returns its checkpoint_best.pt."""
+    checkpoint_last.pt is there, and not started where that checkpoint's clock has reached
+    ``minutes`` already (fairseq, resumed past its --stop-time-hours, would still make an update
+    and save it); returns its checkpoint_best.pt."""
     save = os.path.join(work, "checkpoints", name)
     stamp = os.path.join(save, "run.json")
     words = base.plus(recipes.budget(stop_time_hours=minutes / 60)).arguments()
@@ -301,6 +310,10 @@ def train(a, work: str, name: str, base: Run, minutes: float) -> str:
         raise SystemExit(
             f"{save}: trained with other options; delete it or give another --work-dir"
         )
+    trained = train_seconds(os.path.join(save, "checkpoint_last.pt"))
+    if trained is not None and trained >= minutes * 60:
+        log(f"{name}: trained {trained:.0f} s of {minutes * 60:.0f} already ({save})")
+        return os.path.join(save, "checkpoint_best.pt")
     os.makedirs(save, exist_ok=True)
     harness.write_json(stamp, words)
     log(f"training {name} for {minutes:g} minutes ({save})")

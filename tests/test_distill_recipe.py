@@ -3,6 +3,7 @@ with each program's own parser, the student takes the teacher's width and the fl
 budget is split as said, bad input is one line before any work, and a dry run of run.sh (the
 console scripts stubbed) runs the steps in order with the commands printed in full."""
 
+import argparse
 import io
 import os
 import shlex
@@ -381,8 +382,6 @@ def test_ctranslate2_failing_on_a_device_is_one_line_and_leaves_the_rows_out(mon
     """CTranslate2 that cannot run where the benchmark asks (on a GPU machine whose CUDA is of
     another major version than its build's) leaves its two rows out with why in one line; the
     run's other figures are kept (main writes them, then exits non-zero)."""
-    import argparse
-
     from benchmarks import distill as bench
     from benchmarks import export_speed
 
@@ -397,3 +396,21 @@ def test_ctranslate2_failing_on_a_device_is_one_line_and_leaves_the_rows_out(mon
         "failed": "CTranslate2 on cuda failed: RuntimeError: Library libcublas.so.12 is not found "
         "or cannot be loaded"
     }
+
+
+def test_a_student_trained_its_minutes_already_is_not_trained_again(tmp_path, monkeypatch):
+    """Run again on the same work folder, the benchmark reuses a student whose checkpoint's clock
+    has reached its minutes (fairseq resumed past --stop-time-hours would make one more update
+    and save it, changing the published model); one short of them resumes."""
+    from benchmarks import distill as bench
+    from fairseq_deep.runs import Run
+
+    started = []
+    monkeypatch.setattr(bench, "run", lambda what, log, threads: started.append(what))
+    base = Run.of("train", str(tmp_path / "data"), ["--arch", "transformer_prenorm"])
+    a = argparse.Namespace(threads=1)
+    for seconds, runs in ((600.0, 0), (590.0, 1)):
+        monkeypatch.setattr(bench, "train_seconds", lambda path, s=seconds: s)
+        best = bench.train(a, str(tmp_path), "original", base, 10)
+        assert best == str(tmp_path / "checkpoints" / "original" / "checkpoint_best.pt")
+        assert len(started) == runs

@@ -120,9 +120,10 @@ def stage(a):
     print(f"  {DEVICE_COMMAND}")
 
 
-#: CTranslate2 for the GPU machine's Python (cp312), which has no registry: the wheel (41 MiB) would
-#: take .gpu/ past the 64 MiB the device tool carries beside fairseq's, so ``stage`` repacks its files
-#: as xz (24 MiB) and ``run`` unpacks them where the steps import from (:func:`unpack_ctranslate2`)
+#: CTranslate2 for the GPU machine's Python (cp312), which has no registry: the wheel (41 MiB)
+#: would take .gpu/ past the 64 MiB the device tool carries beside fairseq's, so ``stage``
+#: repacks its files as xz (24 MiB) and ``run`` unpacks them where the steps import from
+#: (:func:`unpack_ctranslate2`)
 CT2_ARCHIVE, CT2_PYTHON = "ctranslate2-cp312.tar.xz", (3, 12)
 
 
@@ -139,7 +140,8 @@ def stage_ctranslate2(gpu_dir: str, requirement: str) -> str:
             raise SystemExit(
                 f"gpu_session.py stage: pip could not fetch {requirement} for cp312 "
                 f"({(done.stderr.strip().splitlines() or ['no wheel'])[-1]}); give "
-                "--ctranslate2 '' to stage without it (the distillation's CTranslate2 rows then fail)"
+                "--ctranslate2 '' to stage without it (the distillation's CTranslate2 rows then "
+                "fail)"
             )
         with zipfile.ZipFile(wheels[0]) as z, tarfile.open(target + ".tmp", "w:xz") as tar:
             for info in z.infolist():
@@ -350,10 +352,10 @@ def get_parser():
     s.add_argument("--gpu-dir", default=GPU_DIR)
     s.add_argument("--wheels", default=os.path.join(SHARED, "gpu", "wheels"))
     s.add_argument("--multi30k", default=os.path.join(SHARED, "data", "multi30k"))
+    here = _installed("ctranslate2")  # the version the CPU's tests and benchmarks run
     s.add_argument(
         "--ctranslate2",
-        default="ctranslate2"
-        + (f"=={_installed('ctranslate2')}" if _installed("ctranslate2") else ""),
+        default=f"ctranslate2=={here}" if here else "ctranslate2",
         help="CTranslate2 to stage for the GPU machine (a pip requirement; '' : none)",
     )
     r = sub.add_parser("run", help="run a window (on the GPU machine)")
