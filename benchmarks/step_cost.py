@@ -33,7 +33,9 @@ the systems alternate).  With ``TRITON_INTERPRET=1`` a CPU runs the fused cells 
 measured ratio then means nothing.  The counts barely depend on the device (the same ATen calls; a composite
 op may decompose differently: fairseq's ``LSTMCell`` is one fused cell on CUDA and ~10 kernels on a
 CPU, ``nn.LSTM`` one call on both), so the floors can be read off a CPU run; the measured ratio
-needs the device it claims.
+needs the device it claims.  ``--profile FILE`` runs one more step of each system under torch's
+profiler and appends its operators of most self time (the GPU's on a GPU) to FILE: where the time
+goes, beside the counts.
 """
 
 if __name__ == "__main__" and not __package__:  # run as a file, the package's imports would fail
@@ -388,6 +390,29 @@ def train_counted(model, d: Dictionary, a):
 PHASES = {"decode": decode_counted, "train": train_counted}
 
 
+#: operators in a profile's table, by their own time on the device that ran them
+PROFILE_ROWS = 25
+
+
+def write_profile(path: str, title: str, run: Callable, a):
+    """One more call of ``run`` (a whole beam search or training step) under torch's profiler,
+    appended to ``path`` as a section ``title``: the :data:`PROFILE_ROWS` operators of most self
+    time (the GPU's where it ran on one, else the CPU's), with their calls: where a step's time
+    goes, beside the counts (issue 47: a decoding step where a GPU speed target is missed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = str(a.device).startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=PROFILE_ROWS)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"## {title}, {describe(a.device)}\n\n{table}\n")
+
+
 def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
     """Counts every system of the group in ``phase``, then times them in alternated rounds (A B C
     ... A B C ...: a slow moment of the machine hits every system alike)."""
@@ -422,6 +447,9 @@ def run_group(name: str, a, phase: str = "decode") -> List[Dict[str, object]]:
         row["tokens"] = timings[i][-1][0]
     for row in rows:
         row["tokens_per_s"] = row["tokens"] / statistics.median(row["seconds"])
+    if a.profile:
+        for row, run in zip(rows, runs):
+            write_profile(a.profile, f"{phase}, {name}: {row['label']} ({row['arch']})", run, a)
     ref = next(r for r in rows if r["arch"] == reference)
     for r in rows:
         r["ratio_launch_bound"] = ref["step_kernels"] / r["step_kernels"]
@@ -517,6 +545,12 @@ def get_parser():
     harness.add_threads(p, 0, "torch intra-op threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=1)
     harness.add_json(p, "")
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="also profile one more step of each system (torch.profiler: the operators of most "
+        "self time, on the GPU where it runs on one), appended to FILE",
+    )
     add_device_argument(
         p, note="The counts are the same on either device; the measured ratio is the device's."
     )

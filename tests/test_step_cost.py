@@ -210,3 +210,17 @@ def test_each_sinkhorn_iteration_adds_four_kernels_per_decoder_sublayer_and_no_f
     assert per_step[3] - per_step[1] == pytest.approx(2 * 4 * 3 * L)  # per step: a mean
     assert rows[3]["step_mflop"] == rows[1]["step_mflop"]
     assert rows[3]["encoder"]["kernels"] - rows[1]["encoder"]["kernels"] == 2 * 4 * 2 * L
+
+
+def test_a_profile_has_a_section_per_system_with_its_operators(tmp_path):
+    """``--profile FILE``: one more step of each system under torch's profiler, a section each (the
+    GPU window's step_cost profiles the decoding steps whose GPU targets were missed)."""
+    path = tmp_path / "profile.md"
+    args = step_cost.get_parser().parse_args(TINY + ["--profile", str(path)])
+    rows = step_cost.run_group("schemes", args, "decode")
+    sections = path.read_text().split("## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == [
+        f"decode, schemes: {r['label']} ({r['arch']}), CPU" for r in rows
+    ]
+    for section in sections:
+        assert "aten::addmm" in section and "# of Calls" in section

@@ -266,7 +266,9 @@ STEPS: List[Step] = [
         ),
         55,
     ),
-    # what a decoding step costs on CUDA: the launch- and compute-bound floors of the targets above
+    # what a decoding step costs on CUDA: the launch- and compute-bound floors of the targets above,
+    # and a profile of each system's decoding (issue 38/47: where the time goes in the decoding
+    # steps whose GPU targets were missed: Deep-Att, MLA-3, linear and iterative aggregation)
     Step(
         "step_cost",
         31,
@@ -282,8 +284,10 @@ STEPS: List[Step] = [
             "3",
             "--json",
             "{work}/step_cost.json",
+            "--profile",
+            "{work}/profile.md",
         ),
-        90,
+        120,
     ),
     Step(
         "deep_att_speed_triton",
