@@ -3,6 +3,7 @@ fairseq-generate (no --user-dir, torch's weights-only loader) as the original mo
 CTranslate2 model translates as fairseq-generate does (beam 1 and 4, a length limit relative to the
 source) (tests/test_export.py: the fold, the refusals, bad input, the record)."""
 
+import argparse
 import json
 import math
 import os
@@ -459,3 +460,26 @@ def test_a_student_of_any_shape_exports_and_translates_as_fairseq_generate(
         ours = [" ".join(ex.fairseq_hypothesis(r.hypotheses[0], settings)) for r in results]
         assert len(generated) == 101
         assert ours == [generated[k][1] for k in range(101)], (shape, beam)
+
+
+def test_the_distillation_benchmarks_fastest_row_is_the_fastest_setting_with_its_hypotheses(
+    trained, synthetic_bin
+):
+    """benchmarks/distill.py's ``ctranslate2 fastest`` row: every setting fairseq-deep-export times,
+    run on the whole test set with the benchmark's decoding; the fastest kept with its hypotheses
+    (scored as its own row), the record written without any."""
+    pytest.importorskip("ctranslate2")
+    from benchmarks import distill as bench
+
+    out, _ = ctranslate2_export(trained, synthetic_bin)
+    pieces = source_pieces(synthetic_bin)
+    a = argparse.Namespace(device="cpu", threads=2, beam=4, max_len=200, batch=16)
+    best, record = bench.fastest_serving(a, str(out), pieces)
+    speeds = [r["sentences_per_s"] for r in record["settings"]]
+    assert len(speeds) > 1 and best["sentences_per_s"] == max(speeds)
+    assert all("hypotheses" not in r for r in record["settings"])
+    assert len(best["hypotheses"]) == len(pieces) == 101
+    if best["compute_type"] == "float32":  # int8 may change a hypothesis; float32 does not
+        assert [" ".join(h) for h in best["hypotheses"]] == [
+            trained["hypotheses"][4][k][1] for k in range(101)
+        ]
