@@ -33,7 +33,8 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    then fine-tuned on the distilled data, as the paper does;
 5. every system's test translations in fairseq-generate (sacreBLEU, chrF, the paired bootstrap of
    each student against ``original``: sacreBLEU's, :func:`fairseq_deep.runs.paired_bootstrap`),
-   and the ``distilled`` student exported (``fairseq-deep-export``) and translating in CTranslate2:
+   and the ``distilled`` student (without it, the ``gpkd`` one) exported
+   (``fairseq-deep-export``) and translating in CTranslate2:
    sentences/s of teacher and student in fairseq-generate (its own ``Translated`` line) and of the
    student in CTranslate2 (the ``translate_batch`` calls), same test set, beam, batch and length
    limit, as ratios to the teacher's fairseq-generate; CTranslate2 twice: loaded as a new user
@@ -216,7 +217,7 @@ def compare(refs: Sequence[str], hyps: Dict[str, Sequence[str]], n_samples: int 
 
 # ----------------------------------------------------------------------------------------- runs
 
-#: the row of the distilled student served as fairseq-deep-export's timing finds fastest
+#: the row of the served student (distilled, else GPKD) as fairseq-deep-export's timing finds fastest
 FASTEST = "ctranslate2 fastest"
 
 
@@ -512,7 +513,9 @@ def main(argv=None):
     results = {"settings": vars(a), "plan": plan, "systems": {}, "notes": []}
     if distillation:
         results["distillation"] = distillation
-    served = "distilled" if "distilled" in checkpoints else None
+    # served by CTranslate2: the student on distilled data, else the GPKD one (every system has
+    # the data-bin's dictionaries, which the export reads)
+    served = next((n for n in ("distilled", "gpkd") if n in checkpoints), None)
     ct2 = {}
     if served:
         model = export_speed.export(a, work, data, checkpoints[served])
@@ -533,7 +536,7 @@ def main(argv=None):
         "distilled": "student, distilled data (fairseq-generate)",
         "word": "student, word-level distillation",
         "gpkd": "student, GPKD-extracted + fine-tuned on distilled",
-        "ctranslate2": f"the distilled student in CTranslate2 ({a.compute_type})",
+        "ctranslate2": f"the {served} student in CTranslate2 ({a.compute_type})",
     }
     if FASTEST in hyps:
         what[FASTEST] = "the same, as the export finds fastest here: " + serving.setting_name(
