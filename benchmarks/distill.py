@@ -41,7 +41,7 @@ run resumes its checkpoint_last.pt, fairseq-deep-distill resumes by itself):
    loads it (``--compute-type``, ``--threads`` intra-op threads) and as the export's timing finds
    fastest here (:func:`fastest_serving`).
 
-On a GPU (``--device cuda --precision=--fp16``, the GPU window's ``distill_gpu`` step): the same
+On a GPU (``--device cuda --precision fp16``, the GPU window's ``distill_gpu`` step): the same
 at Base width, every training, the distillation and fairseq-generate in that precision; where
 CTranslate2 cannot run there, its rows are left out with why (:func:`ctranslate2_rows`) and the
 run exits non-zero after writing the rest.
@@ -58,16 +58,15 @@ if __name__ == "__main__" and not __package__:  # run as a file, the package's i
         "repository root as python -m benchmarks.distill"
     )
 
+import dataclasses
 import gzip
 import json
 import os
-import re
-import shlex
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_deep import own_data, serving
+from fairseq_deep import own_data, progress, serving
 from fairseq_deep.models import families
 from fairseq_deep.runs import Part, Run, flags, paired_bootstrap, recipes, restore_flags, score
 
@@ -85,8 +84,6 @@ STUDENT_ARCH = "transformer_prenorm"
 #: a WMT-sized training set (WMT'14/'16 En-De as the papers use it: 4.5M pairs), to which the
 #: teacher's distillation speed is extrapolated (at this data's sentence lengths)
 WMT_PAIRS = 4_500_000
-#: fairseq-deep-distill's progress line: sentences done and its rate
-PROGRESS = re.compile(r"progress: ([\d,]+)/([\d,]+) sentences .*?\| ([\d,.]+) sentences/s")
 
 
 # ------------------------------------------------------------------------------ the budget's logic
@@ -122,13 +119,13 @@ def distillation_speed(log_text: str, seconds: float, pieces: Optional[float]) -
     wall ``seconds``, the source sentences' mean length in ``pieces`` (EOS included), and the
     hours a WMT-sized set (:data:`WMT_PAIRS`) would take at that rate and these lengths.  None
     where the log has no progress line (a distillation that was already complete)."""
-    found = PROGRESS.findall(log_text)
-    if not found:
+    found = progress.last_decoding_rate(log_text)
+    if found is None:
         return None
-    done, total, rate = (float(x.replace(",", "")) for x in found[-1])
+    done, total, rate = found
     return {
-        "sentences": int(total),
-        "decoded": int(done),
+        "sentences": total,
+        "decoded": done,
         "sentences_per_s": rate,
         "seconds": seconds,
         "source_pieces_per_sentence": pieces,
@@ -273,7 +270,8 @@ def run(what, log_path: str, threads: int):
 
 def settings(a, work: str) -> own_data.Settings:
     """The own-data recipe's settings on the CPU (its learning rate, warm-up, batch) at --width."""
-    env = {"WIDTH": str(a.width), "AVERAGE": "0", "WORK": work, "PRECISION": a.precision}
+    env = {"WIDTH": str(a.width), "AVERAGE": "0", "WORK": work}
+    env["PRECISION"] = " ".join(recipes.PRECISIONS[a.precision][0])  # fairseq-train's flag
     s = own_data.settings_from_env(env, "cpu")
     if a.device != "cpu":
         s.device = a.device
@@ -387,15 +385,10 @@ def get_parser():
     p.add_argument("--batch", type=int, default=32, help="sentences per batch, every engine")
     p.add_argument("--max-len", type=int, default=60, help="target pieces at most, every engine")
     p.add_argument("--compute-type", default="default", help="CTranslate2's")
-    p.add_argument(
-        "--precision",
-        default="",
-        help="fairseq's precision flags of every training, the distillation and fairseq-generate, "
-        "as the own-data recipe's PRECISION (e.g. --precision=--fp16 on a GPU)",
-    )
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     harness.add_threads(p, 2)
-    return harness.add_device_argument(p)
+    # --precision: every training's flag and the distillation's and fairseq-generate's
+    return harness.add_device_argument(p, precision=True)
 
 
 def main(argv=None):
@@ -452,7 +445,10 @@ def main(argv=None):
                 "distill",
                 data,
                 own_data.search(s),
-                *own_data.on_device(s),
+                # the recipe's decoding options, with the precision's decoding flag
+                *own_data.on_device(
+                    dataclasses.replace(s, precision=" ".join(recipes.PRECISIONS[a.precision][1]))
+                ),
                 flags({"destdir": distilled, "path": teacher}),
             ),
             distill_log,
@@ -507,7 +503,7 @@ def main(argv=None):
     for name, ck in checkpoints.items():
         log(f"decoding the test set with {name}")
         seconds, hyps[name] = export_speed.fairseq_generate(
-            a, work, test, ck, len(refs), Part("precision", shlex.split(s.precision))
+            a, work, test, ck, len(refs), Part("precision", recipes.PRECISIONS[a.precision][1])
         )
         speeds[name] = len(refs) / seconds
     results = {"settings": vars(a), "plan": plan, "systems": {}, "notes": []}

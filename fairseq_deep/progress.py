@@ -58,8 +58,9 @@ holds every length, and says so (a quick look at a large test set; run.sh does n
 import logging
 import math
 import os
+import re
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("fairseq_deep.progress")
 
@@ -376,6 +377,22 @@ class DecodingProgress:
         if total and done:
             parts.append(f"ETA {hms(elapsed * (total - done) / done)}")
         return "progress: " + " | ".join(parts)
+
+
+#: :meth:`DecodingProgress.line` with a total of sentences and a rate: done, total, sentences/s
+DECODING_LINE = re.compile(
+    r"progress: ([\d,]+)/([\d,]+) sentences \([^)]*\) \| ([\d,.]+) sentences/s"
+)
+
+
+def last_decoding_rate(log_text: str) -> Optional[Tuple[int, int, float]]:
+    """The last :meth:`DecodingProgress.line` of a log that has a rate: (sentences done, their
+    total, sentences/s over the decoding so far: the model's loading left out); None without one."""
+    found = DECODING_LINE.findall(log_text)
+    if not found:
+        return None
+    done, total, rate = (x.replace(",", "") for x in found[-1])
+    return int(done), int(total), float(rate)
 
 
 def fraction_from_env() -> Optional[float]:

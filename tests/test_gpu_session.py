@@ -63,7 +63,7 @@ def test_every_step_parses(monkeypatch, step):
         if argv[2] == "benchmarks.fsdp_check" and args.only:
             assert all(pair.split(":")[1] in module.MODES for pair in args.only)
         if argv[2] == "benchmarks.distill":  # issue 47: its training leaves time for the rest
-            assert args.precision == "--fp16" and args.systems == "distilled"
+            assert args.precision == "fp16" and args.systems == "distilled"
             assert (args.teacher_minutes + args.minutes) * 60 + 240 <= step.timeout
     elif argv[1:3] == ["-m", "fairseq_deep.study"]:
         args = study.get_parser().parse_args(argv[3:])

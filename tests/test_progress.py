@@ -421,3 +421,18 @@ def test_the_quickstart_says_how_training_goes(caplog):
         "training: update 500/2,000 (25%) | loss 9.155 | elapsed 0:00:25 | ETA 0:01:15",
         "training: update 1,000/2,000 (50%) | loss 9.155 | elapsed 0:00:55 | ETA 0:00:55",
     ]
+
+
+def test_the_last_decoding_line_reads_back_as_it_was_written():
+    """``last_decoding_rate`` reads what :meth:`DecodingProgress.line` writes (benchmarks/distill.py
+    takes the teacher's rate from fairseq-deep-distill's log so): the last line with a rate."""
+    clock = Clock()
+    progress = P.DecodingProgress(29000, clock=clock)
+    written = []
+    for _ in range(3):
+        clock.t += 12.5
+        progress.step(1024)
+        written.append(progress.line())
+    log = "\n".join(["starting", P.DecodingProgress(10, clock=Clock()).line(), *written, "done"])
+    assert P.last_decoding_rate(log) == (3072, 29000, float(f"{3072 / 37.5:.1f}"))
+    assert P.last_decoding_rate("no progress here\n") is None
