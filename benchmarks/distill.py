@@ -309,8 +309,9 @@ def train(a, work: str, name: str, base: Run, minutes: float) -> str:
         raise SystemExit(
             f"{save}: trained with other options; delete it or give another --work-dir"
         )
+    # a checkpoint is reused only where the stamp says it was trained with these options
     trained = train_seconds(os.path.join(save, "checkpoint_last.pt"))
-    if trained is not None and trained >= minutes * 60:
+    if os.path.isfile(stamp) and trained is not None and trained >= minutes * 60:
         log(f"{name}: trained {trained:.0f} s of {minutes * 60:.0f} already ({save})")
         return os.path.join(save, "checkpoint_best.pt")
     os.makedirs(save, exist_ok=True)

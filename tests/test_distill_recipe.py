@@ -409,6 +409,11 @@ def test_a_student_trained_its_minutes_already_is_not_trained_again(tmp_path, mo
     monkeypatch.setattr(bench, "run", lambda what, log, threads: started.append(what))
     base = Run.of("train", str(tmp_path / "data"), ["--arch", "transformer_prenorm"])
     a = argparse.Namespace(threads=1)
+    # the stamp of a run with these options (a checkpoint without one is never reused)
+    save = tmp_path / "checkpoints" / "original"
+    save.mkdir(parents=True)
+    words = base.plus(bench.recipes.budget(stop_time_hours=10 / 60)).arguments()
+    bench.harness.write_json(str(save / "run.json"), words)
     for seconds, runs in ((600.0, 0), (590.0, 1)):
         monkeypatch.setattr(bench, "train_seconds", lambda path, s=seconds: s)
         best = bench.train(a, str(tmp_path), "original", base, 10)
